@@ -1,0 +1,33 @@
+"""quantreg: a declarative registry choosing vLLM's MoE quantization method per key.
+
+Public API: :class:`Key`, :class:`Method`, :class:`Decision`, :func:`resolve`,
+:func:`get_registry`, :data:`hookimpl`. Importing this package never imports torch or vLLM.
+"""
+
+from .decision import Candidate, ChainStep, Decision
+from .hookspecs import hookimpl
+from .keys import Key, Match
+from .methods import VLLM_METHOD, Availability, Method
+from .problems import Problem, QuantregError
+from .registry import Registry, get_registry, resolve, set_registry
+from .tables import Layer, Rule
+
+__all__ = [
+    "VLLM_METHOD",
+    "Availability",
+    "Candidate",
+    "ChainStep",
+    "Decision",
+    "Key",
+    "Layer",
+    "Match",
+    "Method",
+    "Problem",
+    "QuantregError",
+    "Registry",
+    "Rule",
+    "get_registry",
+    "hookimpl",
+    "resolve",
+    "set_registry",
+]

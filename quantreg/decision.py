@@ -1,0 +1,125 @@
+"""The answer to a key, with everything needed to explain it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .keys import Key
+from .methods import VLLM_METHOD
+from .tables import Rule
+
+
+@dataclass(frozen=True)
+class ChainStep:
+    """One method of the winning rule's chain and whether it can run here."""
+
+    method: str
+    available: bool
+    reason: str
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A rule that matched the key, and why it won or lost."""
+
+    rule: Rule
+    won: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Which method runs for ``key`` and why.
+
+    ``method`` is the chosen name (``"vllm"`` keeps vLLM's own choice). ``fallback`` is set when
+    nothing the table asked for can run here and vLLM's own method is used instead.
+    """
+
+    key: Key
+    method: str
+    rule: Rule | None
+    options: Mapping[str, Any]
+    candidates: tuple[Candidate, ...]
+    chain: tuple[ChainStep, ...]
+    fallback: str | None = None
+
+    @property
+    def keeps_vllm(self) -> bool:
+        return self.method == VLLM_METHOD
+
+    @property
+    def source(self) -> str:
+        return self.rule.location if self.rule is not None else "no rule"
+
+    def summary(self) -> str:
+        """The one log line per key: ``(fmt, model, device) -> method [file:line]``."""
+        text = f"{self.key} -> {self.method} [{self.source}]"
+        if self.fallback:
+            text += f" (fallback: {self.fallback})"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": dict(self.key._asdict()),
+            "method": self.method,
+            "rule": rule_json(self.rule) if self.rule is not None else None,
+            "options": dict(self.options),
+            "fallback": self.fallback,
+            "chain": [
+                {"method": s.method, "available": s.available, "reason": s.reason, "plugin": s.plugin}
+                for s in self.chain
+            ],
+            "candidates": [
+                {"rule": rule_json(c.rule), "won": c.won, "reason": c.reason} for c in self.candidates
+            ],
+        }
+
+    def render(self) -> str:
+        """Human-readable explanation for ``quantreg explain``."""
+        lines = [f"key      {self.key}", f"method   {self.method}"]
+        if self.rule is not None:
+            lines.append(f"rule     {self.rule.location} ({self.rule.layer} layer) match {self.rule.match}")
+            if self.rule.note:
+                lines.append(f"note     {self.rule.note}")
+        else:
+            lines.append("rule     none matched: vLLM keeps its own method")
+        if self.options:
+            lines.append(f"options  {dict(self.options)}")
+        if self.fallback:
+            lines.append(f"fallback {self.fallback}")
+        if self.chain:
+            lines.append("chain")
+            for step in self.chain:
+                mark = "yes" if step.available else "no "
+                lines.append(f"  {mark} {step.method}: {step.reason}")
+        if self.candidates:
+            lines.append("matching rules, best first")
+            for c in self.candidates:
+                mark = "WON " if c.won else "lost"
+                r = c.rule
+                lines.append(
+                    f"  {mark} {r.location} [{r.layer}, specificity {r.match.specificity}, priority {r.priority}] "
+                    f"{r.match} -> {', '.join(r.methods)}: {c.reason}"
+                )
+        return "\n".join(lines)
+
+
+def rule_json(rule: Rule) -> dict[str, Any]:
+    return {
+        "path": rule.path,
+        "line": rule.line,
+        "layer": str(rule.layer),
+        "match": {
+            "quant_format": list(rule.match.quant_format) if rule.match.quant_format else "*",
+            "model_type": list(rule.match.model_type) if rule.match.model_type else "*",
+            "device": list(rule.match.device) if rule.match.device else "*",
+        },
+        "method": list(rule.methods),
+        "options": dict(rule.options),
+        "priority": rule.priority,
+        "specificity": rule.match.specificity,
+        "note": rule.note,
+    }

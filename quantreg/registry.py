@@ -1,0 +1,274 @@
+"""The registry: plugins + tables + index, answering keys with cached :class:`Decision` values.
+
+A :class:`Registry` is immutable once built. Rebuilding (new files, new environment) makes a
+new one; :func:`get_registry` keeps the process-wide instance the vLLM seam uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .builtin import default_table_path
+from .decision import Candidate, ChainStep, Decision, rule_json
+from .index import Index
+from .keys import Key
+from .methods import VLLM_METHOD, Availability, Method, check_specifier
+from .plugins import PluginFailure, PluginInfo, Plugins
+from .problems import Problem, did_you_mean
+from .tables import NAME_RE, Layer, Rule, TableFile, read_table
+
+logger = logging.getLogger("vllm.quantreg")
+
+CONFIG_ENV = "QUANTREG_CONFIG"
+STRICT_ENV = "QUANTREG_STRICT"
+
+
+def config_paths(env: Mapping[str, str]) -> tuple[str, ...]:
+    """User table paths from ``QUANTREG_CONFIG`` (``os.pathsep``-separated, empty parts ignored)."""
+    return tuple(p for p in env.get(CONFIG_ENV, "").split(os.pathsep) if p.strip())
+
+
+@dataclass
+class _MethodCollector:
+    methods: dict[str, Method] = field(default_factory=dict)
+    failures: list[PluginFailure] = field(default_factory=list)
+
+    def for_plugin(self, plugin: str) -> Callable[[Any], None]:
+        def register(method: Any) -> None:
+            problem = self._check(method)
+            if problem:
+                self.failures.append(PluginFailure(plugin, "register_methods", problem))
+                return
+            assert isinstance(method, Method)
+            if method.name in self.methods:
+                other = self.methods[method.name].plugin
+                self.failures.append(PluginFailure(
+                    plugin, "register_methods",
+                    f"method '{method.name}' is already registered by plugin '{other}'; the first one is kept"))
+                return
+            self.methods[method.name] = Method(**{**method.__dict__, "plugin": plugin})
+
+        return register
+
+    @staticmethod
+    def _check(method: Any) -> str | None:
+        if not isinstance(method, Method):
+            return f"register() expects a quantreg.Method, got {type(method).__name__}"
+        if not re.match(NAME_RE, method.name):
+            return f"method name {method.name!r} is not valid (letters, digits, '_', '.', '-')"
+        module, sep, attr = method.target.partition(":")
+        if not (sep and module and attr):
+            return f"method '{method.name}': target {method.target!r} is not of the form 'package.module:Class'"
+        if method.vllm_version:
+            bad = check_specifier(method.vllm_version)
+            if bad:
+                return f"method '{method.name}': vllm_version {bad}"
+        return None
+
+
+class Registry:
+    """Everything loaded for one process: methods, effective rules, and what went wrong."""
+
+    def __init__(
+        self,
+        plugins: Plugins,
+        methods: Mapping[str, Method],
+        tables: Sequence[TableFile],
+        problems: Sequence[Problem],
+    ) -> None:
+        self.plugins = plugins
+        self.methods = dict(methods)
+        self.tables = tuple(tables)
+        self.problems = tuple(problems)
+        self.index = Index(r for t in self.tables for r in t.rules)
+        self._decisions: dict[Key, Decision] = {}
+        self._availability: dict[tuple[str, str], Availability] = {}
+        self._lock = threading.Lock()
+
+    # -- building ---------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        config: Sequence[str | os.PathLike[str]] = (),
+        env: Mapping[str, str] | None = None,
+        entry_points: bool = True,
+        plugins: Iterable[tuple[str, object]] = (),
+        default_table: str | os.PathLike[str] | None = None,
+    ) -> Registry:
+        """Load plugins and tables. ``config`` files form the ``run`` layer (CLI ``--config``)."""
+        env = os.environ if env is None else env
+        pl = Plugins(env, entry_points=entry_points)
+        for name, plugin in plugins:
+            pl.add(plugin, name)
+        collector = _MethodCollector()
+        pl.call_each("register_methods", collector.for_plugin)
+        paths: list[tuple[str, Layer]] = [(str(default_table or default_table_path()), Layer.DEFAULT)]
+
+        def table_register(plugin: str) -> Callable[[Any], None]:
+            def register(path: Any) -> None:
+                if not isinstance(path, (str, os.PathLike)):
+                    pl.failures.append(PluginFailure(plugin, "register_tables",
+                                                     f"register() expects a path, got {type(path).__name__}"))
+                    return
+                paths.append((os.fspath(path), Layer.PLUGIN))
+            return register
+
+        pl.call_each("register_tables", table_register)
+        paths += [(p, Layer.USER) for p in config_paths(env)]
+        paths += [(os.fspath(p), Layer.RUN) for p in config]
+        pl.failures.extend(collector.failures)
+        tables, problems = load_tables(paths, collector.methods)
+        return cls(pl, collector.methods, tables, problems)
+
+    # -- answering --------------------------------------------------------------------------
+    @property
+    def failures(self) -> tuple[PluginFailure, ...]:
+        return tuple(self.plugins.failures)
+
+    @property
+    def plugin_infos(self) -> tuple[PluginInfo, ...]:
+        return tuple(self.plugins.infos)
+
+    @property
+    def strict(self) -> bool:
+        """Strict when ``QUANTREG_STRICT=1`` or any loaded table says ``strict: true``."""
+        if self.plugins.env.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        return any(t.strict for t in self.tables)
+
+    def availability(self, method: str, device: str) -> Availability:
+        """Cached per (method, device): probes may be slow and their answer does not change."""
+        cache_key = (method, device)
+        found = self._availability.get(cache_key)
+        if found is None:
+            m = self.methods.get(method)
+            found = Availability(False, "not registered by any plugin") if m is None else m.availability(device)
+            self._availability[cache_key] = found
+        return found
+
+    def resolve(self, key: Key | tuple[str, str, str]) -> Decision:
+        key = Key(*key)
+        with self._lock:
+            found = self._decisions.get(key)
+            if found is None:
+                found = self._decide(key)
+                self._decisions[key] = found
+        return found
+
+    def _decide(self, key: Key) -> Decision:
+        matched = self.index.candidates(key)
+        if not matched:
+            return Decision(key, VLLM_METHOD, None, {}, (), (), None)
+        winner = matched[0]
+        candidates = [Candidate(winner, True, _why_won(winner, matched[1:]))]
+        candidates += [Candidate(r, False, _why_lost(r, winner)) for r in matched[1:]]
+        chain: list[ChainStep] = []
+        chosen: str | None = None
+        for name in winner.methods:
+            if chosen is not None:
+                chain.append(ChainStep(name, False, f"not tried: '{chosen}' came first", self._plugin_of(name)))
+                continue
+            avail = self.availability(name, key.device)
+            chain.append(ChainStep(name, avail.ok, avail.reason, self._plugin_of(name)))
+            if avail.ok:
+                chosen = name
+        fallback = None
+        if chosen is None:
+            fallback = "no method in the chain is available here; vLLM keeps its own method"
+            chosen = VLLM_METHOD
+        return Decision(key, chosen, winner, winner.options, tuple(candidates), tuple(chain), fallback)
+
+    def _plugin_of(self, name: str) -> str:
+        m = self.methods.get(name)
+        return m.plugin if m is not None else ""
+
+    def fingerprint(self) -> str:
+        """Hash of the effective rules and the plugins that made them, to compare processes."""
+        payload = {
+            "rules": [rule_json(r) for r in self.index.rules],
+            "methods": sorted((m.name, m.target, m.plugin) for m in self.methods.values()),
+            "plugins": sorted((p.name, p.distribution, p.version, p.status) for p in self.plugins.infos),
+        }
+        blob = json.dumps(payload, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_tables(
+    paths: Sequence[tuple[str, Layer]], methods: Mapping[str, Method]
+) -> tuple[list[TableFile], list[Problem]]:
+    """Read every table, check method names, then drop whole files involved in ambiguities."""
+    tables: list[TableFile] = []
+    problems: list[Problem] = []
+    for path, layer in paths:
+        table, found = read_table(path, layer)
+        found += unknown_methods(table, methods) if table is not None else []
+        problems += found
+        if table is not None and not found:
+            tables.append(table)
+    ambiguous = Index(r for t in tables for r in t.rules).ambiguities()
+    if ambiguous:
+        problems += ambiguous
+        bad = {p.path for p in ambiguous}
+        tables = [t for t in tables if t.path not in bad]
+    return tables, problems
+
+
+def unknown_methods(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:
+    problems = []
+    for i, rule in enumerate(table.rules):
+        for j, name in enumerate(rule.methods):
+            if name not in methods:
+                line = rule.method_lines[j] if j < len(rule.method_lines) else rule.line
+                problems.append(Problem(
+                    table.path, line, f"rules[{i}].method",
+                    f"unknown method '{name}'{did_you_mean(name, sorted(methods))} "
+                    f"(registered: {', '.join(sorted(methods))})"))
+    return problems
+
+
+def _why_won(winner: Rule, others: Sequence[Rule]) -> str:
+    if not others:
+        return "the only matching rule"
+    return "highest precedence (layer, then specificity, then priority)"
+
+
+def _why_lost(rule: Rule, winner: Rule) -> str:
+    if rule.layer != winner.layer:
+        return f"lower layer ({rule.layer} < {winner.layer})"
+    if rule.match.specificity != winner.match.specificity:
+        return f"less specific ({rule.match.specificity} < {winner.match.specificity} named fields)"
+    return f"lower priority ({rule.priority} < {winner.priority})"
+
+
+_current: Registry | None = None
+_current_lock = threading.Lock()
+
+
+def get_registry(config: Sequence[str | os.PathLike[str]] = ()) -> Registry:
+    """The process-wide registry, built on first use from the environment."""
+    global _current
+    with _current_lock:
+        if _current is None:
+            _current = Registry.build(config)
+        return _current
+
+
+def set_registry(registry: Registry | None) -> None:
+    """Replace (or with ``None`` forget) the process-wide registry, e.g. after new config."""
+    global _current
+    with _current_lock:
+        _current = registry
+
+
+def resolve(key: Key | tuple[str, str, str]) -> Decision:
+    """Resolve ``key`` with the process-wide registry."""
+    return get_registry().resolve(key)
+

@@ -1,0 +1,291 @@
+"""YAML rule tables (schema version 1) → :class:`TableFile` values, with located problems.
+
+Every schema check lives here so the CLI, the vLLM seam and the JSON Schema describe the
+same thing. A file with any problem contributes no rules (nothing half-applied).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .keys import FIELDS, WILDCARD, Match
+from .problems import Problem, did_you_mean
+from .yamlfile import YamlError, line_of, parse
+
+SCHEMA_VERSION = 1
+TOP_KEYS = ("version", "rules", "strict")
+RULE_KEYS = ("match", "method", "options", "priority", "note")
+NAME_RE = r"^[A-Za-z0-9_.\-]+$"
+
+
+class Layer(enum.IntEnum):
+    """Where a table comes from; a higher layer always beats a lower one."""
+
+    DEFAULT = 0  # the package's registry.yaml
+    PLUGIN = 1  # tables contributed by plugins through the register_tables hook
+    USER = 2  # QUANTREG_CONFIG
+    RUN = 3  # --config on the CLI, additional_config["quantreg"]["config"] in vLLM
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of a table, remembering exactly where it was written."""
+
+    match: Match
+    methods: tuple[str, ...]
+    path: str
+    line: int
+    layer: Layer
+    priority: int = 0
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    note: str = ""
+    method_lines: tuple[int, ...] = ()
+
+    @property
+    def location(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        """Sort key of the documented precedence: layer, then specificity, then priority."""
+        return (int(self.layer), self.match.specificity, self.priority)
+
+
+@dataclass(frozen=True)
+class TableFile:
+    path: str
+    layer: Layer
+    rules: tuple[Rule, ...]
+    strict: bool | None = None
+
+
+def _type_name(value: object) -> str:
+    """YAML's word for a value's type, for "expected X, got Y" messages."""
+    if value is None:
+        return "null"
+    for kind, word in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                       (list, "list"), (dict, "mapping")):
+        if isinstance(value, kind):
+            return word
+    return type(value).__name__
+
+
+class _Checker:
+    def __init__(self, path: str, layer: Layer) -> None:
+        self.path = path
+        self.layer = layer
+        self.problems: list[Problem] = []
+
+    def fail(self, line: int | None, key: str, message: str) -> None:
+        self.problems.append(Problem(self.path, line, key, message))
+
+    def unknown_keys(self, mapping: dict[Any, Any], allowed: tuple[str, ...], where: str) -> None:
+        key_lines = getattr(mapping, "key_lines", {})
+        for k in mapping:
+            if k not in allowed:
+                name = f"{where}.{k}" if where else str(k)
+                hint = did_you_mean(str(k), allowed)
+                self.fail(key_lines.get(k), name, f"unknown key{hint} (expected one of: {', '.join(allowed)})")
+
+    def table(self, doc: Any) -> TableFile | None:
+        if doc is None:
+            self.fail(1, "", "empty file: expected a mapping with 'version: 1' and 'rules'")
+            return None
+        if not isinstance(doc, dict):
+            self.fail(line_of(doc, 1), "", f"expected a mapping with 'version' and 'rules', got {_type_name(doc)}")
+            return None
+        key_lines: dict[Any, int] = getattr(doc, "key_lines", {})
+        self.unknown_keys(doc, TOP_KEYS, "")
+        if "version" not in doc:
+            self.fail(line_of(doc, 1), "version", f"missing; expected 'version: {SCHEMA_VERSION}'")
+        else:
+            version = doc["version"]
+            if isinstance(version, bool) or version != SCHEMA_VERSION:
+                self.fail(
+                    key_lines.get("version"),
+                    "version",
+                    f"unsupported schema version {version!r}; this quantreg reads version {SCHEMA_VERSION}",
+                )
+        strict = doc.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            self.fail(key_lines.get("strict"), "strict", f"expected true or false, got {_type_name(strict)}")
+            strict = None
+        rules: list[Rule] = []
+        if "rules" not in doc:
+            self.fail(line_of(doc, 1), "rules", "missing; expected a list of rules")
+        elif not isinstance(doc["rules"], list):
+            self.fail(key_lines.get("rules"), "rules", f"expected a list of rules, got {_type_name(doc['rules'])}")
+        else:
+            raw = doc["rules"]
+            item_lines = getattr(raw, "item_lines", [])
+            for i, item in enumerate(raw):
+                line = item_lines[i] if i < len(item_lines) else line_of(raw, 1) or 1
+                rule = self.rule(item, f"rules[{i}]", line)
+                if rule is not None:
+                    rules.append(rule)
+        if self.problems:
+            return None
+        return TableFile(self.path, self.layer, tuple(rules), strict)
+
+    def rule(self, item: Any, where: str, line: int) -> Rule | None:
+        if not isinstance(item, dict):
+            self.fail(line, where, f"expected a mapping with 'match' and 'method', got {_type_name(item)}")
+            return None
+        before = len(self.problems)
+        key_lines: dict[Any, int] = getattr(item, "key_lines", {})
+        self.unknown_keys(item, RULE_KEYS, where)
+        match = self.match(item.get("match"), f"{where}.match", key_lines.get("match", line), "match" in item)
+        methods, method_lines = self.methods(item.get("method"), f"{where}.method", key_lines.get("method", line),
+                                             "method" in item)
+        options = item.get("options", {})
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            self.fail(key_lines.get("options"), f"{where}.options", f"expected a mapping, got {_type_name(options)}")
+        else:
+            for k in options:
+                if not isinstance(k, str):
+                    self.fail(key_lines.get("options"), f"{where}.options", f"option names must be strings, got {k!r}")
+        priority = item.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            self.fail(key_lines.get("priority"), f"{where}.priority", f"expected an integer, got {_type_name(priority)}")
+        note = item.get("note", "")
+        if not isinstance(note, str):
+            self.fail(key_lines.get("note"), f"{where}.note", f"expected a string, got {_type_name(note)}")
+        if len(self.problems) > before or match is None:
+            return None
+        return Rule(
+            match=match,
+            methods=methods,
+            path=self.path,
+            line=line,
+            layer=self.layer,
+            priority=priority,
+            options=MappingProxyType(_plain(options)),
+            note=note,
+            method_lines=method_lines,
+        )
+
+    def match(self, raw: Any, where: str, line: int, present: bool) -> Match | None:
+        if not present:
+            self.fail(line, where, "missing; expected a mapping of quant_format / model_type / device ({} matches all)")
+            return None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            self.fail(line, where, f"expected a mapping of {', '.join(FIELDS)}, got {_type_name(raw)}")
+            return None
+        key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
+        self.unknown_keys(raw, FIELDS, where)
+        values: dict[str, tuple[str, ...] | None] = {}
+        ok = True
+        for name in FIELDS:
+            v = raw.get(name, WILDCARD)
+            vline = key_lines.get(name, line)
+            sub = f"{where}.{name}"
+            if v == WILDCARD:
+                values[name] = None
+            elif isinstance(v, str):
+                ok &= self.name(v, vline, sub)
+                values[name] = (v,)
+            elif isinstance(v, list):
+                if not v:
+                    self.fail(vline, sub, "empty list; use '*' to match anything")
+                    ok = False
+                    continue
+                for x in v:
+                    if not isinstance(x, str):
+                        self.fail(vline, sub, f"list items must be strings, got {_type_name(x)}")
+                        ok = False
+                    elif x == WILDCARD:
+                        self.fail(vline, sub, "'*' cannot be inside a list; write it alone")
+                        ok = False
+                    else:
+                        ok &= self.name(x, vline, sub)
+                values[name] = tuple(sorted({x for x in v if isinstance(x, str)}))
+            else:
+                self.fail(vline, sub, f"expected a string, '*' or a list of strings, got {_type_name(v)}")
+                ok = False
+        if not ok:
+            return None
+        return Match(**values)
+
+    def name(self, v: str, line: int, where: str) -> bool:
+        import re
+
+        if not re.match(NAME_RE, v):
+            self.fail(line, where, f"{v!r} is not a valid name (letters, digits, '_', '.', '-')")
+            return False
+        return True
+
+    def methods(self, raw: Any, where: str, line: int, present: bool) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        if not present:
+            self.fail(line, where, "missing; expected a method name or a list of names (a fallback chain)")
+            return (), ()
+        if isinstance(raw, str):
+            return ((raw,), (line,)) if self.name(raw, line, where) else ((), ())
+        if isinstance(raw, list):
+            if not raw:
+                self.fail(line, where, "empty chain; expected at least one method name")
+                return (), ()
+            lines = getattr(raw, "item_lines", [line] * len(raw))
+            names: list[str] = []
+            for i, x in enumerate(raw):
+                if not isinstance(x, str):
+                    self.fail(lines[i], f"{where}[{i}]", f"expected a method name, got {_type_name(x)}")
+                elif x in names:
+                    self.fail(lines[i], f"{where}[{i}]", f"method '{x}' appears twice in the chain")
+                elif self.name(x, lines[i], f"{where}[{i}]"):
+                    names.append(x)
+            return tuple(names), tuple(lines)
+        self.fail(line, where, f"expected a method name or a list of names, got {_type_name(raw)}")
+        return (), ()
+
+
+def _plain(value: Any) -> Any:
+    """Strip line bookkeeping so options handed to methods are ordinary dicts and lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def parse_table(text: str, path: str, layer: Layer) -> tuple[TableFile | None, list[Problem]]:
+    """Check one table's text; on any problem return ``None`` and every problem found."""
+    try:
+        doc = parse(text)
+    except YamlError as exc:
+        return None, [Problem(path, exc.line, exc.key, exc.message)]
+    checker = _Checker(path, layer)
+    table = checker.table(doc)
+    return table, checker.problems
+
+
+def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | None, list[Problem]]:
+    """Read and check one file; unreadable, non-UTF-8 and missing files are problems too."""
+    shown = str(path)
+    p = Path(path)
+    if not p.exists():
+        return None, [Problem(shown, None, "", "no such file")]
+    if p.is_dir():
+        return None, [Problem(shown, None, "", "is a directory; expected a YAML file")]
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        return None, [Problem(shown, None, "", f"cannot read: {exc.strerror or exc}")]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")]
+    return parse_table(text, shown, layer)
