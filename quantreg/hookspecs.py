@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -22,20 +22,11 @@ if TYPE_CHECKING:
     from .methods import Method
 
 PROJECT = "quantreg"
-_F = TypeVar("_F", bound=Callable[..., object])
 
-_hookspec = pluggy.HookspecMarker(PROJECT)
-_hookimpl = pluggy.HookimplMarker(PROJECT)
-
-
-def hookspec(function: _F) -> _F:
-    """Typed facade over pluggy's marker so specs keep their signatures for mypy."""
-    return cast(_F, _hookspec(function))
-
-
-def hookimpl(function: _F) -> _F:
-    """Mark a plugin function as a quantreg hook implementation."""
-    return cast(_F, _hookimpl(function))
+#: Marks the hook specifications below (pluggy's marker is typed: decorated functions keep their signatures).
+hookspec = pluggy.HookspecMarker(PROJECT)
+#: Marks a plugin function as a quantreg hook implementation: ``@quantreg.hookimpl``.
+hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec

@@ -63,14 +63,12 @@ class Match:
 
     def expand(self, fixed: tuple[bool, bool, bool]) -> Iterator[tuple[str, ...]]:
         """Every concrete tuple of values on the ``fixed`` fields (all must be fixed here)."""
-        chosen = [f for f, keep in zip(self.fields(), fixed) if keep]
-        for f in chosen:
-            assert f is not None
-        yield from product(*(f for f in chosen if f is not None))
+        chosen = [f or () for f, keep in zip(self.fields(), fixed) if keep]
+        yield from product(*chosen)
 
     def __str__(self) -> str:
         parts = []
-        for name, f in zip(FIELDS, self.fields()):
+        for f in self.fields():
             if f is None:
                 parts.append(WILDCARD)
             elif len(f) == 1:

@@ -157,7 +157,8 @@ class _Checker:
                     self.fail(key_lines.get("options"), f"{where}.options", f"option names must be strings, got {k!r}")
         priority = item.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
-            self.fail(key_lines.get("priority"), f"{where}.priority", f"expected an integer, got {_type_name(priority)}")
+            self.fail(key_lines.get("priority"), f"{where}.priority",
+                      f"expected an integer, got {_type_name(priority)}")
         note = item.get("note", "")
         if not isinstance(note, str):
             self.fail(key_lines.get("note"), f"{where}.note", f"expected a string, got {_type_name(note)}")

@@ -1,0 +1,62 @@
+"""JSON Schema of a version-1 table, built from the loader's own constants.
+
+Editors use it for completion and early errors; ``tests/test_schema.py`` checks that it
+accepts and rejects the same documents as :mod:`quantreg.tables` for everything a schema can
+express (method names and ambiguities depend on installed plugins, so only the loader sees them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .keys import FIELDS, WILDCARD
+from .tables import NAME_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+
+
+def table_schema() -> dict[str, Any]:
+    name = {"type": "string", "pattern": NAME_RE}
+    match_value = {
+        "anyOf": [
+            {"const": WILDCARD},
+            {**name, "not": {"const": WILDCARD}},
+            {"type": "array", "minItems": 1, "items": {**name, "not": {"const": WILDCARD}}},
+        ]
+    }
+    rule_props: dict[str, Any] = {
+        "match": {
+            "type": ["object", "null"],
+            "additionalProperties": False,
+            "properties": {f: match_value for f in FIELDS},
+        },
+        "method": {
+            "anyOf": [name, {"type": "array", "minItems": 1, "uniqueItems": True, "items": name}],
+            "description": "a method name or a fallback chain; the first available method wins",
+        },
+        "options": {"type": ["object", "null"], "description": "keyword arguments handed to the method"},
+        "priority": {"type": "integer", "description": "tie-breaker after layer and specificity"},
+        "note": {"type": "string"},
+    }
+    assert set(rule_props) == set(RULE_KEYS)
+    top_props: dict[str, Any] = {
+        "version": {"const": SCHEMA_VERSION},
+        "rules": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["match", "method"],
+                "additionalProperties": False,
+                "properties": rule_props,
+            },
+        },
+        "strict": {"type": "boolean"},
+    }
+    assert set(top_props) == set(TOP_KEYS)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://quantreg.invalid/schema/table-v1.json",
+        "title": "quantreg rule table (version 1)",
+        "type": "object",
+        "required": ["version", "rules"],
+        "additionalProperties": False,
+        "properties": top_props,
+    }

@@ -1,0 +1,136 @@
+"""The one place vLLM's MoE method creation is routed through the registry.
+
+Seam choice: we wrap ``RoutedExperts._get_quant_method(prefix, quant_config, moe_config)``.
+- It is where *every* routed-experts layer gets its method, for every quant config, so one
+  wrapper covers all (quant format, model type, device) keys.
+- It runs after the quant config is chosen, so the config itself stays untouched (the fused
+  GPT-OSS checkpoint loader depends on ``get_name() == "gpt_oss_mxfp4"``).
+- It never reads module globals such as ``mxfp4.GptOssMxfp4MoEMethod``, so it wins whatever
+  order plugins load in and still works after vllm-gaudi rebinds that global.
+Alternatives rejected: ``register_oot`` of ``RoutedExperts`` replaces the whole layer class
+(one plugin only, and it fights hardware plugins that do the same); re-registering quant
+configs changes ``get_name()`` and per-config code paths, and needs one patch per format.
+When the decision is ``vllm`` the original function runs unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ..decision import Decision
+from ..keys import Key
+from ..problems import QuantregError
+from ..registry import Registry, get_registry, set_registry
+from .context import RunSettings, layer_key, run_settings
+
+logger = logging.getLogger("vllm.quantreg")
+
+MODULE = "vllm.model_executor.layers.fused_moe.routed_experts"
+CLASS = "RoutedExperts"
+METHOD = "_get_quant_method"
+MARK = "__quantreg_original__"
+
+
+class Seam:
+    """Installs and removes the wrapper; keeps per-process logging state."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.patched: type[Any] | None = None
+        self.logged: set[Key] = set()
+        self.settings: RunSettings | None = None
+
+    # -- installing ----------------------------------------------------------------------
+    def patch_module(self, module: ModuleType) -> None:
+        cls = getattr(module, CLASS, None)
+        original = getattr(cls, METHOD, None) if cls is not None else None
+        if cls is None or original is None:
+            logger.warning(
+                "quantreg: this vLLM has no %s.%s.%s; quantreg is inactive and vLLM chooses MoE methods itself",
+                MODULE, CLASS, METHOD)
+            return
+        with self.lock:
+            if getattr(original, MARK, None) is not None:
+                self.patched = cls
+                return
+
+            @functools.wraps(original)
+            def _get_quant_method(layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
+                return self.route(original, layer, prefix, quant_config, moe_config)
+
+            setattr(_get_quant_method, MARK, original)
+            setattr(cls, METHOD, _get_quant_method)
+            self.patched = cls
+
+    def unpatch(self) -> None:
+        with self.lock:
+            cls, self.patched = self.patched, None
+            if cls is not None:
+                current = cls.__dict__.get(METHOD)
+                original = getattr(current, MARK, None)
+                if original is not None:
+                    setattr(cls, METHOD, original)
+            self.logged.clear()
+            self.settings = None
+
+    # -- routing -------------------------------------------------------------------------
+    def registry_for_run(self) -> tuple[Registry, bool]:
+        """The registry with this run's ``additional_config`` tables, and whether to be strict."""
+        settings = run_settings()
+        with self.lock:
+            registry = get_registry()
+            if settings.config and settings != self.settings:
+                registry = Registry.build(config=settings.config)
+                report_faults(registry, strict=bool(settings.strict) or registry.strict)
+                set_registry(registry)
+            self.settings = settings
+        strict = registry.strict if settings.strict is None else settings.strict
+        return registry, strict
+
+    def route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
+        registry, strict = self.registry_for_run()
+        key = layer_key(quant_config)
+        decision = registry.resolve(key)
+        self.log_once(decision)
+        if decision.fallback and strict:
+            raise QuantregError(f"quantreg (strict): {decision.summary()}; " + chain_reasons(decision))
+        if decision.keeps_vllm:
+            return original(layer, prefix, quant_config, moe_config)
+        try:
+            cls = registry.methods[decision.method].load()
+            return cls(moe_config, **dict(decision.options))
+        except Exception as exc:
+            message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built: "
+                       f"{type(exc).__name__}: {exc}")
+            if strict:
+                raise QuantregError(message) from exc
+            logger.warning("%s; using vLLM's own method", message)
+            return original(layer, prefix, quant_config, moe_config)
+
+    def log_once(self, decision: Decision) -> None:
+        if decision.key in self.logged:
+            return
+        self.logged.add(decision.key)
+        logger.info("quantreg: %s", decision.summary())
+        if decision.fallback or any(not s.available for s in decision.chain):
+            logger.info("quantreg: %s chain: %s", decision.key, chain_reasons(decision))
+
+
+def chain_reasons(decision: Decision) -> str:
+    return "; ".join(f"{s.method}: {'available' if s.available else s.reason}" for s in decision.chain)
+
+
+def report_faults(registry: Registry, strict: bool) -> None:
+    """Strict: raise one error with every fault. Lenient: one WARNING line per fault."""
+    faults = [*registry.problems, *registry.failures]
+    if not faults:
+        return
+    if strict:
+        raise QuantregError("quantreg (strict): " + "; ".join(map(str, faults)))
+    for fault in faults:
+        logger.warning("quantreg: %s (ignored; the rest of the table stays in force)", fault)
