@@ -82,7 +82,8 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     b = blocks.to(torch.int64)
     codes = torch.stack((b & 0x0F, b >> 4), dim=-1)  # [..., K/32, 16, 2]
     vals = lut[codes].flatten(-2)  # [..., K/32, 32]
-    scale = torch.ldexp(torch.ones((), dtype=torch.float32), scales.to(torch.int32) - E8M0_BIAS)
+    exponent = scales.to(torch.int32) - E8M0_BIAS
+    scale = torch.ldexp(torch.ones(exponent.shape, dtype=torch.float32), exponent)
     return (vals * scale.unsqueeze(-1)).flatten(-2).to(dtype)
 
 

