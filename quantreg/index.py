@@ -50,7 +50,11 @@ class Index:
         return found
 
     def ambiguities(self) -> list[Problem]:
-        """Pairs of rules that tie on (layer, specificity, priority) and overlap.
+        """One problem per ambiguous pair (see :meth:`ambiguous_pairs`), sorted by file and line."""
+        return ambiguity_problems(self.ambiguous_pairs())
+
+    def ambiguous_pairs(self) -> list[tuple[Rule, Rule]]:
+        """Pairs of rules (in file order) that tie on (layer, specificity, priority) and overlap.
 
         Rules are grouped by their rank; inside a group, for every pair of patterns the
         rules are hashed on the fields both fix, so only overlapping pairs are compared.
@@ -58,7 +62,7 @@ class Index:
         groups: dict[tuple[int, int, int], list[Rule]] = defaultdict(list)
         for rule in self.rules:
             groups[rule.rank].append(rule)
-        problems: list[Problem] = []
+        pairs: list[tuple[Rule, Rule]] = []
         seen: set[tuple[int, int]] = set()
         for group in groups.values():
             if len(group) < 2:
@@ -84,11 +88,15 @@ class Index:
                                 if pair in seen:
                                     continue
                                 seen.add(pair)
-                                problems.append(_ambiguity(a, b))
-                                if len(problems) >= MAX_AMBIGUITIES:
-                                    return problems
-        problems.sort(key=lambda p: (p.path, p.line or 0))
-        return problems
+                                pairs.append((a, b))
+                                if len(pairs) >= MAX_AMBIGUITIES:
+                                    return pairs
+        return pairs
+
+
+def ambiguity_problems(pairs: Iterable[tuple[Rule, Rule]]) -> list[Problem]:
+    """One problem per pair, at the later rule and naming the earlier one, sorted by file and line."""
+    return sorted((_ambiguity(a, b) for a, b in pairs), key=lambda p: (p.path, p.line or 0))
 
 
 def _ambiguity(a: Rule, b: Rule) -> Problem:

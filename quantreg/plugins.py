@@ -108,10 +108,13 @@ class Plugins:
     def _add(self, plugin: object, name: str, info: PluginInfo) -> None:
         try:
             self.pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:  # bad hookimpl, or already registered
+            self._fail(info, "", _validation_message(exc))
+            return
+        try:
             self.pm.check_pending()
-        except (pluggy.PluginValidationError, ValueError) as exc:
-            if self.pm.is_registered(plugin):
-                self.pm.unregister(plugin)
+        except pluggy.PluginValidationError as exc:  # a misspelt hook: take back only this registration
+            self.pm.unregister(plugin)
             self._fail(info, "", _validation_message(exc))
             return
         self.infos.append(info)
@@ -128,7 +131,7 @@ class Plugins:
         so everything registered is attributed to the plugin that registered it.
         """
         caller = getattr(self.pm.hook, hook)
-        for impl in reversed(caller.get_hookimpls()):  # pluggy keeps them last-registered-first
+        for impl in caller.get_hookimpls():  # registration order: the built-in first, then entry points by name
             try:
                 impl.function(**{arg: make_register(impl.plugin_name) for arg in impl.argnames})
             except Exception as exc:

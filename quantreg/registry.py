@@ -18,7 +18,7 @@ from typing import Any
 
 from .builtin import default_table_path
 from .decision import Candidate, ChainStep, Decision, rule_json
-from .index import Index
+from .index import Index, ambiguity_problems
 from .keys import Key
 from .methods import VLLM_METHOD, Availability, Method, check_specifier
 from .plugins import PluginFailure, PluginInfo, Plugins
@@ -62,7 +62,7 @@ class _MethodCollector:
     def _check(method: Any) -> str | None:
         if not isinstance(method, Method):
             return f"register() expects a quantreg.Method, got {type(method).__name__}"
-        if not re.match(NAME_RE, method.name):
+        if not re.fullmatch(NAME_RE, method.name):
             return f"method name {method.name!r} is not valid (letters, digits, '_', '.', '-')"
         module, sep, attr = method.target.partition(":")
         if not (sep and module and attr):
@@ -213,10 +213,10 @@ def load_tables(
         problems += found
         if table is not None and not found:
             tables.append(table)
-    ambiguous = Index(r for t in tables for r in t.rules).ambiguities()
-    if ambiguous:
-        problems += ambiguous
-        bad = {p.path for p in ambiguous}
+    # Reports are capped per pass (MAX_AMBIGUITIES), so look again until the kept files are free of ties.
+    while pairs := Index(r for t in tables for r in t.rules).ambiguous_pairs():
+        problems += ambiguity_problems(pairs)
+        bad = {r.path for pair in pairs for r in pair}
         tables = [t for t in tables if t.path not in bad]
     return tables, problems
 

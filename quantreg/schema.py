@@ -12,9 +12,13 @@ from typing import Any
 from .keys import FIELDS, WILDCARD
 from .tables import NAME_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 
+# Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
+# lookahead makes the pattern mean what the loader's ``re.fullmatch`` means in every regex dialect.
+NAME_PATTERN = NAME_RE + r"(?!\n)"
+
 
 def table_schema() -> dict[str, Any]:
-    name = {"type": "string", "pattern": NAME_RE}
+    name = {"type": "string", "pattern": NAME_PATTERN}
     match_value = {
         "anyOf": [
             {"const": WILDCARD},
@@ -48,7 +52,7 @@ def table_schema() -> dict[str, Any]:
                 "properties": rule_props,
             },
         },
-        "strict": {"type": "boolean"},
+        "strict": {"type": ["boolean", "null"]},
     }
     assert set(top_props) == set(TOP_KEYS)
     return {

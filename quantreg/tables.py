@@ -223,7 +223,7 @@ class _Checker:
     def name(self, v: str, line: int, where: str) -> bool:
         import re
 
-        if not re.match(NAME_RE, v):
+        if not re.fullmatch(NAME_RE, v):
             self.fail(line, where, f"{v!r} is not a valid name (letters, digits, '_', '.', '-')")
             return False
         return True

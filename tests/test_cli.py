@@ -1,0 +1,256 @@
+"""The ``quantreg`` command: every subcommand with and without ``--json``, ``--config``, QUANTREG_CONFIG.
+
+Most tests call :func:`quantreg.cli.main` in-process (fast); a few run the real console script.
+``doctor`` always runs in a subprocess because it imports vLLM to ask for the device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import QUANTREG_VARS, ROOT, run_cli
+
+from quantreg.cli import main
+from quantreg.schema import table_schema
+
+
+@pytest.fixture(autouse=True)
+def no_installed_plugins(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep whatever plugins are installed in this venv out of the answers (after clean_env)."""
+    monkeypatch.setenv("QUANTREG_PLUGINS", "")
+
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Run:
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+def cli_json(cli: Run, *args: str) -> Any:
+    code, out, err = cli(*args, "--json")
+    assert code == 0, out + err
+    return json.loads(out)
+
+
+@pytest.fixture
+def tables(table: Callable[[str, str], Path]) -> dict[str, Path]:
+    return {
+        "user": table("user.yaml", """
+            version: 1
+            rules:
+              - match: {quant_format: fp8}
+                method: vllm
+                note: from the user file
+        """),
+        "run1": table("run1.yaml", """
+            version: 1
+            rules:
+              - match: {quant_format: fp8, device: cpu}
+                method: [vllm]
+                options: {chunk: 2}
+        """),
+        "run2": table("run2.yaml", """
+            version: 1
+            rules:
+              - match: {model_type: llama, device: cpu}
+                method: vllm
+                priority: 5
+        """),
+    }
+
+
+# -- list ----------------------------------------------------------------------------------
+def test_list(cli: Run) -> None:
+    code, out, _ = cli("list", "--device", "hpu")
+    assert code == 0
+    assert out.splitlines()[0] == "methods available on hpu:"
+    assert "yes vllm  quantreg.builtin  quantreg.builtin:KeepVllm  devices=*  (vLLM's own method)" in out
+    rows = cli_json(cli, "list", "--device", "hpu")
+    assert rows == [{"name": "vllm", "plugin": "quantreg.builtin", "target": "quantreg.builtin:KeepVllm",
+                     "devices": ["*"], "device": "hpu", "available": True, "reason": "vLLM's own method",
+                     "description": "keep the method vLLM itself would build"}]
+    # without --device the device is guessed without importing vLLM
+    rows = cli_json(cli, "list")
+    assert rows[0]["device"] in {"cpu", "cuda", "hpu"}
+
+
+# -- plugins -------------------------------------------------------------------------------
+def test_plugins(cli: Run) -> None:
+    code, out, _ = cli("plugins")
+    assert code == 0
+    assert out.splitlines()[0] == "plugins:"
+    assert "builtin  quantreg.builtin  (quantreg " in out
+    data = cli_json(cli, "plugins")
+    assert data["faults"] == []
+    assert data["plugins"][0]["name"] == "quantreg.builtin" and data["plugins"][0]["status"] == "builtin"
+    assert all(p["status"] in {"builtin", "disabled"} for p in data["plugins"])
+
+
+# -- rules ---------------------------------------------------------------------------------
+def test_rules_with_repeated_config_and_quantreg_config(cli: Run, tables: dict[str, Path],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTREG_CONFIG", str(tables["user"]))
+    args = ("rules", "--config", str(tables["run1"]), "--config", str(tables["run2"]))
+    rules = cli_json(cli, *args)
+    assert [(r["path"], r["line"], r["layer"]) for r in rules] == [
+        (str(tables["run2"]), 3, "run"),  # specificity 2, priority 5
+        (str(tables["run1"]), 3, "run"),  # specificity 2, priority 0
+        (str(tables["user"]), 3, "user"),
+        (str(ROOT / "quantreg" / "registry.yaml"), 5, "default"),
+    ]
+    assert rules[1]["options"] == {"chunk": 2} and rules[1]["match"]["device"] == ["cpu"]
+    code, out, err = cli(*args)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "effective rules, highest precedence first:"
+    assert lines[1].startswith(f"  {tables['run2']}:3  [run, specificity 2, priority 5]  (*, llama, cpu) -> vllm")
+    assert lines[2].endswith("options={'chunk': 2}")
+    assert lines[3].startswith(f"  {tables['user']}:3  [user, specificity 1, priority 0]  (fp8, *, *) -> vllm")
+
+
+# -- explain -------------------------------------------------------------------------------
+def test_explain_shows_winner_and_losers(cli: Run, tables: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTREG_CONFIG", str(tables["user"]))
+    args = ("explain", "fp8", "llama", "cpu", "--config", str(tables["run1"]), "--config", str(tables["run2"]))
+    code, out, _ = cli(*args)
+    assert code == 0
+    assert "key      (fp8, llama, cpu)" in out
+    assert "method   vllm" in out
+    assert f"rule     {tables['run2']}:3 (run layer) match (*, llama, cpu)" in out
+    assert f"WON  {tables['run2']}:3 [run, specificity 2, priority 5]" in out
+    assert f"lost {tables['run1']}:3 [run, specificity 2, priority 0] (fp8, *, cpu) -> vllm: lower priority (0 < 5)" \
+        in out
+    assert f"lost {tables['user']}:3 [user, specificity 1, priority 0] (fp8, *, *) -> vllm: lower layer (user < run)" \
+        in out
+    assert "registry.yaml:5 [default, specificity 0, priority 0] (*, *, *) -> vllm: lower layer (default < run)" in out
+    data = cli_json(cli, *args)
+    assert data["rule"]["path"] == str(tables["run2"]) and data["rule"]["line"] == 3
+    assert [(c["rule"]["path"], c["won"], c["reason"]) for c in data["candidates"]][:3] == [
+        (str(tables["run2"]), True, "highest precedence (layer, then specificity, then priority)"),
+        (str(tables["run1"]), False, "lower priority (0 < 5)"),
+        (str(tables["user"]), False, "lower layer (user < run)"),
+    ]
+    assert data["chain"] == [{"method": "vllm", "available": True, "reason": "vLLM's own method",
+                              "plugin": "quantreg.builtin"}]
+
+
+def test_explain_honours_quantreg_config(cli: Run, tables: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTREG_CONFIG", os.pathsep.join([str(tables["run2"]), str(tables["user"])]))
+    data = cli_json(cli, "explain", "fp8", "qwen", "hpu")
+    assert data["rule"]["path"] == str(tables["user"]) and data["rule"]["layer"] == "user"
+    assert data["rule"]["note"] == "from the user file"
+
+
+def test_explain_warns_about_faults_on_stderr(cli: Run, table: Callable[[str, str], Path]) -> None:
+    bad = table("bad.yaml", "version: 1\nrules:\n  - {match: {}, method: vlm}\n")
+    code, out, err = cli("explain", "fp8", "llama", "cpu", "--config", str(bad))
+    assert code == 0
+    assert f"warning: {bad}:3: rules[0].method: unknown method 'vlm'; did you mean 'vllm'?" in err
+    assert "rule     " in out and "(default layer)" in out  # the broken file contributed nothing
+
+
+# -- validate ------------------------------------------------------------------------------
+def test_validate_the_effective_stack(cli: Run, tables: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTREG_CONFIG", str(tables["user"]))
+    code, out, _ = cli("validate", "--config", str(tables["run1"]))
+    assert (code, out.strip()) == (0, "ok: 3 table(s) valid")
+    data = cli_json(cli, "validate", "--config", str(tables["run1"]))
+    assert data["ok"] is True and data["problems"] == []
+    assert data["files"][1:] == [str(tables["user"]), str(tables["run1"])]
+
+
+def test_validate_the_effective_stack_with_a_broken_user_file(cli: Run, table: Callable[[str, str], Path],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = table("bad.yaml", "version: 1\nrules:\n  - {match: {devcie: cpu}, method: vllm}\n")
+    monkeypatch.setenv("QUANTREG_CONFIG", str(bad))
+    code, out, _ = cli("validate")
+    assert code == 1
+    assert out.strip().startswith(f"{bad}:3: rules[0].match.devcie: unknown key; did you mean 'device'?")
+    code, out, _ = cli("validate", "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
+
+
+def test_validate_files_and_missing_paths(cli: Run, tables: dict[str, Path], tmp_path: Path) -> None:
+    code, out, _ = cli("validate", str(tables["user"]), str(tables["run1"]))
+    assert (code, out.strip()) == (0, "ok: 2 table(s) valid")
+    code, out, _ = cli("validate", str(tmp_path / "nope.yaml"), str(tmp_path))
+    assert code == 1
+    assert out.splitlines() == [f"{tmp_path / 'nope.yaml'}: no such file",
+                                f"{tmp_path}: is a directory; expected a YAML file"]
+
+
+# -- schema --------------------------------------------------------------------------------
+@pytest.mark.parametrize("flags", [[], ["--json"]])
+def test_schema(cli: Run, flags: list[str]) -> None:
+    code, out, _ = cli("schema", *flags)
+    assert code == 0 and json.loads(out) == table_schema()
+
+
+# -- doctor (imports vLLM: one subprocess, both output modes) ----------------------------------
+SEPARATOR = "----- 8< -----"
+
+
+@pytest.mark.vllm
+def test_doctor(tables: dict[str, Path]) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+    env.update(QUANTREG_PLUGINS="", QUANTREG_CONFIG=str(tables["user"]))
+    config = ["--config", str(tables["run1"])]
+    code = (f"from quantreg.cli import main\n"
+            f"assert main(['doctor', '--json', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
+            f"assert main(['doctor', *{config!r}]) == 0\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    as_json, text = out.stdout.split(SEPARATOR + "\n")
+    data = json.loads(as_json)
+    assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
+                         "strict", "warnings"}
+    assert set(data["versions"]) == {"quantreg", "pluggy", "PyYAML", "torch", "vllm"}
+    assert data["versions"]["quantreg"] and data["versions"]["pluggy"]
+    assert [(t["path"], t["layer"], t["rules"]) for t in data["tables"]][1:] == [
+        (str(tables["user"]), "user", 1), (str(tables["run1"]), "run", 1)]
+    assert data["plugins"][0]["name"] == "quantreg.builtin"
+    assert isinstance(data["startup_hook"]["ok"], bool) and data["startup_hook"]["detail"]
+    assert len(data["fingerprint"]) == 16 and data["strict"] is False
+    if data["versions"]["vllm"]:
+        assert data["device"] and data["device_source"] == "vllm.platforms.current_platform.device_type"
+    assert text.startswith("versions:\n  quantreg ")
+    for fragment in ("device:", "vLLM hook:", "plugins:", "tables:", f"  run     {tables['run1']} (1 rules)",
+                     f"fingerprint: {data['fingerprint']}", "mode: lenient"):
+        assert fragment in text
+
+
+# -- the console script and argument errors ---------------------------------------------------
+def test_console_script_and_python_m(tables: dict[str, Path]) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+    env.update(QUANTREG_PLUGINS="", QUANTREG_CONFIG=str(tables["user"]))
+    out = run_cli("explain", "fp8", "llama", "hpu", env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"rule     {tables['user']}:3 (user layer)" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "quantreg", "explain", "fp8", "llama", "hpu", "--json"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rule"]["path"] == str(tables["user"])
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["explain", "fp8"], ["list", "--device"]])
+def test_usage_errors_exit_2_without_traceback(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: quantreg") and "Traceback" not in err
