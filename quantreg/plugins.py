@@ -98,7 +98,7 @@ class Plugins:
                            f"entry point {ep.value} failed to import: {type(exc).__name__}: {exc}")
                 continue
             self._add(plugin, ep.name, PluginInfo(ep.name, dist, version, ep.value, "loaded"))
-        for name in sorted((allow or set()) - seen):
+        for name in sorted((allow or set()) - seen - {builtin.NAME}):
             self.failures.append(PluginFailure(name, "", f"named in {ALLOW_ENV} but no such entry point is installed"))
 
     def add(self, plugin: ModuleType | object, name: str) -> None:

@@ -184,7 +184,8 @@ class Registry:
         if chosen is None:
             fallback = "no method in the chain is available here; vLLM keeps its own method"
             chosen = VLLM_METHOD
-        return Decision(key, chosen, winner, winner.options, tuple(candidates), tuple(chain), fallback)
+        options = winner.options if fallback is None else {}
+        return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback)
 
     def _plugin_of(self, name: str) -> str:
         m = self.methods.get(name)
@@ -207,9 +208,14 @@ def load_tables(
     """Read every table, check method names, then drop whole files involved in ambiguities."""
     tables: list[TableFile] = []
     problems: list[Problem] = []
+    seen: set[tuple[str, Layer]] = set()
     for path, layer in paths:
+        ident = (os.path.realpath(path), layer)
+        if ident in seen:  # the same file listed twice in one layer is one table, not a tie with itself
+            continue
+        seen.add(ident)
         table, found = read_table(path, layer)
-        found += unknown_methods(table, methods) if table is not None else []
+        found += method_problems(table, methods) if table is not None else []
         problems += found
         if table is not None and not found:
             tables.append(table)
@@ -221,16 +227,32 @@ def load_tables(
     return tables, problems
 
 
-def unknown_methods(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:
+def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:
+    """Methods a rule names must be registered, and its options accepted by each of them.
+
+    Options go to whichever method of the chain is chosen, so every method that declares its
+    options must accept all of them (``vllm`` takes none and ignores them).
+    """
     problems = []
     for i, rule in enumerate(table.rules):
         for j, name in enumerate(rule.methods):
-            if name not in methods:
-                line = rule.method_lines[j] if j < len(rule.method_lines) else rule.line
+            line = rule.method_lines[j] if j < len(rule.method_lines) else rule.line
+            method = methods.get(name)
+            if method is None:
                 problems.append(Problem(
                     table.path, line, f"rules[{i}].method",
                     f"unknown method '{name}'{did_you_mean(name, sorted(methods))} "
                     f"(registered: {', '.join(sorted(methods))})"))
+                continue
+            if method.options is None or name == VLLM_METHOD:
+                continue
+            for option in rule.options:
+                if option not in method.options:
+                    accepted = ", ".join(method.options) or "none"
+                    problems.append(Problem(
+                        table.path, rule.options_line or rule.line, f"rules[{i}].options.{option}",
+                        f"method '{name}' does not accept option '{option}'"
+                        f"{did_you_mean(option, method.options)} (accepted: {accepted})"))
     return problems
 
 

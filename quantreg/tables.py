@@ -49,6 +49,7 @@ class Rule:
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     note: str = ""
     method_lines: tuple[int, ...] = ()
+    options_line: int | None = None
 
     @property
     def location(self) -> str:
@@ -174,6 +175,7 @@ class _Checker:
             options=MappingProxyType(_plain(options)),
             note=note,
             method_lines=method_lines,
+            options_line=key_lines.get("options"),
         )
 
     def match(self, raw: Any, where: str, line: int, present: bool) -> Match | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import BAD_TABLES, GOOD_TABLES, QUANTREG, ROOT, run_cli
+from core_support import BAD_TABLES, GOOD_TABLES, QUANTREG, ROOT, run_cli
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import QUANTREG_VARS, ROOT, run_cli
+from core_support import QUANTREG_VARS, ROOT, run_cli
 
 from quantreg.cli import main
 from quantreg.schema import table_schema

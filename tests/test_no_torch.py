@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import GOOD_TABLES, QUANTREG_VARS, ROOT
+from core_support import GOOD_TABLES, QUANTREG_VARS, ROOT
 
 from quantreg.builtin import default_table_path
 

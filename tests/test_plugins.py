@@ -10,7 +10,7 @@ import json
 import sys
 
 import pytest
-from conftest import PluginSite, run_cli
+from core_support import PluginSite, run_cli
 
 from quantreg import Key, Layer, Registry
 from quantreg.plugins import Plugins

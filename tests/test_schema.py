@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import BAD_TABLES, GOOD_TABLES, ROOT, run_cli
+from core_support import BAD_TABLES, GOOD_TABLES, ROOT, run_cli
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 

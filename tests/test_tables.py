@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import GOOD_TABLES, ROOT
+from core_support import GOOD_TABLES, ROOT
 
 from quantreg.keys import Match
 from quantreg.problems import Problem, QuantregError, did_you_mean

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from quantreg.formats.mxfp4 import dequantize_mxfp4
+
 #: MXFP4 block size along the reduction dimension (OCP MX spec).
 MX_BLOCK = 32
 #: E8M0 exponent bias: stored byte b means scale 2**(b - 127).
@@ -64,27 +66,6 @@ def _e8m0_scales(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> t
 def _mxfp4_blocks(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Uniform random packed E2M1 bytes (two 4-bit codes per byte, low nibble first)."""
     return torch.randint(0, 256, shape, generator=gen, dtype=torch.int64).to(torch.uint8)
-
-
-#: E2M1 code -> value (codes 8..15 are the negatives of 0..7; 8 is -0).
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Dequantise checkpoint-layout MXFP4 to ``[..., rows, K]`` in ``dtype``.
-
-    ``blocks`` is uint8 ``[..., rows, K/32, 16]`` (element 2j in the low nibble, 2j+1 in the
-    high nibble), ``scales`` uint8 E8M0 ``[..., rows, K/32]``. Every E2M1 value times a power
-    of two is exact in bf16, so the bf16 result is the *same* function as the MXFP4 weight;
-    that is what makes the bf16 twin checkpoint a fair numerical reference.
-    """
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32)
-    b = blocks.to(torch.int64)
-    codes = torch.stack((b & 0x0F, b >> 4), dim=-1)  # [..., K/32, 16, 2]
-    vals = lut[codes].flatten(-2)  # [..., K/32, 32]
-    exponent = scales.to(torch.int32) - E8M0_BIAS
-    scale = torch.ldexp(torch.ones(exponent.shape, dtype=torch.float32), exponent)
-    return (vals * scale.unsqueeze(-1)).flatten(-2).to(dtype)
 
 
 def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator, mean: float = 0.0) -> torch.Tensor:

@@ -10,7 +10,6 @@ never available, to exercise fallback chains.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import quantreg
 

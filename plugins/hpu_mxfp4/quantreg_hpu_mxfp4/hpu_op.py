@@ -1,0 +1,248 @@
+"""The MoE op adapter: one layer's per-expert weights and the call into a fused MoE kernel.
+
+This plays the part of vllm-gaudi's ``VllmMixtureOfExpertsOpMXFP4`` (and of its bf16
+``VllmMixtureOfExpertsOp`` for the dequantised method). Where the kernels come from is
+pluggable (:class:`OpSet`): :func:`hpu_ops` resolves ``torch.ops.hpu.mixture_of_experts.*`` and
+compiles the MXFP4 calls through ``torch.compile(backend="hpu_backend")``, as the Gaudi MXFP4
+kernels have no eager implementation; :func:`reference_ops` uses :mod:`.reference` unchanged.
+
+Contract with the kernels (what the HPU test doubles assert):
+
+* weights, scales and biases are tuples with one entry per **local** expert, views of the
+  layer's parameters (no copies): MXFP4 weights uint8 ``[out, in/2]``, E8M0 scales uint8
+  ``[out, in/32]``, biases bf16 ``[out]``; bf16 weights ``[out, in]``;
+* ``experts_min``/``experts_max`` are the global ids of the first and last local expert;
+* MXFP4 kernels take an int32 routing table, ``block_size=32``, ``permuted_weights=True``,
+  ``is_fp4=True``; the bias kernel adds ``alpha``/``limit`` (SwiGLU-OAI), the plain one an
+  activation name; the bf16 kernels take an int64 routing table (what vllm-gaudi feeds them);
+* ``chunk_size``/``total_experts`` come from vllm-gaudi's ``moe_chunk``/``moe_token_boundary``
+  tuning (0/0, the kernel's default, when there is none).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+BLOCK_SIZE = 32
+Kernel = Callable[..., torch.Tensor]
+Tensors = tuple[torch.Tensor, ...]
+
+
+def _identity(fn: Kernel) -> Kernel:
+    return fn
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """The four fused-MoE kernels and how the MXFP4 calls are to be wrapped."""
+
+    name: str
+    bias_mxfp4_fused_weights: Kernel
+    mxfp4_fused_weights: Kernel
+    bias_fused_weights: Kernel
+    fused_weights: Kernel
+    compile: Callable[[Kernel], Kernel] = _identity
+
+
+def hpu_ops() -> OpSet:
+    """Gaudi's kernels; imports the Habana bridge, which registers them and ``hpu_backend``."""
+    try:
+        importlib.import_module("habana_frameworks.torch")
+    except ImportError as exc:
+        raise RuntimeError(f"the Gaudi MoE kernels need habana_frameworks.torch: {exc}") from exc
+    moe: Any = torch.ops.hpu.mixture_of_experts
+
+    def compile_for_hpu(fn: Kernel) -> Kernel:
+        compiled: Kernel = torch.compile(fn, backend="hpu_backend")
+        return compiled
+
+    return OpSet("hpu", moe.bias_mxfp4_fused_weights, moe.mxfp4_fused_weights, moe.bias_fused_weights,
+                 moe.fused_weights, compile_for_hpu)
+
+
+def reference_ops() -> OpSet:
+    """The pure-torch reference, eager."""
+    from . import reference
+
+    return OpSet("reference", reference.bias_mxfp4_fused_weights, reference.mxfp4_fused_weights,
+                 reference.bias_fused_weights, reference.fused_weights)
+
+
+@dataclass(frozen=True)
+class ChunkPolicy:
+    """vllm-gaudi's kernel tuning: ``chunk_size`` by token count, plus the global expert count."""
+
+    sizes: tuple[int, ...] = ()
+    token_boundaries: tuple[int, ...] = ()
+    total_experts: int = 0
+
+    def for_tokens(self, tokens: int) -> tuple[int, int]:
+        if not self.sizes:
+            return 0, 0
+        for size, boundary in zip(self.sizes, self.token_boundaries):
+            if tokens <= boundary:
+                return size, self.total_experts
+        return self.sizes[-1], self.total_experts
+
+
+def vllm_gaudi_chunk_policy(global_num_experts: int) -> ChunkPolicy:
+    """Read ``moe_chunk``/``moe_token_boundary`` from vllm-gaudi's runtime config, if it is there."""
+    try:
+        runtime = importlib.import_module("vllm_gaudi.extension.runtime")
+        config = runtime.get_config()
+        sizes = tuple(int(x) for x in (getattr(config, "moe_chunk", None) or ()))
+        bounds = tuple(int(x) for x in (getattr(config, "moe_token_boundary", None) or ()))
+    except Exception:
+        return ChunkPolicy()
+    if len(sizes) != len(bounds):
+        raise ValueError(f"vllm-gaudi moe_chunk {sizes} and moe_token_boundary {bounds} differ in length")
+    return ChunkPolicy(sizes, bounds, global_num_experts if sizes else 0)
+
+
+@dataclass
+class ExpertWeights:
+    """One projection's per-local-expert tensors (views of the layer's parameters)."""
+
+    weight: tuple[torch.Tensor, ...]
+    scale: tuple[torch.Tensor, ...] | None = None
+    bias: tuple[torch.Tensor, ...] | None = None
+
+    @classmethod
+    def from_layer(cls, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+                   num_local: int) -> ExpertWeights:
+        def split(t: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+            return None if t is None else tuple(t[e] for e in range(num_local))
+
+        views = split(weight)
+        assert views is not None
+        return cls(views, split(scale), split(bias))
+
+
+@dataclass
+class MoeOp:
+    """A layer's experts bound to a kernel set: ``op(x, ids, weights, activation=...)``.
+
+    ``mxfp4`` selects the packed kernels (scales required) or the bf16 ones; a bias on both
+    projections selects the SwiGLU-OAI ``bias_*`` kernels, otherwise the activation is named.
+    """
+
+    ops: OpSet
+    w13: ExpertWeights
+    w2: ExpertWeights
+    experts_min: int
+    experts_max: int
+    mxfp4: bool
+    alpha: float = 1.702
+    limit: float = 7.0
+    chunks: ChunkPolicy = field(default_factory=ChunkPolicy)
+    _forward: Kernel | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        local = self.experts_max - self.experts_min + 1
+        for name, part in (("w13", self.w13), ("w2", self.w2)):
+            for kind in ("weight", "scale", "bias"):
+                values: Sequence[torch.Tensor] | None = getattr(part, kind)
+                if values is not None and len(values) != local:
+                    raise ValueError(f"{name}.{kind} has {len(values)} experts, expected {local} "
+                                     f"(experts {self.experts_min}..{self.experts_max})")
+        if self.mxfp4 and (self.w13.scale is None or self.w2.scale is None):
+            raise ValueError("MXFP4 kernels need the E8M0 scales of both projections")
+        if (self.w13.bias is None) != (self.w2.bias is None):
+            raise ValueError("the bias kernels need biases on both projections, or on neither")
+
+    @property
+    def has_bias(self) -> bool:
+        return self.w13.bias is not None
+
+    @property
+    def num_local_experts(self) -> int:
+        return len(self.w13.weight)
+
+    def __call__(self, hidden_states: torch.Tensor, expert_routing_table: torch.Tensor,
+                 router_weights: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+        chunk_size, total_experts = self.chunks.for_tokens(hidden_states.shape[0])
+        ids_dtype = torch.int32 if self.mxfp4 else torch.int64
+        if expert_routing_table.dtype != ids_dtype:
+            expert_routing_table = expert_routing_table.to(ids_dtype)
+        if self._forward is None:
+            self._forward = self._build()
+        w13, w2 = self.w13, self.w2
+        lo, hi = self.experts_min, self.experts_max
+        if self.mxfp4 and self.has_bias:
+            return self._forward(hidden_states, expert_routing_table, router_weights, w13.weight, w2.weight,
+                                 w13.bias, w2.bias, w13.scale, w2.scale, BLOCK_SIZE, lo, hi, chunk_size,
+                                 total_experts, self.alpha, self.limit)
+        if self.mxfp4:
+            return self._forward(hidden_states, expert_routing_table, router_weights, w13.weight, w2.weight,
+                                 w13.scale, w2.scale, BLOCK_SIZE, activation, lo, hi, chunk_size, total_experts)
+        if self.has_bias:
+            return self._forward(hidden_states, expert_routing_table, router_weights, w13.weight, w2.weight,
+                                 w13.bias, w2.bias, lo, hi, chunk_size, total_experts, self.alpha, self.limit)
+        return self._forward(hidden_states, expert_routing_table, router_weights, w13.weight, w2.weight,
+                             activation, lo, hi, chunk_size, total_experts)
+
+    def _build(self) -> Kernel:
+        """This layer's kernel call, taking every tensor and scalar as an argument (as vllm-gaudi's
+        compiled forwards do); the MXFP4 ones are wrapped by the op set's compiler once."""
+        ops = self.ops
+        if self.mxfp4 and self.has_bias:
+            return ops.compile(_bias_mxfp4_call(ops.bias_mxfp4_fused_weights))
+        if self.mxfp4:
+            return ops.compile(_mxfp4_call(ops.mxfp4_fused_weights))
+        if self.has_bias:
+            return _bias_bf16_call(ops.bias_fused_weights)
+        return _bf16_call(ops.fused_weights)
+
+
+def _bias_mxfp4_call(kernel: Kernel) -> Kernel:
+    def forward(hidden_states: torch.Tensor, expert_routing_table: torch.Tensor, router_weights: torch.Tensor,
+                w12: Tensors, w3: Tensors, w12_bias: Tensors, w3_bias: Tensors, d_scale_w12: Tensors,
+                d_scale_w3: Tensors, block_size: int, experts_min: int, experts_max: int, chunk_size: int,
+                total_experts: int, alpha: float, limit: float) -> torch.Tensor:
+        return kernel(hidden_states, expert_routing_table, router_weights, w12, w3, w12_bias, w3_bias,
+                      d_scale_w12, d_scale_w3, block_size=block_size, permuted_weights=True,
+                      experts_min=experts_min, experts_max=experts_max, is_fp4=True, chunk_size=chunk_size,
+                      total_experts=total_experts, alpha=alpha, limit=limit)
+
+    return forward
+
+
+def _mxfp4_call(kernel: Kernel) -> Kernel:
+    def forward(hidden_states: torch.Tensor, expert_routing_table: torch.Tensor, router_weights: torch.Tensor,
+                w12: Tensors, w3: Tensors, d_scale_w12: Tensors, d_scale_w3: Tensors, block_size: int,
+                activation: str, experts_min: int, experts_max: int, chunk_size: int,
+                total_experts: int) -> torch.Tensor:
+        return kernel(hidden_states, expert_routing_table, router_weights, w12, w3, d_scale_w12, d_scale_w3,
+                      block_size=block_size, permuted_weights=True, activation=activation,
+                      experts_min=experts_min, experts_max=experts_max, is_fp4=True, chunk_size=chunk_size,
+                      total_experts=total_experts)
+
+    return forward
+
+
+def _bias_bf16_call(kernel: Kernel) -> Kernel:
+    def forward(hidden_states: torch.Tensor, expert_routing_table: torch.Tensor, router_weights: torch.Tensor,
+                w12: Tensors, w3: Tensors, w12_bias: Tensors, w3_bias: Tensors, experts_min: int,
+                experts_max: int, chunk_size: int, total_experts: int, alpha: float,
+                limit: float) -> torch.Tensor:
+        return kernel(hidden_states, expert_routing_table, router_weights, w12, w3, w12_bias, w3_bias,
+                      permuted_weights=True, experts_min=experts_min, experts_max=experts_max,
+                      chunk_size=chunk_size, total_experts=total_experts, alpha=alpha, limit=limit)
+
+    return forward
+
+
+def _bf16_call(kernel: Kernel) -> Kernel:
+    def forward(hidden_states: torch.Tensor, expert_routing_table: torch.Tensor, router_weights: torch.Tensor,
+                w12: Tensors, w3: Tensors, activation: str, experts_min: int, experts_max: int,
+                chunk_size: int, total_experts: int) -> torch.Tensor:
+        return kernel(hidden_states, expert_routing_table, router_weights, w12, w3, permuted_weights=True,
+                      activation=activation, experts_min=experts_min, experts_max=experts_max,
+                      chunk_size=chunk_size, total_experts=total_experts)
+
+    return forward

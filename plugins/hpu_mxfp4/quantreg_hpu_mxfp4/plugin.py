@@ -1,0 +1,55 @@
+"""quantreg hook implementations: the three methods and the package's rule table.
+
+Everything here is strings and tuples, so listing plugins or resolving keys never imports
+torch, vLLM or the Gaudi stack; quantreg imports a target only when it is chosen or probed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import quantreg
+
+PACKAGE = "quantreg_hpu_mxfp4"
+OPTIONS = ("alpha", "limit", "routing")
+"""Rule options every method here accepts (see :mod:`quantreg_hpu_mxfp4.options`)."""
+
+
+def rules_path() -> Path:
+    return Path(str(resources.files(PACKAGE).joinpath("rules.yaml")))
+
+
+@quantreg.hookimpl
+def register_methods(register: Callable[[quantreg.Method], None]) -> None:
+    register(quantreg.Method(
+        name="hpu_mxfp4",
+        target=f"{PACKAGE}.method:HpuMxfp4MoEMethod",
+        devices=("hpu",),
+        requires=("habana_frameworks",),
+        probe=f"{PACKAGE}.probe:native_mxfp4_available",
+        options=OPTIONS,
+        description="Gaudi native MXFP4 MoE kernel (bias_mxfp4_fused_weights / mxfp4_fused_weights)",
+    ))
+    register(quantreg.Method(
+        name="hpu_mxfp4_dequant",
+        target=f"{PACKAGE}.method:HpuMxfp4DequantMoEMethod",
+        devices=("hpu",),
+        requires=("habana_frameworks",),
+        probe=f"{PACKAGE}.probe:bf16_moe_available",
+        options=OPTIONS,
+        description="MXFP4 dequantised to bf16 at load, Gaudi bf16 MoE kernel (bias_fused_weights / fused_weights)",
+    ))
+    register(quantreg.Method(
+        name="mxfp4_reference",
+        target=f"{PACKAGE}.method:Mxfp4ReferenceMoEMethod",
+        requires=("torch", "vllm"),
+        options=OPTIONS,
+        description="the Gaudi MXFP4 method computed by a pure-torch reference; runs on any device",
+    ))
+
+
+@quantreg.hookimpl
+def register_tables(register: Callable[[Path | str], None]) -> None:
+    register(rules_path())

@@ -1,0 +1,94 @@
+"""Expert selection and data-parallel dispatch, as vllm-gaudi's MXFP4 method does them.
+
+Kept apart from the method class so the routing rules can be read (and tested) on their own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+GPT_OSS = "gpt_oss"
+ACTIVATION_ALIASES = {"gelu_tanh": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "quick_gelu": "gelu"}
+
+
+def activation_name(activation: Any) -> str:
+    """The kernel's activation string for vLLM's ``MoEActivation`` (or a plain name)."""
+    name = activation.value if isinstance(activation, Enum) else str(activation)
+    return ACTIVATION_ALIASES.get(name, name)
+
+
+def current_model_type() -> str | None:
+    """``hf_config.model_type`` of the vLLM config being built, or None outside one."""
+    from vllm import config as vllm_config
+
+    getter = getattr(vllm_config, "get_current_vllm_config_or_none", None)
+    try:
+        config = getter() if getter is not None else vllm_config.get_current_vllm_config()
+    except AssertionError:  # vLLM 0.32 raises when no config is set
+        return None
+    hf_config = getattr(getattr(config, "model_config", None), "hf_config", None)
+    model_type = getattr(hf_config, "model_type", None)
+    return model_type if isinstance(model_type, str) else None
+
+
+def uses_custom_routing(layer: Any) -> bool:
+    grouped = bool(getattr(layer, "use_grouped_topk", False))
+    return grouped or getattr(layer, "custom_routing_function", None) is not None
+
+
+def order_for(routing: str, model_type: str | None, layer: Any) -> str:
+    """Which routing a layer gets: ``topk_softmax``, ``softmax_topk``, ``layer_router`` or ``vllm``.
+
+    ``vllm`` means the method is modular: vLLM's router selects experts before ``apply``. In
+    ``auto`` mode that is how grouped/custom routing is honoured on vLLM 0.32, whose
+    ``RoutedExperts`` no longer carries the ``router`` the seed called (``layer_router``).
+    """
+    if routing != "auto":
+        return routing
+    if model_type == GPT_OSS:
+        return "topk_softmax"
+    if uses_custom_routing(layer):
+        return "layer_router" if hasattr(layer, "router") else "vllm"
+    return "softmax_topk"
+
+
+def select_experts(order: str, layer: Any, x: torch.Tensor,
+                   router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, ids) for ``x`` from ``router_logits`` in the given order (not ``vllm``)."""
+    top_k = int(layer.top_k)
+    if order == "topk_softmax":
+        weights, ids = torch.topk(router_logits, top_k, dim=-1)
+        return F.softmax(weights, dim=-1, dtype=torch.float32), ids
+    if order == "softmax_topk":
+        probs = F.softmax(router_logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
+        return weights / weights.sum(dim=-1, keepdim=True), ids
+    if order == "layer_router":
+        weights, ids = layer.router.select_experts(hidden_states=x, router_logits=router_logits)
+        return weights, ids
+    raise ValueError(f"routing order {order!r} is not computed inside the method")
+
+
+def dispatch_across_dp(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                       is_sequence_parallel: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All-gather tokens, ids and weights over DP with vllm-gaudi's helpers (imported lazily).
+
+    When vllm-gaudi pre-allocated gather buffers (HPU graphs), each tensor is cast to its buffer's
+    dtype first: the ids buffer is int64, so ids are dispatched as int64 and narrowed afterwards.
+    """
+    utils = importlib.import_module("vllm_gaudi.v1.worker.hpu_dp_utils")
+    metadata = utils.get_hpu_dp_metadata()
+
+    def gather(tensor: torch.Tensor, name: str) -> torch.Tensor:
+        buffer = getattr(metadata, f"{name}_across_dp", None) if metadata is not None else None
+        if buffer is not None and buffer.dtype != tensor.dtype:
+            tensor = tensor.to(buffer.dtype)
+        out: torch.Tensor = utils.dispatch_tensor(tensor, buffer, is_sequence_parallel)
+        return out
+
+    return gather(x, "hidden_states"), gather(ids, "topk_ids"), gather(weights, "topk_weights")

@@ -1,0 +1,84 @@
+"""The plugin as installed: its entry point, hooks, table and the decisions they produce here."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+from quantreg_hpu_mxfp4 import plugin
+
+import quantreg
+
+KEY = ("gpt_oss_mxfp4", "gpt_oss", "hpu")
+
+
+def test_entry_point_is_installed() -> None:
+    (ep,) = [e for e in metadata.entry_points(group="quantreg") if e.name == "hpu_mxfp4"]
+    assert ep.value == "quantreg_hpu_mxfp4.plugin"
+    assert ep.dist is not None and ep.dist.name == "quantreg-hpu-mxfp4"
+    assert ep.load() is plugin
+
+
+def test_importing_the_plugin_pulls_in_neither_torch_nor_vllm() -> None:
+    code = ("import sys, quantreg_hpu_mxfp4.plugin, quantreg; quantreg.Registry.build().resolve("
+            f"{KEY!r}); bad = {{'torch', 'vllm'}} & set(sys.modules); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+NO_GAUDI = pytest.mark.skipif(importlib.util.find_spec("habana_frameworks") is not None,
+                              reason="expects a machine without the Gaudi stack")
+
+
+@NO_GAUDI
+def test_registry_picks_the_plugin_rule_and_falls_back_here() -> None:
+    registry = quantreg.Registry.build(env={})
+    assert not registry.problems, registry.problems
+    assert not [f for f in registry.failures if f.plugin == "hpu_mxfp4"], registry.failures
+    assert {"hpu_mxfp4", "hpu_mxfp4_dequant", "mxfp4_reference"} <= set(registry.methods)
+    assert all(registry.methods[m].plugin == "hpu_mxfp4" for m in ("hpu_mxfp4", "mxfp4_reference"))
+
+    decision = registry.resolve(KEY)
+    assert decision.rule is not None and decision.rule.path == str(plugin.rules_path())
+    assert decision.rule.layer == quantreg.Layer.PLUGIN
+    assert decision.rule.methods == ("hpu_mxfp4", "hpu_mxfp4_dequant")
+    native, dequant = decision.chain
+    assert (native.method, native.available) == ("hpu_mxfp4", False)
+    assert "habana_frameworks" in native.reason and native.plugin == "hpu_mxfp4"
+    assert (dequant.method, dequant.available) == ("hpu_mxfp4_dequant", False)
+    assert decision.method == quantreg.VLLM_METHOD and decision.fallback  # no HPU on this machine
+    assert decision.candidates[0].won and decision.candidates[-1].rule.layer == quantreg.Layer.DEFAULT
+
+
+def test_other_keys_are_left_to_vllm() -> None:
+    registry = quantreg.Registry.build(env={})
+    for key in [("gpt_oss_mxfp4", "gpt_oss", "cpu"), ("fp8", "gpt_oss", "hpu"), ("gpt_oss_mxfp4", "llama", "hpu")]:
+        decision = registry.resolve(key)
+        assert decision.method == quantreg.VLLM_METHOD and decision.rule is not None
+        assert decision.rule.layer == quantreg.Layer.DEFAULT
+
+
+@NO_GAUDI
+def test_probes_answer_through_the_registry() -> None:
+    registry = quantreg.Registry.build(env={})
+    native = registry.availability("hpu_mxfp4", "hpu")
+    assert not native.ok and "habana_frameworks" in native.reason
+    assert registry.availability("hpu_mxfp4", "cpu").reason == "runs on hpu, not cpu"
+    assert registry.availability("mxfp4_reference", "cpu").ok
+
+
+def test_a_user_table_can_choose_the_reference_on_cpu(tmp_path: pytest.TempPathFactory) -> None:
+    table = tmp_path / "mine.yaml"  # type: ignore[operator]
+    table.write_text(
+        "version: 1\nrules:\n"
+        "  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
+        "    method: [hpu_mxfp4, mxfp4_reference]\n"
+        "    options: {limit: 7.0}\n"
+    )
+    decision = quantreg.Registry.build(config=[table], env={}).resolve(("gpt_oss_mxfp4", "gpt_oss", "cpu"))
+    assert decision.method == "mxfp4_reference" and dict(decision.options) == {"limit": 7.0}
+    assert decision.chain[0].reason == "runs on hpu, not cpu"
+    cls = quantreg.Registry.build(env={}).methods[decision.method].load()
+    assert cls.__name__ == "Mxfp4ReferenceMoEMethod"

@@ -1,0 +1,136 @@
+"""``quantreg demo``: the registry deciding, and vLLM obeying, on a tiny GPT-OSS MXFP4 model.
+
+1. Write a tiny GPT-OSS MXFP4 checkpoint (real HF layout) into a temp dir.
+2. ``explain`` its key with the installed tables, then with the demo's embedded table, which
+   asks for ``[hpu_mxfp4, mxfp4_reference]``: on a CPU the Gaudi kernel is unavailable and the
+   chain falls back, with the reason printed.
+3. Run vLLM (default multiprocessing) twice, side by side: once with the default table (vLLM
+   keeps its own method) and once with the embedded table passed per run through vLLM's
+   ``additional_config``. Print the method class each MoE layer got *in the Worker process*,
+   the generated token ids, and how far the two runs' logprobs and MoE outputs are apart.
+
+vLLM 0.32's only CPU MXFP4 MoE kernel needs AMX. Without it, vLLM alone cannot run the MXFP4
+checkpoint at all, so the demo's "vLLM's own method" run uses the bf16 twin of the checkpoint
+(the same expert weights dequantised exactly) and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..environment import guess_device
+from ..keys import Key
+from ..registry import Registry
+from .runner import DEMO_PROMPTS, RunResult, run_vllm, vllm_cpu_mxfp4_kernel_available
+
+DEMO_TABLE = """\
+# quantreg demo table: route GPT-OSS MXFP4 to the Gaudi kernel, or to its CPU reference.
+version: 1
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss}
+    method: [hpu_mxfp4, mxfp4_reference]
+    note: demo; Gaudi kernel where present, else the pure-torch reference of it
+"""
+MAX_TOKENS = 6
+PROBE_TOKENS = 8
+
+
+def _max_logprob_diff(a: RunResult, b: RunResult) -> float | None:
+    """Largest |logprob| difference of the same token at the same step, while the runs agree."""
+    worst: float | None = None
+    for ids_a, ids_b, tops_a, tops_b in zip(a.token_ids, b.token_ids, a.top_logprobs, b.top_logprobs):
+        for step, (ta, tb) in enumerate(zip(ids_a, ids_b)):
+            for token in set(tops_a[step]) & set(tops_b[step]):
+                d = abs(tops_a[step][token] - tops_b[step][token])
+                worst = d if worst is None else max(worst, d)
+            if ta != tb:
+                break
+    return worst
+
+
+def _max_moe_diff(a: RunResult, b: RunResult) -> float | None:
+    try:
+        out_a, out_b = a.load_moe_outputs(), b.load_moe_outputs()
+    except (ValueError, OSError):
+        return None
+    layers = [k for k in out_a if k != "input" and k in out_b]
+    return max((float((out_a[k] - out_b[k]).abs().max()) for k in layers), default=None)
+
+
+def _describe(title: str, result: RunResult) -> list[str]:
+    lines = [f"{title}: {'ok' if result.ok else 'FAILED'} in {result.elapsed_s:.1f}s"]
+    for worker, layers in zip(result.worker_pids or [0], result.worker_moe_layers):
+        for info in layers:
+            lines.append(f"  worker pid {worker}: {info.name} -> {info.quant_method}")
+    decided = [ln.split("quantreg: ", 1)[1] for ln in result.log.splitlines() if "quantreg: (" in ln and "->" in ln]
+    for line in sorted(set(decided)):
+        lines.append(f"  log: quantreg: {line}")
+    lines.append(f"  token ids: {result.token_ids}")
+    if not result.ok:
+        lines.append(f"  error: {(result.error or result.log[-2000:]).strip().splitlines()[-1]}")
+    return lines
+
+
+def run_demo(keep: str | None = None, as_json: bool = False) -> int:
+    from .checkpoint import write_tiny_gpt_oss
+
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="quantreg-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    out: list[str] = []
+
+    def say(text: str = "") -> None:
+        out.append(text)
+        if not as_json:
+            print(text, flush=True)
+
+    model = write_tiny_gpt_oss(work / "tiny-gpt-oss-mxfp4")
+    table = work / "demo-table.yaml"
+    table.write_text(DEMO_TABLE, encoding="utf-8")
+    say(f"checkpoint: {model}  (GPT-OSS, MXFP4 experts, 2 MoE layers, 4 experts, top-2)")
+    key = Key("gpt_oss_mxfp4", "gpt_oss", guess_device())
+
+    default = Registry.build()
+    demo = Registry.build(config=[table])
+    say("\n== explain with the installed tables ==")
+    say(default.resolve(key).render())
+    say(f"\n== explain with the demo table ({table}) ==")
+    say(demo.resolve(key).render())
+    if demo.resolve(key).keeps_vllm:
+        say("\nthe demo table cannot select mxfp4_reference: is quantreg-hpu-mxfp4 installed? (quantreg plugins)")
+        return 1
+
+    own_model = model
+    own_note = "vLLM's own MXFP4 method"
+    if not vllm_cpu_mxfp4_kernel_available():
+        own_model = write_tiny_gpt_oss(work / "tiny-gpt-oss-bf16", mxfp4=False)
+        own_note = ("vLLM's own method on the bf16 twin: this CPU has no AMX, and vLLM 0.32's only CPU MXFP4 "
+                    "kernel needs it, so vLLM alone cannot run the MXFP4 checkpoint here")
+    say(f"\n== running vLLM twice (default multiprocessing, side by side): {own_note}; "
+        "and the demo table via additional_config ==")
+    common: dict[str, Any] = {"max_tokens": MAX_TOKENS, "probe_tokens": PROBE_TOKENS,
+                              "env": {"QUANTREG_CONFIG": ""}}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        own_f = pool.submit(run_vllm, own_model, DEMO_PROMPTS, workdir=work / "run-default", **common)
+        routed_f = pool.submit(run_vllm, model, DEMO_PROMPTS, workdir=work / "run-demo-table",
+                               additional_config={"quantreg": {"config": [str(table)]}}, **common)
+        own, routed = own_f.result(), routed_f.result()
+    for line in _describe("default table", own) + _describe("demo table", routed):
+        say(line)
+    lp, moe = _max_logprob_diff(own, routed), _max_moe_diff(own, routed)
+    say(f"\nmax |logprob difference| (same token, same step): {lp if lp is None else f'{lp:.4f}'}")
+    say(f"max |MoE output difference| on a fixed {PROBE_TOKENS}-token input: {moe if moe is None else f'{moe:.4f}'}")
+    ok = own.ok and routed.ok
+    if as_json:
+        print(json.dumps({
+            "ok": ok, "key": key._asdict(), "work": str(work),
+            "explain_default": default.resolve(key).to_json(), "explain_demo": demo.resolve(key).to_json(),
+            "runs": {name: {"ok": r.ok, "elapsed_s": r.elapsed_s, "token_ids": r.token_ids,
+                            "moe_methods": r.moe_quant_methods, "worker_pids": r.worker_pids}
+                     for name, r in (("default", own), ("demo_table", routed))},
+            "max_logprob_diff": lp, "max_moe_output_diff": moe, "text": out,
+        }, indent=2))
+    return 0 if ok else 1

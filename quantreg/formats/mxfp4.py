@@ -1,0 +1,268 @@
+"""MXFP4 (OCP Microscaling, E2M1 elements with one E8M0 scale per 32) in plain torch.
+
+One definition of the format for every method plugin and for the tests that judge them, so
+that "dequantise" means the same bits everywhere:
+
+* **Elements** are 4-bit E2M1 codes. Codes 0..7 are +0, 0.5, 1, 1.5, 2, 3, 4, 6; codes 8..15
+  are the same magnitudes negated (8 is -0). Two codes share a byte: element ``2j`` is the
+  **low** nibble of byte ``j`` and element ``2j+1`` the **high** nibble.
+* **Scales** are E8M0 bytes, one per block of 32 elements along the input (K) dimension:
+  byte ``b`` means ``2**(b - 127)``. ``b = 0`` is the smallest scale, ``2**-127`` (not zero),
+  so its elements decode to bf16 subnormals, exactly. ``b = 255`` is NaN in the OCP MX spec
+  (and in ``torch.float8_e8m0fnu``): every element of such a block decodes to NaN here.
+  ``ldexp``-based dequantisers (transformers, vllm-gaudi) instead treat 255 as ``2**128`` and
+  produce ±inf (NaN for ±0); no real checkpoint carries 255.
+* **Layouts** accepted: vLLM's parameters, blocks ``uint8 [..., N, K/2]`` with scales
+  ``uint8 [..., N, K/32]``, and the checkpoint's blocks ``uint8 [..., N, K/32, 16]`` with
+  scales ``[..., N, K/32]``. Both dequantise to ``[..., N, K]``.
+
+:func:`dequantize_mxfp4` is exact (every MXFP4 value is representable in bf16) and fast: a
+256-entry table turns each byte into its two bf16 values with one gather, and the scale is a
+bf16 power of two built by writing ``b`` into the exponent field, so applying it is an
+exponent shift that cannot round. The exponent add is done by the multiply unit rather than by
+integer addition on the bits, because integer addition needs a per-element zero mask (a second
+gather or several passes) and measured 1.5-3x slower; the product of a value with at most two
+significant bits and a power of two is exact in bf16, including subnormal results. Blocks whose
+scale byte is 0 or 1 (the only ones with subnormal results) take an integer-only table so the
+answer stays exact when the process flushes subnormals to zero.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from functools import cache
+
+import torch
+
+BLOCK_SIZE = 32
+"""Elements per E8M0 scale, along the input dimension."""
+BLOCK_BYTES = BLOCK_SIZE // 2
+E8M0_BIAS = 127
+E8M0_NAN = 255
+E2M1_VALUES: tuple[float, ...] = (
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+)
+"""Value of each 4-bit code; index 8 is negative zero."""
+
+_BF16_NAN = 0x7FC0
+_DEFAULT_CHUNK_BLOCKS = 1 << 18  # 4 MiB of packed bytes per step bounds the int32 index temporaries
+
+
+def e8m0_scale(byte: int) -> float:
+    """The float a scale byte stands for (``nan`` for 255)."""
+    if not 0 <= byte <= 255:
+        raise ValueError(f"an E8M0 scale is a byte, got {byte}")
+    return math.nan if byte == E8M0_NAN else math.ldexp(1.0, byte - E8M0_BIAS)
+
+
+def bf16_bits(value: float) -> int:
+    """The bf16 bit pattern of ``value``, which must be exactly representable (or inf/nan).
+
+    Pure integer/double arithmetic (``frexp``/``ldexp`` are exact), so tables built from it do not
+    depend on the process's subnormal-flushing mode.
+    """
+    if math.isnan(value):
+        return _BF16_NAN
+    sign = 0x8000 if math.copysign(1.0, value) < 0 else 0
+    magnitude = abs(value)
+    if magnitude == 0.0:
+        return sign
+    if math.isinf(magnitude):
+        return sign | 0x7F80
+    mantissa, exponent = math.frexp(magnitude)  # magnitude = mantissa * 2**exponent, 0.5 <= mantissa < 1
+    unbiased = exponent - 1
+    if unbiased > 127:
+        return sign | 0x7F80
+    if unbiased >= -126:
+        fraction = math.ldexp(mantissa, 8) - 128.0  # 7 fraction bits
+        if fraction != int(fraction):
+            raise ValueError(f"{value!r} is not representable in bf16")
+        return sign | ((unbiased + 127) << 7) | int(fraction)
+    steps = math.ldexp(magnitude, 133)  # subnormal: multiples of 2**-133
+    if steps != int(steps):
+        raise ValueError(f"{value!r} is not representable in bf16")
+    return sign | int(steps)
+
+
+def _pair(low: int, high: int) -> int:
+    """Two bf16 bit patterns as the int32 whose bytes hold them in memory order (low first)."""
+    if sys.byteorder == "little":
+        word = low | (high << 16)
+    else:
+        word = high | (low << 16)
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+@cache
+def _pair_table(device: torch.device) -> torch.Tensor:
+    """int32[256]: byte -> (bf16 of its low nibble, bf16 of its high nibble)."""
+    codes = [bf16_bits(v) for v in E2M1_VALUES]
+    words = [_pair(codes[b & 0xF], codes[b >> 4]) for b in range(256)]
+    return torch.tensor(words, dtype=torch.int32, device=device)
+
+
+@cache
+def _scale_table(device: torch.device) -> torch.Tensor:
+    """bf16[256]: scale byte -> 2**(b-127) (b=0 is the subnormal 2**-127, 255 is NaN)."""
+    bits = [bf16_bits(e8m0_scale(b)) for b in range(256)]
+    signed = [x - (1 << 16) if x >= 1 << 15 else x for x in bits]
+    return torch.tensor(signed, dtype=torch.int16, device=device).view(torch.bfloat16)
+
+
+@cache
+def _subnormal_table(device: torch.device) -> torch.Tensor:
+    """int32[2 * 256]: index ``scale * 256 + byte`` for scale bytes 0 and 1, fully decoded."""
+    words = []
+    for scale in (0, 1):
+        factor = e8m0_scale(scale)
+        for b in range(256):
+            low = bf16_bits(E2M1_VALUES[b & 0xF] * factor)
+            high = bf16_bits(E2M1_VALUES[b >> 4] * factor)
+            words.append(_pair(low, high))
+    return torch.tensor(words, dtype=torch.int32, device=device)
+
+
+@cache
+def _f64_tables(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=device)
+    scales = torch.tensor([e8m0_scale(b) for b in range(256)], dtype=torch.float64, device=device)
+    return values, scales
+
+
+def _rows(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """Normalise either layout to ``[R, 16]`` packed rows and ``[R]`` scales, plus the output shape."""
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise TypeError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    if blocks.dim() == scales.dim() + 1 and blocks.shape[-1] == BLOCK_BYTES and blocks.shape[:-1] == scales.shape:
+        out_shape = (*scales.shape[:-1], scales.shape[-1] * BLOCK_SIZE)
+    elif (blocks.dim() == scales.dim() and blocks.dim() >= 1 and blocks.shape[:-1] == scales.shape[:-1]
+          and blocks.shape[-1] == scales.shape[-1] * BLOCK_BYTES):
+        out_shape = (*blocks.shape[:-1], blocks.shape[-1] * 2)
+    else:
+        raise ValueError(
+            f"blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} are not an MXFP4 pair: expected "
+            "blocks [..., N, K/2] with scales [..., N, K/32] (vLLM) or blocks [..., N, K/32, 16] with "
+            "scales [..., N, K/32] (checkpoint)"
+        )
+    return blocks.reshape(-1, BLOCK_BYTES), scales.reshape(-1), out_shape
+
+
+def dequantize_mxfp4(
+    blocks: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    chunk_blocks: int = _DEFAULT_CHUNK_BLOCKS,
+) -> torch.Tensor:
+    """Decode MXFP4 to ``dtype`` (default bf16), exactly, as ``[..., N, K]``.
+
+    bf16 results are bit-identical to a float64 decode rounded to bf16 (and to transformers'
+    ``convert_moe_packed_tensors`` wherever that is finite). ``float32``/``float16`` are the exact
+    bf16 values converted once; ``float64`` uses :func:`dequantize_mxfp4_f64`. Work proceeds in
+    chunks of ``chunk_blocks`` scale blocks to bound temporaries.
+    """
+    if dtype == torch.float64:
+        return dequantize_mxfp4_f64(blocks, scales)
+    if dtype not in (torch.bfloat16, torch.float32, torch.float16):
+        raise TypeError(f"cannot dequantise MXFP4 to {dtype}; use bfloat16, float16, float32 or float64")
+    if chunk_blocks < 1:
+        raise ValueError(f"chunk_blocks must be positive, got {chunk_blocks}")
+    packed, scale_bytes, out_shape = _rows(blocks, scales)
+    device = blocks.device
+    rows = packed.shape[0]
+    out = torch.empty((rows, BLOCK_SIZE), dtype=torch.bfloat16, device=device)
+    words = out.view(torch.int32)
+    pairs, powers = _pair_table(device), _scale_table(device)
+    for start in range(0, rows, chunk_blocks):
+        stop = min(start + chunk_blocks, rows)
+        chunk_scales = scale_bytes[start:stop].to(torch.int32)
+        torch.index_select(pairs, 0, packed[start:stop].reshape(-1).to(torch.int32),
+                           out=words[start:stop].reshape(-1))
+        out[start:stop].mul_(torch.index_select(powers, 0, chunk_scales).unsqueeze(1))
+        tiny = (chunk_scales <= 1).nonzero().squeeze(1)
+        if tiny.numel():
+            _decode_subnormal_rows(words[start:stop], packed[start:stop], chunk_scales, tiny)
+    result = out.view(out_shape)
+    return result if dtype == torch.bfloat16 else result.to(dtype)
+
+
+def _decode_subnormal_rows(words: torch.Tensor, packed: torch.Tensor, scale_bytes: torch.Tensor,
+                           rows: torch.Tensor) -> None:
+    """Rewrite ``rows`` (scale byte 0 or 1) from the integer-only table."""
+    table = _subnormal_table(words.device)
+    index = packed.index_select(0, rows).to(torch.int32) + scale_bytes.index_select(0, rows).unsqueeze(1) * 256
+    words.index_copy_(0, rows, torch.index_select(table, 0, index.reshape(-1)).view(-1, BLOCK_BYTES))
+
+
+def dequantize_mxfp4_f64(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Float64 decode, straight from the definition: the oracle the fast path is tested against."""
+    packed, scale_bytes, out_shape = _rows(blocks, scales)
+    values, powers = _f64_tables(blocks.device)
+    low = values[(packed & 0xF).long()]
+    high = values[(packed >> 4).long()]
+    decoded = torch.stack((low, high), dim=-1).reshape(-1, BLOCK_SIZE)
+    return (decoded * powers[scale_bytes.long()].unsqueeze(1)).reshape(out_shape)
+
+
+def to_checkpoint_layout(blocks: torch.Tensor) -> torch.Tensor:
+    """View vLLM-layout blocks ``[..., N, K/2]`` as checkpoint blocks ``[..., N, K/32, 16]``."""
+    if blocks.shape[-1] % BLOCK_BYTES:
+        raise ValueError(f"last dimension {blocks.shape[-1]} is not a multiple of {BLOCK_BYTES}")
+    return blocks.reshape(*blocks.shape[:-1], blocks.shape[-1] // BLOCK_BYTES, BLOCK_BYTES)
+
+
+# Midpoints between consecutive E2M1 magnitudes; at a tie the even code wins (round half to even).
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def quantize_mxfp4(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise float weights ``[..., K]`` (K a multiple of 32) to vLLM-layout blocks and scales.
+
+    OCP MX rules: the block's shared exponent is ``floor(log2(amax)) - 2`` (2 is E2M1's largest
+    exponent), elements round to the nearest E2M1 value with ties to the even code and saturate at
+    ±6, an all-zero block gets scale byte 0. Meant for building realistic test weights.
+    """
+    if weights.shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"last dimension {weights.shape[-1]} is not a multiple of {BLOCK_SIZE}")
+    if not torch.isfinite(weights).all():
+        raise ValueError("cannot quantise non-finite weights")
+    w = weights.detach().to(torch.float64).reshape(-1, BLOCK_SIZE)
+    amax = w.abs().amax(dim=1)
+    _, exponent = torch.frexp(amax)  # amax = m * 2**exponent with 0.5 <= m < 1
+    shared = torch.where(amax > 0, exponent - 3, torch.full_like(exponent, -E8M0_BIAS))
+    shared = shared.clamp(-E8M0_BIAS, E8M0_BIAS)
+    magnitude = torch.ldexp(w.abs(), -shared.unsqueeze(1)).clamp(max=6.0)
+    midpoints = torch.tensor(_MIDPOINTS, dtype=torch.float64, device=w.device)
+    code = torch.bucketize(magnitude, midpoints)  # a tie lands on the lower of the two codes,
+    code = code + (torch.isin(magnitude, midpoints) & (code % 2 == 1)).long()  # move it to the even one
+    code = code | (torch.signbit(w).long() << 3)
+    nibbles = code.to(torch.uint8).reshape(*weights.shape[:-1], weights.shape[-1])
+    blocks = nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+    scales = (shared + E8M0_BIAS).to(torch.uint8).reshape(*weights.shape[:-1], weights.shape[-1] // BLOCK_SIZE)
+    return blocks.contiguous(), scales
+
+
+def random_mxfp4(
+    shape: tuple[int, ...],
+    *,
+    seed: int,
+    scale_range: tuple[int, int] = (118, 124),
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uniformly random valid MXFP4 weights of logical shape ``[..., N, K]`` (vLLM layout).
+
+    Every byte is a valid pair of codes; scale bytes are drawn from ``scale_range`` (inclusive),
+    by default 2**-9..2**-3 so decoded weights look like a trained layer's (|w| up to ~0.75).
+    """
+    if not shape or shape[-1] % BLOCK_SIZE:
+        raise ValueError(f"the last dimension of {shape} must be a positive multiple of {BLOCK_SIZE}")
+    low, high = scale_range
+    if not 0 <= low <= high <= 255:
+        raise ValueError(f"scale_range {scale_range} must be bytes with low <= high")
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    *lead, k = shape
+    blocks = torch.randint(0, 256, (*lead, k // 2), dtype=torch.uint8, generator=generator)
+    scales = torch.randint(low, high + 1, (*lead, k // BLOCK_SIZE), dtype=torch.uint8, generator=generator)
+    return blocks.to(device), scales.to(device)

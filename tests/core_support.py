@@ -1,0 +1,152 @@
+"""Shared helpers and fixtures for the core tests: real files on disk, real entry points, a clean environment.
+
+Plugins are real distributions: :class:`PluginSite` writes ``<dist>-0.1.dist-info/METADATA`` and
+``entry_points.txt`` (group ``quantreg``) plus the plugin modules into a temp directory and puts
+that directory on ``sys.path``, so :mod:`importlib.metadata` discovers them like installed
+packages. Nothing here patches :mod:`importlib.metadata`.
+
+Fixtures are opt-in (``pytestmark = pytest.mark.usefixtures("clean_env")``) so that tests other
+teams keep in ``tests/`` (``e2e/``, ``test_vllm_hook.py``) see the environment untouched.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from quantreg.registry import set_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+BAD_TABLES = TESTS / "bad_tables"
+GOOD_TABLES = TESTS / "good_tables"
+#: The real console script of the venv running the tests.
+QUANTREG = Path(sys.executable).with_name("quantreg")
+QUANTREG_VARS = ("QUANTREG_CONFIG", "QUANTREG_PLUGINS", "QUANTREG_DISABLE_PLUGINS", "QUANTREG_STRICT")
+#: Prefix of every module the throwaway plugins define; they are dropped from sys.modules after each test.
+MODULE_PREFIX = "qrt_"
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No QUANTREG_* variable from the caller's shell, and no process-wide registry left over."""
+    for var in QUANTREG_VARS:
+        monkeypatch.delenv(var, raising=False)
+    set_registry(None)
+    yield
+    set_registry(None)
+
+
+@pytest.fixture
+def vllm_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide an already imported vLLM for one test (e.g. ``pytest.importorskip("vllm")`` elsewhere).
+
+    With ``vllm`` in sys.modules, ``Method.load()`` insists on ``FusedMoEMethodBase`` subclasses;
+    tests of the vLLM-free behaviour use plain classes.
+    """
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Callable[[str, str], Path]:
+    """``table("user.yaml", yaml_text)`` writes a (dedented) table under tmp_path and returns its path."""
+
+    def make(name: str, text: str) -> Path:
+        return write(tmp_path / "tables" / name, text)
+
+    return make
+
+
+class PluginSite:
+    """A directory of throwaway distributions, on ``sys.path`` for this test."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def add(
+        self,
+        dist: str,
+        entry_points: Mapping[str, str],
+        modules: Mapping[str, str] = {},
+        files: Mapping[str, str] = {},
+    ) -> None:
+        """One distribution ``dist`` 0.1 with ``entry_points`` in group ``quantreg``.
+
+        ``modules`` maps module names (``qrt_...``) to source; ``files`` maps relative paths
+        (e.g. tables next to the module) to text.
+        """
+        for name in modules:
+            assert name.split(".")[0].startswith(MODULE_PREFIX), name
+        info = self.root / f"{dist.replace('-', '_')}-0.1.dist-info"
+        write(info / "METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+        write(info / "entry_points.txt", f"[quantreg]\n{lines}")
+        for name, source in modules.items():
+            write(self.root / (name.replace(".", "/") + ".py"), source)
+        for rel, text in files.items():
+            write(self.root / rel, text)
+        importlib.invalidate_caches()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment for a subprocess that should see these distributions."""
+        env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+        env["PYTHONPATH"] = os.pathsep.join([str(self.root), *filter(None, [env.get("PYTHONPATH")])])
+        env.update(extra)
+        return env
+
+
+def _forget_test_modules() -> None:
+    for name in [m for m in sys.modules if m.startswith(MODULE_PREFIX)]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def plugin_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PluginSite]:
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    _forget_test_modules()
+    yield PluginSite(root)
+    _forget_test_modules()
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def module_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, str], Path]]:
+    """``module_dir("qrt_x", source)`` writes an importable module (not a distribution)."""
+    root = tmp_path / "modules"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    _forget_test_modules()
+
+    def make(name: str, source: str) -> Path:
+        assert name.startswith(MODULE_PREFIX), name
+        path = write(root / (name.replace(".", "/") + ".py"), source)
+        importlib.invalidate_caches()
+        return path
+
+    yield make
+    _forget_test_modules()
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real ``quantreg`` console script; by default no installed plugin is loaded."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+        env["QUANTREG_PLUGINS"] = ""
+    return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True, env=dict(env), cwd=cwd,
+                          timeout=120)
