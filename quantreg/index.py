@@ -18,6 +18,7 @@ from itertools import product
 from .keys import Key
 from .problems import Problem
 from .tables import Rule
+from .yamlfile import gc_paused
 
 Pattern = tuple[bool, bool, bool]
 PATTERNS: tuple[Pattern, ...] = tuple(product((False, True), repeat=3))  # type: ignore[arg-type]
@@ -32,14 +33,15 @@ class Index:
     """Immutable lookup structure built once per effective table."""
 
     def __init__(self, rules: Iterable[Rule]) -> None:
-        self.rules: tuple[Rule, ...] = tuple(rules)
-        self._order = {id(r): i for i, r in enumerate(self.rules)}
-        self._by_pattern: dict[Pattern, dict[tuple[str, ...], list[Rule]]] = {}
-        for rule in self.rules:
-            pattern = rule.match.pattern
-            table = self._by_pattern.setdefault(pattern, defaultdict(list))
-            for values in rule.match.expand(pattern):
-                table[values].append(rule)
+        with gc_paused():  # one list and key tuple per rule, no cycles; see yamlfile.gc_paused
+            self.rules: tuple[Rule, ...] = tuple(rules)
+            self._order = {id(r): i for i, r in enumerate(self.rules)}
+            self._by_pattern: dict[Pattern, dict[tuple[str, ...], list[Rule]]] = {}
+            for rule in self.rules:
+                pattern = rule.match.pattern
+                table = self._by_pattern.setdefault(pattern, defaultdict(list))
+                for values in rule.match.expand(pattern):
+                    table[values].append(rule)
 
     def candidates(self, key: Key) -> list[Rule]:
         """Every rule matching ``key``, best first (ties keep file order)."""
@@ -59,6 +61,10 @@ class Index:
         Rules are grouped by their rank; inside a group, for every pair of patterns the
         rules are hashed on the fields both fix, so only overlapping pairs are compared.
         """
+        with gc_paused():
+            return self._ambiguous_pairs()
+
+    def _ambiguous_pairs(self) -> list[tuple[Rule, Rule]]:
         groups: dict[tuple[int, int, int], list[Rule]] = defaultdict(list)
         for rule in self.rules:
             groups[rule.rank].append(rule)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,12 +69,7 @@ class Method:
                 return Availability(False, f"requires vLLM {self.vllm_version}; installed is {installed}")
         if self.probe is None:
             return Availability(True, "no probe; device and requirements satisfied")
-        try:
-            probe = load_object(self.probe) if isinstance(self.probe, str) else self.probe
-            ok, reason = probe()
-        except Exception as exc:  # a third-party probe must not break resolution
-            return Availability(False, f"probe raised {type(exc).__name__}: {exc}")
-        return Availability(bool(ok), str(reason))
+        return run_probe(self.probe, probe_timeout())
 
     def load(self) -> type[Any]:
         """Import the target; it must be a class, and a ``FusedMoEMethodBase`` when vLLM is loaded."""
@@ -85,6 +82,42 @@ class Method:
                 f"method '{self.name}' target {self.target} does not subclass vLLM's FusedMoEMethodBase"
             )
         return obj
+
+
+PROBE_TIMEOUT_ENV = "QUANTREG_PROBE_TIMEOUT"
+DEFAULT_PROBE_TIMEOUT = 10.0
+
+
+def probe_timeout() -> float:
+    try:
+        return max(0.01, float(os.environ.get(PROBE_TIMEOUT_ENV, DEFAULT_PROBE_TIMEOUT)))
+    except ValueError:
+        return DEFAULT_PROBE_TIMEOUT
+
+
+def run_probe(probe: Probe | str, timeout: float) -> Availability:
+    """Run a third-party probe in a daemon thread: it may raise or hang, resolution may not.
+
+    A probe still running after ``timeout`` seconds is abandoned (Python cannot kill a thread)
+    and the method is reported unavailable, so one stuck device query cannot hold vLLM's start-up.
+    """
+    outcome: list[Availability] = []
+
+    def call() -> None:
+        try:
+            fn = load_object(probe) if isinstance(probe, str) else probe
+            result = fn()
+            ok, reason = result
+            outcome.append(Availability(bool(ok), str(reason)))
+        except Exception as exc:  # a third-party probe must not break resolution
+            outcome.append(Availability(False, f"probe raised {type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=call, name="quantreg-probe", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not outcome:
+        return Availability(False, f"probe did not answer within {timeout:g}s ({PROBE_TIMEOUT_ENV})")
+    return outcome[0]
 
 
 def load_object(target: str) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -124,18 +124,24 @@ class Plugins:
         self.failures.append(failure)
         self.infos.append(PluginInfo(info.name, info.distribution, info.version, info.value, "failed", message))
 
-    def call_each(self, hook: str, make_register: Callable[[str], Callable[[Any], None]]) -> None:
+    def call_each(self, hook: str) -> list[tuple[str, Any]]:
         """Call ``hook`` on every plugin separately, in registration order, isolating faults.
 
-        ``make_register(plugin_name)`` builds the ``register`` callback handed to that plugin,
-        so everything registered is attributed to the plugin that registered it.
+        Each plugin gets its own ``register`` callback; what it registers is returned as
+        ``(plugin name, item)`` pairs. A hook that raises contributes nothing at all (its earlier
+        ``register`` calls are discarded), so a half-run hook never leaves half its methods behind.
         """
+        registered: list[tuple[str, Any]] = []
         caller = getattr(self.pm.hook, hook)
         for impl in caller.get_hookimpls():  # registration order: the built-in first, then entry points by name
+            staged: list[Any] = []
             try:
-                impl.function(**{arg: make_register(impl.plugin_name) for arg in impl.argnames})
+                impl.function(**{arg: staged.append for arg in impl.argnames})
             except Exception as exc:
                 self.failures.append(PluginFailure(impl.plugin_name, hook, f"raised {type(exc).__name__}: {exc}"))
+                continue
+            registered += [(impl.plugin_name, item) for item in staged]
+        return registered
 
     def hook_names(self) -> Iterable[str]:
         return sorted(n for n in dir(self.pm.hook) if not n.startswith("_"))

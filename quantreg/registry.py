@@ -12,8 +12,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .builtin import default_table_path
@@ -36,42 +35,35 @@ def config_paths(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(p for p in env.get(CONFIG_ENV, "").split(os.pathsep) if p.strip())
 
 
-@dataclass
-class _MethodCollector:
-    methods: dict[str, Method] = field(default_factory=dict)
-    failures: list[PluginFailure] = field(default_factory=list)
+def check_method(method: Any) -> str | None:
+    """What is wrong with something a plugin passed to ``register()``, or ``None``."""
+    if not isinstance(method, Method):
+        return f"register() expects a quantreg.Method, got {type(method).__name__}"
+    if not re.fullmatch(NAME_RE, method.name):
+        return f"method name {method.name!r} is not valid (letters, digits, '_', '.', '-')"
+    module, sep, attr = method.target.partition(":")
+    if not (sep and module and attr):
+        return f"method '{method.name}': target {method.target!r} is not of the form 'package.module:Class'"
+    if method.vllm_version:
+        bad = check_specifier(method.vllm_version)
+        if bad:
+            return f"method '{method.name}': vllm_version {bad}"
+    return None
 
-    def for_plugin(self, plugin: str) -> Callable[[Any], None]:
-        def register(method: Any) -> None:
-            problem = self._check(method)
-            if problem:
-                self.failures.append(PluginFailure(plugin, "register_methods", problem))
-                return
-            assert isinstance(method, Method)
-            if method.name in self.methods:
-                other = self.methods[method.name].plugin
-                self.failures.append(PluginFailure(
-                    plugin, "register_methods",
-                    f"method '{method.name}' is already registered by plugin '{other}'; the first one is kept"))
-                return
-            self.methods[method.name] = Method(**{**method.__dict__, "plugin": plugin})
 
-        return register
-
-    @staticmethod
-    def _check(method: Any) -> str | None:
-        if not isinstance(method, Method):
-            return f"register() expects a quantreg.Method, got {type(method).__name__}"
-        if not re.fullmatch(NAME_RE, method.name):
-            return f"method name {method.name!r} is not valid (letters, digits, '_', '.', '-')"
-        module, sep, attr = method.target.partition(":")
-        if not (sep and module and attr):
-            return f"method '{method.name}': target {method.target!r} is not of the form 'package.module:Class'"
-        if method.vllm_version:
-            bad = check_specifier(method.vllm_version)
-            if bad:
-                return f"method '{method.name}': vllm_version {bad}"
-        return None
+def collect_methods(registered: Iterable[tuple[str, Any]], failures: list[PluginFailure]) -> dict[str, Method]:
+    """Plugin registrations → methods by name; the first registration of a name wins."""
+    methods: dict[str, Method] = {}
+    for plugin, method in registered:
+        problem = check_method(method)
+        if problem is None and method.name in methods:
+            problem = (f"method '{method.name}' is already registered by plugin "
+                       f"'{methods[method.name].plugin}'; the first one is kept")
+        if problem:
+            failures.append(PluginFailure(plugin, "register_methods", problem))
+            continue
+        methods[method.name] = Method(**{**method.__dict__, "plugin": plugin})
+    return methods
 
 
 class Registry:
@@ -92,6 +84,7 @@ class Registry:
         self._decisions: dict[Key, Decision] = {}
         self._availability: dict[tuple[str, str], Availability] = {}
         self._lock = threading.Lock()
+        self.declared_strict = False
 
     # -- building ---------------------------------------------------------------------------
     @classmethod
@@ -108,25 +101,23 @@ class Registry:
         pl = Plugins(env, entry_points=entry_points)
         for name, plugin in plugins:
             pl.add(plugin, name)
-        collector = _MethodCollector()
-        pl.call_each("register_methods", collector.for_plugin)
+        methods = collect_methods(pl.call_each("register_methods"), pl.failures)
         paths: list[tuple[str, Layer]] = [(str(default_table or default_table_path()), Layer.DEFAULT)]
-
-        def table_register(plugin: str) -> Callable[[Any], None]:
-            def register(path: Any) -> None:
-                if not isinstance(path, (str, os.PathLike)):
-                    pl.failures.append(PluginFailure(plugin, "register_tables",
-                                                     f"register() expects a path, got {type(path).__name__}"))
-                    return
+        for plugin, path in pl.call_each("register_tables"):
+            if isinstance(path, (str, os.PathLike)):
                 paths.append((os.fspath(path), Layer.PLUGIN))
-            return register
-
-        pl.call_each("register_tables", table_register)
+            else:
+                pl.failures.append(PluginFailure(plugin, "register_tables",
+                                                 f"register() expects a path, got {type(path).__name__}"))
         paths += [(p, Layer.USER) for p in config_paths(env)]
         paths += [(os.fspath(p), Layer.RUN) for p in config]
-        pl.failures.extend(collector.failures)
-        tables, problems = load_tables(paths, collector.methods)
-        return cls(pl, collector.methods, tables, problems)
+        tables, problems = load_tables(paths, methods)
+        for table in tables:
+            methods.update({m.name: m for m in table.methods})
+        registry = cls(pl, methods, tables, problems)
+        registry.declared_strict = any(declares_strict(path) for path, layer in paths
+                                       if layer >= Layer.USER and any(p.path == path for p in problems))
+        return registry
 
     # -- answering --------------------------------------------------------------------------
     @property
@@ -139,10 +130,14 @@ class Registry:
 
     @property
     def strict(self) -> bool:
-        """Strict when ``QUANTREG_STRICT=1`` or any loaded table says ``strict: true``."""
+        """Strict when ``QUANTREG_STRICT=1`` or a user/run table says ``strict: true``.
+
+        A user table that asks for strict mode but is itself broken still counts: dropping it
+        must not quietly downgrade the server to lenient. Plugin tables cannot set the mode.
+        """
         if self.plugins.env.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
             return True
-        return any(t.strict for t in self.tables)
+        return self.declared_strict or any(t.strict for t in self.tables if t.layer >= Layer.USER)
 
     def availability(self, method: str, device: str) -> Availability:
         """Cached per (method, device): probes may be slow and their answer does not change."""
@@ -205,8 +200,12 @@ class Registry:
 def load_tables(
     paths: Sequence[tuple[str, Layer]], methods: Mapping[str, Method]
 ) -> tuple[list[TableFile], list[Problem]]:
-    """Read every table, check method names, then drop whole files involved in ambiguities."""
-    tables: list[TableFile] = []
+    """Read every table, check method names and options, then drop whole files involved in ties.
+
+    Methods defined in user tables count only while their table is valid, so dropping one
+    table can invalidate another that used its methods: repeat until nothing changes.
+    """
+    parsed: list[TableFile] = []
     problems: list[Problem] = []
     seen: set[tuple[str, Layer]] = set()
     for path, layer in paths:
@@ -215,16 +214,46 @@ def load_tables(
             continue
         seen.add(ident)
         table, found = read_table(path, layer)
-        found += method_problems(table, methods) if table is not None else []
         problems += found
-        if table is not None and not found:
-            tables.append(table)
+        if table is not None:
+            parsed.append(table)
+    tables = parsed
+    while True:
+        known = dict(methods)
+        for table in tables:
+            for m in table.methods:
+                if m.name in known:
+                    problems.append(Problem(table.path, None, f"methods.{m.name}",
+                                            f"method '{m.name}' is already registered by '{known[m.name].plugin}'"))
+                else:
+                    known[m.name] = m
+        bad = {t.path for t in tables if any(p.path == t.path for p in problems)}
+        for table in tables:
+            found = method_problems(table, known)
+            problems += found
+            if found:
+                bad.add(table.path)
+        if not bad:
+            break
+        tables = [t for t in tables if t.path not in bad]
     # Reports are capped per pass (MAX_AMBIGUITIES), so look again until the kept files are free of ties.
     while pairs := Index(r for t in tables for r in t.rules).ambiguous_pairs():
         problems += ambiguity_problems(pairs)
         bad = {r.path for pair in pairs for r in pair}
         tables = [t for t in tables if t.path not in bad]
     return tables, problems
+
+
+def declares_strict(path: str) -> bool:
+    """Does this (possibly broken) table ask for strict mode at its top level?"""
+    try:
+        from .yamlfile import parse
+
+        with open(path, encoding="utf-8") as f:
+            doc = parse(f.read())
+    except Exception:  # unreadable or not YAML: it cannot be said to ask for anything
+        return False
+    return isinstance(doc, dict) and doc.get("strict") is True
 
 
 def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:

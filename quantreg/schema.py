@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .keys import FIELDS, WILDCARD
+from .table_methods import TARGET_RE
 from .tables import NAME_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 
 # Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
@@ -50,6 +51,23 @@ def table_schema() -> dict[str, Any]:
                 "required": ["match", "method"],
                 "additionalProperties": False,
                 "properties": rule_props,
+            },
+        },
+        "allow_import_targets": {"type": "boolean", "description": "allow this table's methods: section"},
+        "methods": {
+            "type": "object",
+            "description": "methods defined by this (user) table; needs allow_import_targets: true",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["target"],
+                "additionalProperties": False,
+                "properties": {
+                    "target": {"type": "string", "pattern": "^" + TARGET_RE + "$(?!\\n)"},
+                    "devices": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "requires": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "options": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "description": {"type": "string"},
+                },
             },
         },
         "strict": {"type": ["boolean", "null"]},

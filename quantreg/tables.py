@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,13 +16,16 @@ from types import MappingProxyType
 from typing import Any
 
 from .keys import FIELDS, WILDCARD, Match
+from .methods import Method
 from .problems import Problem, did_you_mean
-from .yamlfile import YamlError, line_of, parse
+from .table_methods import parse_methods
+from .yamlfile import MAX_BYTES, YamlError, gc_paused, line_of, parse
 
 SCHEMA_VERSION = 1
-TOP_KEYS = ("version", "rules", "strict")
+TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
 RULE_KEYS = ("match", "method", "options", "priority", "note")
 NAME_RE = r"^[A-Za-z0-9_.\-]+$"
+_NAME_MATCH = re.compile(NAME_RE).fullmatch  # compiled once: a 10,000-rule table checks ~40,000 names
 
 
 class Layer(enum.IntEnum):
@@ -67,6 +71,8 @@ class TableFile:
     layer: Layer
     rules: tuple[Rule, ...]
     strict: bool | None = None
+    methods: tuple[Method, ...] = ()
+    allow_import_targets: bool = False
 
 
 def _type_name(value: object) -> str:
@@ -120,6 +126,16 @@ class _Checker:
         if strict is not None and not isinstance(strict, bool):
             self.fail(key_lines.get("strict"), "strict", f"expected true or false, got {_type_name(strict)}")
             strict = None
+        allow = doc.get("allow_import_targets", False)
+        if not isinstance(allow, bool):
+            self.fail(key_lines.get("allow_import_targets"), "allow_import_targets",
+                      f"expected true or false, got {_type_name(allow)}")
+            allow = False
+        methods: tuple[Method, ...] = ()
+        if "methods" in doc:
+            methods = parse_methods(doc["methods"], line=key_lines.get("methods"), allowed=allow,
+                                    user_layer=self.layer >= Layer.USER, plugin_name=f"table {self.path}",
+                                    fail=self.fail)
         rules: list[Rule] = []
         if "rules" not in doc:
             self.fail(line_of(doc, 1), "rules", "missing; expected a list of rules")
@@ -135,7 +151,7 @@ class _Checker:
                     rules.append(rule)
         if self.problems:
             return None
-        return TableFile(self.path, self.layer, tuple(rules), strict)
+        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow)
 
     def rule(self, item: Any, where: str, line: int) -> Rule | None:
         if not isinstance(item, dict):
@@ -223,9 +239,7 @@ class _Checker:
         return Match(**values)
 
     def name(self, v: str, line: int, where: str) -> bool:
-        import re
-
-        if not re.fullmatch(NAME_RE, v):
+        if not _NAME_MATCH(v):
             self.fail(line, where, f"{v!r} is not a valid name (letters, digits, '_', '.', '-')")
             return False
         return True
@@ -270,7 +284,8 @@ def parse_table(text: str, path: str, layer: Layer) -> tuple[TableFile | None, l
     except YamlError as exc:
         return None, [Problem(path, exc.line, exc.key, exc.message)]
     checker = _Checker(path, layer)
-    table = checker.table(doc)
+    with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
+        table = checker.table(doc)
     return table, checker.problems
 
 
@@ -283,6 +298,9 @@ def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | 
     if p.is_dir():
         return None, [Problem(shown, None, "", "is a directory; expected a YAML file")]
     try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:  # refuse before reading: a 50 MB "table" is a mistake, not a table
+            return None, [Problem(shown, None, "", f"file is {size} bytes; a table may have at most {MAX_BYTES}")]
         data = p.read_bytes()
     except OSError as exc:
         return None, [Problem(shown, None, "", f"cannot read: {exc.strerror or exc}")]

@@ -295,7 +295,6 @@ def register_tables(register):
 """})
     registry = Registry.build(env={"QUANTREG_PLUGINS": "sloppy"})
     assert faults(registry) == [
-        "plugin 'sloppy', hook 'register_tables': register() expects a path, got int",
         "plugin 'sloppy', hook 'register_methods': register() expects a quantreg.Method, got str",
         "plugin 'sloppy', hook 'register_methods': method name 'bad name' is not valid "
         "(letters, digits, '_', '.', '-')",
@@ -303,6 +302,7 @@ def register_tables(register):
         "'package.module:Class'",
         "plugin 'sloppy', hook 'register_methods': method 'bad_version': vllm_version cannot read version clause "
         "'~=0.3'; expected e.g. '>=0.30,<0.40'",
+        "plugin 'sloppy', hook 'register_tables': register() expects a path, got int",
     ]
     assert set(registry.methods) == {"vllm", "fine"}
 

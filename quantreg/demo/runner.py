@@ -105,6 +105,8 @@ class RunResult:
     error: str | None = None
     moe_outputs_path: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: the effective-table fingerprint quantreg's hook published in the driver (None: hook not loaded)
+    driver_fingerprint: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -311,6 +313,7 @@ def _read_result(result_path: Path, returncode: int, log: str, elapsed: float) -
         error=data.get("error"),
         moe_outputs_path=Path(moe_path) if moe_path else None,
         timings=data.get("timings", {}),
+        driver_fingerprint=data.get("driver_fingerprint"),
     )
 
 
@@ -431,6 +434,8 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
         t2 = time.monotonic()
         inspected = llm.apply_model(inspect_moe_layers)
         result["worker_pids"] = [w["pid"] for w in inspected]
+        # What quantreg's hook published in this (driver) process for its children to compare against.
+        result["driver_fingerprint"] = os.environ.get("QUANTREG_FINGERPRINT")
         result["worker_moe_layers"] = [w["layers"] for w in inspected]
 
         params = SamplingParams(

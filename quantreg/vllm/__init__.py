@@ -10,15 +10,19 @@ from __future__ import annotations
 import logging
 import os
 
+from ..problems import QuantregError
 from ..registry import get_registry, set_registry
 from .importhook import PostImportHook
 from .seam import MODULE, Seam, report_faults
 
 logger = logging.getLogger("vllm.quantreg")
 
+FINGERPRINT_ENV = "QUANTREG_FINGERPRINT"
+
 _seam = Seam()
 _hook = PostImportHook(MODULE, _seam.patch_module)
 _registered = False
+_published: str | None = None
 
 
 def _vllm_has_seam_module() -> bool:
@@ -45,14 +49,40 @@ def register() -> None:
         return
     _hook.arm()
     _registered = True
+    fingerprint = registry.fingerprint()
     logger.info("quantreg: registry loaded, %d rules from %d tables, %d methods, fingerprint %s (pid %d)",
-                len(registry.index.rules), len(registry.tables), len(registry.methods), registry.fingerprint(),
-                os.getpid())
+                len(registry.index.rules), len(registry.tables), len(registry.methods), fingerprint, os.getpid())
+    check_same_table(fingerprint, strict=registry.strict)
+
+
+def check_same_table(fingerprint: str, strict: bool) -> None:
+    """Every vLLM process must decide from the same table.
+
+    The first process to register (the driver) publishes its fingerprint in the environment,
+    which vLLM's EngineCore and Worker processes inherit; a child that loads a different table
+    (a file edited between process starts, a plugin upgraded) fails in strict mode, warns otherwise.
+    """
+    global _published
+    parent = os.environ.get(FINGERPRINT_ENV)
+    if not parent:
+        os.environ[FINGERPRINT_ENV] = _published = fingerprint
+        return
+    if parent == fingerprint:
+        return
+    message = (f"quantreg: this process (pid {os.getpid()}) loaded a different effective table (fingerprint "
+               f"{fingerprint}) than its parent process ({parent}): a table file or plugin changed between "
+               "process starts, so processes may decide differently")
+    if strict:
+        raise QuantregError(message)
+    logger.warning(message)
 
 
 def unregister() -> None:
     """Undo ``register()`` (tests): restore vLLM's function and forget the registry."""
-    global _registered
+    global _registered, _published
+    if _published is not None and os.environ.get(FINGERPRINT_ENV) == _published:
+        del os.environ[FINGERPRINT_ENV]
+    _published = None
     _hook.disarm()
     _seam.unpatch()
     set_registry(None)

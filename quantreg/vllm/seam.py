@@ -116,8 +116,11 @@ class Seam:
         if decision.key in self.logged:
             return
         self.logged.add(decision.key)
+        if decision.fallback:  # the table asked for something that cannot run here: an operator should see it
+            logger.warning("quantreg: %s; chain: %s", decision.summary(), chain_reasons(decision))
+            return
         logger.info("quantreg: %s", decision.summary())
-        if decision.fallback or any(not s.available for s in decision.chain):
+        if any(not s.available for s in decision.chain):
             logger.info("quantreg: %s chain: %s", decision.key, chain_reasons(decision))
 
 

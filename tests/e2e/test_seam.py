@@ -61,6 +61,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                  "    method: [hpu_mxfp4, mxfp4_reference]",
         "e2e": "match: {quant_format: unquantized, model_type: gpt_oss}\n"
                "    method: e2e_unquantized\n    options: {tag: from-table}",
+        "e2e_broken": "match: {quant_format: unquantized, model_type: gpt_oss}\n    method: e2e_broken",
         "e2e_chain": "match: {quant_format: unquantized, model_type: gpt_oss}\n"
                      "    method: [e2e_never, e2e_unquantized]",
     }
@@ -174,3 +175,31 @@ def test_bf16_chain_fallback_single_process(vllm_run: VllmRun, tiny_model_bf16: 
                                  env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e_chain"])))
     assert methods_of(result) == {E2E_CLASS}
     assert "e2e_never: e2e probe: this method is never available" in result.log
+
+
+def test_every_process_saw_the_same_table(vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path],
+                                          e2e_plugin: Path) -> None:
+    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"])))
+    assert result.ok
+    seen = dict(re.findall(r"quantreg: registry loaded, .* fingerprint (\w+) \(pid (\d+)\)", result.log))
+    by_pid = {pid: fp for fp, pid in re.findall(r"fingerprint (\w+) \(pid (\d+)\)", result.log)}
+    assert len(by_pid) >= 2, result.log[-4000:]  # EngineCore and Worker each loaded the registry
+    assert str(result.worker_pids[0]) in by_pid
+    assert set(by_pid.values()) == {result.driver_fingerprint}  # ... and matched what the driver published
+    assert seen and "different effective table" not in result.log
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_method_constructor_raising_at_layer_build(vllm_run: VllmRun, tiny_model_bf16: Path,
+                                                   tables: dict[str, Path], e2e_plugin: Path, strict: bool) -> None:
+    env = env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e_broken"]), QUANTREG_STRICT="1" if strict else "0")
+    result: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False, env=env)
+    message = ("quantreg: method 'e2e_broken' for (unquantized, gpt_oss, cpu) "
+               f"[{tables['e2e_broken']}:3] could not be built: RuntimeError: e2e: kernel library failed to initialise")
+    if strict:
+        assert not result.ok
+        assert f"QuantregError: {message}" in result.log  # start-up fails with one clear line
+    else:
+        assert result.ok, result.log[-4000:]
+        assert methods_of(result) == {VLLM_UNQUANTIZED_METHOD}  # fell back to vLLM's own method
+        assert f"{message}; using vLLM's own method" in result.log

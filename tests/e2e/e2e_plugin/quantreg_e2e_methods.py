@@ -13,3 +13,10 @@ class E2EUnquantizedMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
     def __init__(self, moe: Any, tag: str = "") -> None:
         super().__init__(moe)
         self.tag = tag
+
+
+class E2EBrokenMethod(UnquantizedFusedMoEMethod):  # type: ignore[misc]
+    """A third-party method whose constructor fails at layer build time."""
+
+    def __init__(self, moe: Any) -> None:
+        raise RuntimeError("e2e: kernel library failed to initialise")

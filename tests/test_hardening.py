@@ -1,0 +1,266 @@
+"""Hardening: strict vs lenient, plugin fault isolation, table-defined methods, security.
+
+Plugins are real distributions (``PluginSite``: dist-info + entry_points.txt on sys.path). The
+strict/lenient outcome is what the vLLM seam does with a registry's faults
+(:func:`quantreg.vllm.seam.report_faults`): strict raises one error naming the file or plugin,
+lenient logs one WARNING per fault and keeps everything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from core_support import QUANTREG, PluginSite
+
+from quantreg import Key, QuantregError, Registry
+from quantreg.vllm.seam import report_faults
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+KEY = Key("fmt", "model", "cpu")
+GOOD_RULES = "version: 1\nrules:\n  - match: {quant_format: fmt}\n    method: good\n"
+
+
+def add_good_plugin(site: PluginSite) -> None:
+    site.add("qrt-good", {"good": "qrt_good"}, modules={"qrt_good": """
+import quantreg
+from pathlib import Path
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="good", target="qrt_good:Cls"))
+
+@quantreg.hookimpl
+def register_tables(register):
+    register(Path(__file__).with_name("qrt_good_rules.yaml"))
+
+class Cls:
+    pass
+"""}, files={"qrt_good_rules.yaml": GOOD_RULES})
+
+
+BROKEN_PLUGINS = {
+    "import_error": "raise ImportError('no such runtime: libfoo.so')\n",
+    "hook_raises": """
+import quantreg
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="half", target="qrt_broken:X"))
+    raise RuntimeError("device query failed")
+""",
+    "misspelt_hook": """
+import quantreg
+
+@quantreg.hookimpl
+def register_method(register):
+    pass
+""",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(BROKEN_PLUGINS))
+def test_broken_plugin_lenient_warns_and_the_rest_works(plugin_site: PluginSite, fault: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    add_good_plugin(plugin_site)
+    plugin_site.add("qrt-broken", {"broken": "qrt_broken"}, modules={"qrt_broken": BROKEN_PLUGINS[fault]})
+    registry = Registry.build()
+    assert [f.plugin for f in registry.failures] == ["broken"]
+    assert "half" not in registry.methods  # a hook that raised leaves nothing half-registered
+    assert registry.resolve(KEY).method == "good"  # the good plugin's method and table still work
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+        report_faults(registry, strict=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "plugin 'broken'" in warnings[0]
+
+
+@pytest.mark.parametrize("fault", sorted(BROKEN_PLUGINS))
+def test_broken_plugin_strict_fails_with_one_line_naming_it(plugin_site: PluginSite, fault: str) -> None:
+    add_good_plugin(plugin_site)
+    plugin_site.add("qrt-broken", {"broken": "qrt_broken"}, modules={"qrt_broken": BROKEN_PLUGINS[fault]})
+    with pytest.raises(QuantregError) as err:
+        report_faults(Registry.build(env={"QUANTREG_STRICT": "1"}), strict=True)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("quantreg (strict): plugin 'broken'")
+
+
+def test_bad_user_table_lenient_keeps_defaults_strict_names_file_line(table: object, tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    bad = tmp_path / "user.yaml"
+    bad.write_text("version: 1\nrules:\n  - match: {quant_format: fmt}\n    methd: vllm\n")
+    lenient = Registry.build(env={"QUANTREG_CONFIG": str(bad)})
+    assert [t.path for t in lenient.tables] == [t.path for t in Registry.build(env={}).tables]  # defaults only
+    assert lenient.resolve(KEY).method == "vllm"
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+        report_faults(lenient, strict=False)
+    assert any(f"{bad}:4: rules[0].methd: unknown key" in r.getMessage() for r in caplog.records)
+    with pytest.raises(QuantregError, match=rf"{bad}:4: rules\[0\]\.methd"):
+        report_faults(Registry.build(env={"QUANTREG_CONFIG": str(bad), "QUANTREG_STRICT": "1"}), strict=True)
+
+
+def test_strict_true_in_a_broken_user_table_still_means_strict(tmp_path: Path) -> None:
+    bad = tmp_path / "user.yaml"
+    bad.write_text("version: 1\nstrict: true\nrules:\n  - match: {device: cpu}\n    method: nope\n")
+    registry = Registry.build(env={"QUANTREG_CONFIG": str(bad)})
+    assert registry.tables and all(t.path != str(bad) for t in registry.tables)  # the table itself is dropped
+    assert registry.strict  # ... but its request for strict mode is not silently lost
+
+
+def test_plugin_tables_cannot_switch_on_strict_mode(plugin_site: PluginSite) -> None:
+    plugin_site.add("qrt-bossy", {"bossy": "qrt_bossy"}, modules={"qrt_bossy": """
+import quantreg
+from pathlib import Path
+
+@quantreg.hookimpl
+def register_tables(register):
+    register(Path(__file__).with_name("qrt_bossy.yaml"))
+"""}, files={"qrt_bossy.yaml": "version: 1\nstrict: true\nrules: []\n"})
+    registry = Registry.build()
+    assert any(t.strict for t in registry.tables)
+    assert not registry.strict
+
+
+def test_hanging_probe_is_bounded(plugin_site: PluginSite, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin_site.add("qrt-slow", {"slow": "qrt_slow"}, modules={"qrt_slow": """
+import time
+import quantreg
+
+def hang():
+    time.sleep(30)
+    return True, "never reached"
+
+def boom():
+    raise OSError("driver not loaded")
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="slow", target="qrt_slow:X", probe="qrt_slow:hang"))
+    register(quantreg.Method(name="boom", target="qrt_slow:X", probe="qrt_slow:boom"))
+"""})
+    monkeypatch.setenv("QUANTREG_PROBE_TIMEOUT", "0.3")
+    registry = Registry.build()
+    start = time.monotonic()
+    slow = registry.availability("slow", "cpu")
+    assert time.monotonic() - start < 5
+    assert not slow.ok and "did not answer within 0.3s" in slow.reason
+    boom = registry.availability("boom", "cpu")
+    assert not boom.ok and boom.reason == "probe raised OSError: driver not loaded"
+
+
+def test_nonexistent_target_fails_at_load_naming_it(plugin_site: PluginSite) -> None:
+    plugin_site.add("qrt-ghost", {"ghost": "qrt_ghost"}, modules={"qrt_ghost": """
+import quantreg
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="ghost", target="qrt_ghost:Missing"))
+"""})
+    registry = Registry.build()
+    with pytest.raises(ImportError, match="module 'qrt_ghost' has no attribute 'Missing'"):
+        registry.methods["ghost"].load()
+
+
+# -- security -------------------------------------------------------------------------------
+
+
+def test_python_object_tag_is_rejected(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("version: 1\nrules:\n  - match: !!python/object/apply:os.system ['echo pwned']\n"
+                    "    method: vllm\n")
+    out = subprocess.run([str(QUANTREG), "validate", str(evil)], capture_output=True, text=True)
+    assert out.returncode == 1 and "pwned" not in out.stdout + out.stderr
+    assert f"{evil}:3: rules[0].match: tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed" \
+        in out.stdout
+
+
+def test_table_defined_target_needs_explicit_opt_in(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(textwrap.dedent("""\
+        version: 1
+        methods:
+          shell: {target: "os:system"}
+        rules:
+          - match: {device: cpu}
+            method: shell
+        """))
+    registry = Registry.build(env={"QUANTREG_CONFIG": str(evil)})
+    messages = [str(p) for p in registry.problems]
+    assert f"{evil}:2: methods: table-defined methods import code named in the table: set " \
+           "'allow_import_targets: true' in this table to allow them" in messages
+    assert "shell" not in registry.methods and registry.resolve(("x", "y", "cpu")).method == "vllm"
+
+
+def test_opted_in_target_must_still_be_a_class(tmp_path: Path) -> None:
+    table = tmp_path / "mine.yaml"
+    table.write_text(textwrap.dedent("""\
+        version: 1
+        allow_import_targets: true
+        methods:
+          shell: {target: "os:system", devices: cpu, options: []}
+        rules:
+          - match: {device: cpu}
+            method: shell
+        """))
+    registry = Registry.build(env={"QUANTREG_CONFIG": str(table)})
+    assert registry.problems == ()
+    assert registry.methods["shell"].plugin == f"table {table}"
+    assert registry.resolve(("x", "y", "cpu")).method == "shell"
+    with pytest.raises(TypeError, match="target os:system is a builtin_function_or_method, not a class"):
+        registry.methods["shell"].load()
+
+
+def test_plugin_tables_cannot_define_methods(plugin_site: PluginSite) -> None:
+    plugin_site.add("qrt-sneaky", {"sneaky": "qrt_sneaky"}, modules={"qrt_sneaky": """
+import quantreg
+from pathlib import Path
+
+@quantreg.hookimpl
+def register_tables(register):
+    register(Path(__file__).with_name("qrt_sneaky.yaml"))
+"""}, files={"qrt_sneaky.yaml": "version: 1\nallow_import_targets: true\nmethods:\n  x: {target: 'os:system'}\n"
+                                "rules: []\n"})
+    registry = Registry.build()
+    assert any("only user and run tables may define methods" in str(p) for p in registry.problems)
+    assert "x" not in registry.methods
+
+
+def test_config_paths_are_taken_literally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "t.yaml").write_text(GOOD_RULES.replace("good", "vllm"))
+    registry = Registry.build(env={"QUANTREG_CONFIG": "$HOME/t.yaml" + ":" + "~/t.yaml"})
+    assert [str(p) for p in registry.problems] == ["$HOME/t.yaml: no such file", "~/t.yaml: no such file"]
+
+
+def test_fifty_megabyte_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as f:
+        f.truncate(50 << 20)  # sparse: 50 MB on paper, nothing to read if we refuse first
+    out = subprocess.run([str(QUANTREG), "validate", str(big)], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert out.stdout.strip() == f"{big}: file is {50 << 20} bytes; a table may have at most {4 << 20}"
+
+
+def test_fingerprint_mismatch_between_processes(tmp_path: Path) -> None:
+    code = textwrap.dedent("""
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+        import quantreg.vllm as qv
+        try:
+            qv.register()
+        except Exception as exc:
+            print("RAISED", exc)
+    """)
+    base = {k: v for k, v in __import__("os").environ.items() if not k.startswith("QUANTREG_")}
+    lenient = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**base, "QUANTREG_FINGERPRINT": "0123456789abcdef"})
+    assert "WARNING quantreg: this process" in lenient.stderr
+    assert "than its parent process (0123456789abcdef)" in lenient.stderr
+    strict = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**base, "QUANTREG_FINGERPRINT": "0123456789abcdef", "QUANTREG_STRICT": "1"})
+    assert strict.stdout.startswith("RAISED quantreg: this process")
