@@ -109,7 +109,7 @@ def _ambiguity(a: Rule, b: Rule) -> Problem:
     return Problem(
         b.path,
         b.line,
-        "match",
+        f"{b.where}.match" if b.where else "match",
         f"ambiguous: rule {b.match} and rule {a.location} {a.match} can both match the same key with "
         f"equal specificity ({a.match.specificity}) and priority ({a.priority}) in the {a.layer} layer; "
         "make one more specific or give one a higher priority",

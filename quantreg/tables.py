@@ -54,6 +54,7 @@ class Rule:
     note: str = ""
     method_lines: tuple[int, ...] = ()
     options_line: int | None = None
+    where: str = ""  # the rule's position in its file, for messages: rules[3]
 
     @property
     def location(self) -> str:
@@ -192,6 +193,7 @@ class _Checker:
             note=note,
             method_lines=method_lines,
             options_line=key_lines.get("options"),
+            where=where,
         )
 
     def match(self, raw: Any, where: str, line: int, present: bool) -> Match | None:

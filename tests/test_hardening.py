@@ -17,8 +17,11 @@ from pathlib import Path
 
 import pytest
 from core_support import QUANTREG, PluginSite
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from quantreg import Key, QuantregError, Registry
+from quantreg.tables import Layer, parse_table
 from quantreg.vllm.seam import report_faults
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -264,3 +267,49 @@ def test_fingerprint_mismatch_between_processes(tmp_path: Path) -> None:
     strict = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**base, "QUANTREG_FINGERPRINT": "0123456789abcdef", "QUANTREG_STRICT": "1"})
     assert strict.stdout.startswith("RAISED quantreg: this process")
+
+
+# -- fuzzing --------------------------------------------------------------------------------
+
+YAML_TOKENS = ["version:", "rules:", "- ", "match:", "method:", "options:", "priority:", "strict:", "{", "}",
+               "[", "]", ",", ":", "\n", "  ", "\t", "'", '"', "&a", "*a", "!!python/object", "!!str", "<<",
+               "*", "cpu", "hpu", "vllm", "1", "-1", "2.5", "null", "true", "~", "#", "---", "...", "|", ">",
+               "\x00", "\u00e9", "methods:", "allow_import_targets:", "target:", "os:system"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.text(max_size=200), st.lists(st.sampled_from(YAML_TOKENS), max_size=60).map("".join)))
+def test_loader_never_raises_on_random_documents(text: str) -> None:
+    table, problems = parse_table(text, "fuzz.yaml", Layer.USER)
+    assert (table is None) == bool(problems)  # a document is either a table or a list of located problems
+    for problem in problems:
+        assert str(problem).startswith("fuzz.yaml")
+        assert problem.line is None or problem.line >= 1
+
+
+names = st.sampled_from(["a", "b", "c"])
+match_values = st.one_of(st.just("*"), names, st.lists(names, min_size=1, max_size=2, unique=True))
+rules = st.lists(st.fixed_dictionaries({"quant_format": match_values, "device": match_values,
+                                        "priority": st.integers(-1, 1)}), max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rules)
+def test_tables_that_validate_resolve_every_key_deterministically(tmp_path: Path,
+                                                                 rows: list[dict[str, object]]) -> None:
+    import json
+
+    body = "".join(f"  - match: {{quant_format: {json.dumps(r['quant_format'])}, device: {json.dumps(r['device'])}}}\n"
+                   f"    method: vllm\n    priority: {r['priority']}\n" for r in rows)
+    path = tmp_path / "t.yaml"
+    path.write_text("version: 1\nrules:\n" + (body or "  []\n"))
+    first = Registry.build(env={"QUANTREG_CONFIG": str(path)}, entry_points=False)
+    if first.problems:  # only ambiguity can make these tables invalid, and then nothing of them applies
+        assert all("ambiguous" in p.message for p in first.problems)
+        assert all(t.path != str(path) for t in first.tables)
+        return
+    second = Registry.build(env={"QUANTREG_CONFIG": str(path)}, entry_points=False)
+    for key in [(q, "m", d) for q in "abcz" for d in "abcz"]:
+        a, b = first.resolve(key), second.resolve(key)
+        assert (a.method, a.source) == (b.method, b.source)
+        assert first.resolve(key) is a  # cached
