@@ -90,6 +90,8 @@ class Seam:
                 set_registry(registry)
             self.settings = settings
         strict = registry.strict if settings.strict is None else settings.strict
+        if strict:  # e.g. additional_config asked for strict after register() only warned about these
+            report_faults(registry, strict=True)
         return registry, strict
 
     def route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:

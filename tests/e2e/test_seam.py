@@ -203,3 +203,18 @@ def test_method_constructor_raising_at_layer_build(vllm_run: VllmRun, tiny_model
         assert result.ok, result.log[-4000:]
         assert methods_of(result) == {VLLM_UNQUANTIZED_METHOD}  # fell back to vLLM's own method
         assert f"{message}; using vLLM's own method" in result.log
+
+
+def test_additional_config_strict_turns_table_faults_fatal(vllm_run: VllmRun, tiny_model_bf16: Path,
+                                                           e2e_plugin: Path, tmp_path_factory: pytest.TempPathFactory
+                                                           ) -> None:
+    broken = tmp_path_factory.mktemp("broken") / "broken.yaml"
+    broken.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: e2e_unquantised\n")
+    env = env_with(e2e_plugin, QUANTREG_CONFIG=str(broken))
+    lenient: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False, env=env)
+    strict: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False, env=env,
+                                 additional_config={"quantreg": {"strict": True}})
+    problem = f"{broken}:4: rules[0].method: unknown method 'e2e_unquantised'; did you mean 'e2e_unquantized'?"
+    assert lenient.ok and problem in lenient.log  # warned, defaults kept
+    assert methods_of(lenient) == {VLLM_UNQUANTIZED_METHOD}
+    assert not strict.ok and f"QuantregError: quantreg (strict): {problem}" in strict.log
