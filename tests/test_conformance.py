@@ -1,0 +1,459 @@
+"""The plugin author kit (``quantreg.testing``): the conformance suite judged on methods whose verdict is known.
+
+Known good: plugin #1's ``mxfp4_reference`` (passes everything here), ``hpu_mxfp4`` (passes every
+device-independent check, the rest SKIPPED with the reason), and the walkthrough's
+``example_mxfp4`` (docs/examples). Known bad: the example with exactly one rule of the format
+broken (swapped nibbles, concatenated gate/up, ignored w2 bias, wrong EP offset, ...): each must
+fail the check that covers that rule, with a message naming what differs, and pass the others.
+
+The first tests need neither torch nor vLLM; the rest import vLLM in this process (marked ``vllm``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import types
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from core_support import QUANTREG_VARS, ROOT
+
+from quantreg import Method, Registry, hookimpl
+from quantreg.cli import main
+from quantreg.testing import CHECK_IDS, CheckResult, Report, Status, checks, run_checks
+
+EXAMPLE = ROOT / "docs" / "examples" / "quantreg-example-plugin"
+EXAMPLE_CLASS = "quantreg_example_plugin.method:ExampleMxfp4MoEMethod"
+BROKEN = "qrt_conformance_broken"
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def needs_vllm(test: F) -> F:
+    """Marked ``vllm`` (imports vLLM in this process) and skipped without it."""
+    marked: F = pytest.mark.vllm(pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")(test))
+    return marked
+
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+def method(name: str = "qrt_m", target: str = EXAMPLE_CLASS, **fields: Any) -> Method:
+    fields.setdefault("devices", ("cpu",))
+    fields.setdefault("requires", ("torch", "vllm"))
+    fields.setdefault("options", ("compute_dtype",))
+    return Method(name=name, target=target, plugin="qrt", **fields)
+
+
+def statuses(report: Report) -> dict[str, Status]:
+    return {r.check: r.status for r in report.results}
+
+
+# -- without torch or vLLM --------------------------------------------------------------------------
+
+
+def test_kit_and_pytest_plugin_import_neither_torch_nor_vllm() -> None:
+    code = ("import sys, quantreg.testing, quantreg.testing.pytest_plugin, quantreg.cli\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_unregistered_method_fails_with_suggestion_and_skips_the_rest() -> None:
+    registry = Registry.build(entry_points=False, plugins=[("qrt", _Plugin(method("qrt_example")))])
+    report = run_checks("qrt_exmaple", registry=registry)
+    assert [r.check for r in report.results] == list(CHECK_IDS)
+    first = report.results[0]
+    assert first.status is Status.FAIL and "did you mean 'qrt_example'" in first.detail
+    assert {r.status for r in report.results[1:]} == {Status.SKIPPED} and not report.ok
+
+
+def test_vllm_stands_for_no_class_and_is_not_checked() -> None:
+    report = run_checks("vllm", registry=Registry.build(entry_points=False))
+    assert report.ok and {r.status for r in report.results} == {Status.SKIPPED}
+    assert "vLLM's own method" in report.results[0].detail
+
+
+def test_report_never_counts_a_skip_as_a_pass() -> None:
+    report = Report("m", "cpu", target="pkg:C", plugin="p", availability="runs on hpu, not cpu", tolerance=0.01,
+                    quant_format="gpt_oss_mxfp4")
+    report.results = [CheckResult("subclass", "t", Status.PASS, "ok"),
+                      CheckResult("forward-bias", "t", Status.SKIPPED, "needs a device", True)]
+    assert report.ok and "no failures -- 1 passed, 0 failed, 1 skipped" in report.render()
+    assert "conforms" not in report.render()  # only a run without skips "conforms"
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["counts"] == {"PASS": 1, "FAIL": 0, "SKIPPED": 1} and data["ok"] is True
+    report.results.append(CheckResult("weights", "t", Status.FAIL, "bad"))
+    assert not report.ok and "FAILS" in report.summary()
+
+
+def _probe_raises() -> tuple[bool, str]:
+    raise RuntimeError("device query crashed")
+
+
+def _probe_slow() -> tuple[bool, str]:
+    time.sleep(1.0)
+    return True, "late"
+
+
+@pytest.mark.parametrize(("fields", "check", "expected"), [
+    ({"options": None}, "declarations", "options is None"),
+    ({"devices": ()}, "declarations", "devices is empty"),
+    ({"devices": ("Gaudi 3",)}, "declarations", "not a vLLM device type"),
+    ({"requires": ("habana-frameworks",)}, "declarations", "not a module name"),
+    ({"probe": _probe_raises}, "probe", "raised RuntimeError: device query crashed"),
+    ({"probe": _probe_slow}, "probe", "no answer within 0.2 s"),
+    ({"probe": lambda: ("yes", 1)}, "probe", "returns (ok: bool, reason: str)"),
+    ({"probe": lambda: (False, " ")}, "probe", "empty reason"),
+    ({"probe": "qrt_nowhere.probe:ok"}, "probe", "ModuleNotFoundError"),
+])
+def test_declarations_and_probe_failures_say_what_to_change(monkeypatch: pytest.MonkeyPatch,
+                                                            fields: dict[str, Any], check: str,
+                                                            expected: str) -> None:
+    monkeypatch.setattr(checks, "PROBE_BUDGET_S", 0.2)
+    report = run_checks(method(**fields), only=["declarations", "probe"])
+    result = report.result(check)
+    assert result.status is Status.FAIL and expected in result.detail, result.detail
+
+
+def test_good_declarations_and_probe_pass_without_importing_the_class() -> None:
+    report = run_checks(method(target="qrt_nowhere:Nothing", probe=lambda: (False, "no such device here")),
+                        only=["declarations", "probe"])
+    assert statuses(report) == {"declarations": Status.PASS, "probe": Status.PASS}
+    assert "(False, 'no such device here')" in report.result("probe").detail
+
+
+# -- with vLLM: fixtures ----------------------------------------------------------------------------
+
+
+class _Plugin:
+    """A plugin object registering fixed methods (and optionally tables)."""
+
+    def __init__(self, *methods: Method, tables: tuple[Path, ...] = ()) -> None:
+        self._methods = methods
+        self._tables = tables
+
+    @hookimpl
+    def register_methods(self, register: Callable[[Method], None]) -> None:
+        for m in self._methods:
+            register(m)
+
+    @hookimpl
+    def register_tables(self, register: Callable[[Path | str], None]) -> None:
+        for t in self._tables:
+            register(t)
+
+
+@pytest.fixture(scope="module")
+def example_on_path() -> Iterator[None]:
+    """The walkthrough's plugin importable (as if installed), and a module of broken variants of it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(EXAMPLE))
+        mp.setitem(sys.modules, BROKEN, _broken_module())
+        yield
+        for name in [m for m in sys.modules if m.startswith("quantreg_example_plugin")]:
+            del sys.modules[name]
+
+
+def _broken_module() -> types.ModuleType:
+    """Variants of the example method, each breaking one rule (defined here, imported by target)."""
+    import torch
+    from quantreg_example_plugin.method import ExampleMxfp4MoEMethod as Good
+
+    from quantreg.formats.mxfp4 import dequantize_mxfp4
+
+    class SwappedNibbles(Good):  # type: ignore[misc]
+        def dequantize(self, blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return dequantize_mxfp4((blocks << 4) | (blocks >> 4), scales)
+
+    class ConcatenatedGateUp(Good):  # type: ignore[misc]
+        def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            half = h.shape[1] // 2
+            return h[:, :half], h[:, half:]
+
+    class IgnoredW2Bias(Good):  # type: ignore[misc]
+        def expert(self, x: torch.Tensor, w13: torch.Tensor, b13: torch.Tensor | None, w2: torch.Tensor,
+                   b2: torch.Tensor | None) -> torch.Tensor:
+            return super().expert(x, w13, b13, w2, None)
+
+    class WrongEpOffset(Good):  # type: ignore[misc]
+        def local_expert_ids(self, layer: Any, topk_ids: torch.Tensor) -> torch.Tensor:
+            ids = topk_ids.long()  # global ids used as local slots: rank 1 computes experts 0..3's ids
+            return torch.where(ids < layer.local_num_experts, ids, -1)
+
+    class NoClamp(Good):  # type: ignore[misc]
+        def activation(self, h: torch.Tensor) -> torch.Tensor:
+            gate, up = self.gate_up(h)
+            return (up + 1) * gate * torch.sigmoid(self.alpha * gate)
+
+    class AcceptsAnything(Good):  # type: ignore[misc]
+        def __init__(self, moe: Any, **options: Any) -> None:
+            super().__init__(moe)
+
+    class VagueRejection(Good):  # type: ignore[misc]
+        def __init__(self, moe: Any, **options: Any) -> None:
+            if options:
+                raise ValueError("bad configuration")
+            super().__init__(moe)
+
+    class Bf16Blocks(Good):  # type: ignore[misc]
+        def create_weights(self, layer: Any, num_experts: int, hidden_size: int, intermediate_size_per_partition: int,
+                           params_dtype: torch.dtype, **extra: Any) -> None:
+            super().create_weights(layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                                   **extra)
+            layer.w13_weight.data = layer.w13_weight.data.to(torch.bfloat16)
+
+    class NoW2BiasParameter(Good):  # type: ignore[misc]
+        def create_weights(self, layer: Any, *args: Any, **kwargs: Any) -> None:
+            super().create_weights(layer, *args, **kwargs)
+            if hasattr(layer, "w2_bias"):
+                delattr(layer, "w2_bias")
+
+    class NotFinite(Good):  # type: ignore[misc]
+        def apply(self, layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            out: torch.Tensor = super().apply(layer, x, *args, **kwargs)
+            out[0, 0] = float("nan")
+            return out
+
+    class Float32Output(Good):  # type: ignore[misc]
+        def apply(self, layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            out: torch.Tensor = super().apply(layer, x, *args, **kwargs)
+            return out.float()
+
+    class Nondeterministic(Good):  # type: ignore[misc]
+        def apply(self, layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            out: torch.Tensor = super().apply(layer, x, *args, **kwargs)
+            return out + (torch.rand(()) * 1e-2).to(out.dtype)
+
+    class ProcessRaises(Good):  # type: ignore[misc]
+        def process_weights_after_loading(self, layer: Any) -> None:
+            raise RuntimeError("no kernel for this device")
+
+    class OtherFormat(Good):  # type: ignore[misc]
+        quantreg_format = "nvfp4"
+
+    class ZeroTolerance(Good):  # type: ignore[misc]
+        quantreg_tolerance = 0
+
+    class NotAMethod:
+        def __init__(self, moe: Any) -> None:
+            self.moe = moe
+
+    module = types.ModuleType(BROKEN)
+    for cls in (SwappedNibbles, ConcatenatedGateUp, IgnoredW2Bias, WrongEpOffset, NoClamp, AcceptsAnything,
+                VagueRejection, Bf16Blocks, NoW2BiasParameter, NotFinite, Float32Output, Nondeterministic,
+                ProcessRaises, OtherFormat, ZeroTolerance, NotAMethod):
+        cls.__module__ = BROKEN
+        setattr(module, cls.__name__, cls)
+    return module
+
+
+# -- with vLLM: the known good ----------------------------------------------------------------------
+
+
+@needs_vllm
+def test_mxfp4_reference_passes_check_method(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 is not installed")
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    start = time.monotonic()
+    code = main(["check-method", "mxfp4_reference", "--device", "cpu", "--json"])
+    out = capsys.readouterr().out
+    data = json.loads(out)  # stdout carries the JSON only; vLLM's chatter went to stderr
+    assert code == 0, out
+    assert {r["check"]: r["status"] for r in data["results"]} == dict.fromkeys(CHECK_IDS, "PASS")
+    assert data["tolerance"] == 0.01 and data["quant_format"] == "gpt_oss_mxfp4"
+    assert time.monotonic() - start < 60
+    assert "VLLM_LOGGING_LEVEL" not in os.environ  # quietened for the run only, not for later subprocesses
+
+
+@needs_vllm
+@pytest.mark.parametrize(("device", "reason"), [
+    ("cpu", "runs on hpu, not cpu"),
+    ("hpu", "requires module 'habana_frameworks', which is not installed"),
+])
+def test_hpu_mxfp4_passes_device_independent_checks_and_skips_the_rest(
+        capsys: pytest.CaptureFixture[str], device: str, reason: str) -> None:
+    pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 is not installed")
+    code = main(["check-method", "hpu_mxfp4", "--device", device])
+    table = capsys.readouterr().out
+    assert code == 0, table
+    rows = dict(reversed(m.groups()) for m in re.finditer(r"^  (PASS|FAIL|SKIPPED) +(\S+)", table, re.M))
+    assert rows == {c.id: "SKIPPED" if c.needs_device else "PASS" for c in checks.CHECKS}, table
+    assert table.count(f"needs a device where 'hpu_mxfp4' runs; on {device}:") == 4
+    assert reason in " ".join(table.split())
+    assert "7 passed, 0 failed, 4 skipped" in table
+
+
+@needs_vllm
+@pytest.mark.usefixtures("example_on_path")
+def test_example_method_conforms_and_its_rule_options_are_tried(tmp_path: Path) -> None:
+    from quantreg_example_plugin import plugin
+
+    registry = Registry.build(entry_points=False, plugins=[("example", plugin)])
+    report = run_checks("example_mxfp4", registry=registry)
+    assert statuses(report) == dict.fromkeys(CHECK_IDS, Status.PASS), report.render()
+    assert "rules.yaml:5: {'compute_dtype': 'bfloat16'}" in report.result("options").detail
+
+
+@needs_vllm
+@pytest.mark.usefixtures("example_on_path")
+def test_a_rule_whose_options_do_not_build_fails_at_that_rule(tmp_path: Path) -> None:
+    table = tmp_path / "user.yaml"
+    table.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n"
+                     "    method: qrt_m\n    options: {compute_dtype: float16}\n")
+    registry = Registry.build(config=[table], entry_points=False, plugins=[("qrt", _Plugin(method()))])
+    assert not registry.problems  # the name is declared; only building it shows the value is wrong
+    result = run_checks("qrt_m", registry=registry, only=["options"]).result("options")
+    assert result.status is Status.FAIL
+    assert f"rule {table}:3" in result.detail and "compute_dtype='float16' is not one of" in result.detail
+
+
+# -- with vLLM: the known bad -----------------------------------------------------------------------
+
+#: class in BROKEN, checks to run, the check that must fail, what its message must say, checks that must pass
+BROKEN_CASES: list[tuple[str, tuple[str, ...], str, tuple[str, ...], tuple[str, ...]]] = [
+    ("SwappedNibbles", ("forward-bias", "forward-no-bias"), "forward-bias",
+     ("decodes MXFP4 nibbles in the wrong order", "LOW nibble of byte j"), ()),
+    ("ConcatenatedGateUp", ("forward-bias", "forward-no-bias"), "forward-no-bias",
+     ("reads w13 as concatenated halves [gate; up]", "gate = rows 0::2, up = rows 1::2"), ()),
+    ("IgnoredW2Bias", ("forward-bias", "forward-no-bias"), "forward-bias",
+     ("it ignores the w2 bias", "before the routing weight"), ("forward-no-bias",)),
+    ("WrongEpOffset", ("forward-bias", "expert-parallel"), "expert-parallel",
+     ("EP rank 1", "without subtracting the rank's first expert"), ("forward-bias",)),
+    ("NoClamp", ("forward-bias",), "forward-bias", ("does not clamp in SwiGLU",), ()),
+    ("AcceptsAnything", ("unknown-options",), "unknown-options", ("was accepted", "silently ignored"), ()),
+    ("VagueRejection", ("unknown-options",), "unknown-options", ("does not name the option",), ()),
+    ("Bf16Blocks", ("weights",), "weights", ("'w13_weight' is torch.bfloat16", "copy_ would convert"), ()),
+    ("NoW2BiasParameter", ("weights",), "weights", ("no parameter 'w2_bias'",), ()),
+    ("NotFinite", ("forward-no-bias",), "forward-no-bias", ("not finite",), ()),
+    ("Float32Output", ("forward-no-bias",), "forward-no-bias", ("output dtype torch.float32",), ()),
+    ("Nondeterministic", ("deterministic",), "deterministic", ("same layer with identical inputs differ",), ()),
+    ("ProcessRaises", ("forward-bias",), "forward-bias", ("RuntimeError: no kernel for this device",), ()),
+    ("NotAMethod", ("subclass", "weights"), "subclass", ("vLLM's seam only accepts subclasses",), ()),
+]
+
+
+@needs_vllm
+@pytest.mark.usefixtures("example_on_path")
+@pytest.mark.parametrize(("cls", "only", "failing", "says", "passing"), BROKEN_CASES, ids=[c[0] for c in BROKEN_CASES])
+def test_broken_method_fails_with_a_message_naming_what_differs(
+        cls: str, only: tuple[str, ...], failing: str, says: tuple[str, ...], passing: tuple[str, ...]) -> None:
+    report = run_checks(method(f"qrt_{cls.lower()}", f"{BROKEN}:{cls}"), only=only)
+    result = report.result(failing)
+    assert result.status is Status.FAIL, report.render()
+    for fragment in says:
+        assert fragment in result.detail, result.detail
+    for check in passing:
+        assert report.result(check).status is Status.PASS, report.render()
+    assert not report.ok
+
+
+@needs_vllm
+@pytest.mark.usefixtures("example_on_path")
+def test_a_format_the_kit_cannot_feed_is_skipped_and_a_bad_tolerance_fails() -> None:
+    report = run_checks(method("qrt_nvfp4", f"{BROKEN}:OtherFormat"))
+    skipped = {r.check for r in report.results if r.status is Status.SKIPPED}
+    assert skipped == {"weights", "forward-bias", "forward-no-bias", "expert-parallel", "deterministic"}
+    assert "no harness for format 'nvfp4'" in report.result("weights").detail and report.ok
+    result = run_checks(method("qrt_zero", f"{BROKEN}:ZeroTolerance"), only=["declarations", "subclass"])
+    assert result.result("declarations").status is Status.FAIL
+    assert "quantreg_tolerance = 0" in result.result("declarations").detail
+
+
+@needs_vllm
+@pytest.mark.usefixtures("example_on_path")
+def test_broken_method_that_cannot_run_here_is_skipped_never_passed() -> None:
+    gaudi_only = method("qrt_gaudi", f"{BROKEN}:SwappedNibbles", devices=("hpu",))
+    report = run_checks(gaudi_only)
+    for spec in checks.CHECKS:
+        want = Status.SKIPPED if spec.needs_device else Status.PASS
+        assert report.result(spec.id).status is want, report.render()
+        if spec.needs_device:
+            detail = report.result(spec.id).detail
+            assert detail == "needs a device where 'qrt_gaudi' runs; on cpu: runs on hpu, not cpu"
+
+
+# -- the pytest plugin ------------------------------------------------------------------------------
+
+PYTEST_FILE = '''
+import pytest
+from quantreg import Method, Registry, hookimpl
+
+
+class Plugin:
+    @hookimpl
+    def register_methods(self, register):
+        for name, target, devices in [
+                ("qrt_good", "quantreg_example_plugin.method:ExampleMxfp4MoEMethod", ("cpu",)),
+                ("qrt_nibbles", "{broken}:SwappedNibbles", ("cpu",)),
+                ("qrt_gaudi", "{broken}:SwappedNibbles", ("hpu",))]:
+            register(Method(name=name, target=target, devices=devices, requires=("torch", "vllm"),
+                            options=("compute_dtype",)))
+
+
+@pytest.fixture(scope="session")
+def quantreg_registry():
+    return Registry.build(entry_points=False, plugins=[("qrt", Plugin())])
+
+
+@pytest.mark.quantreg_method("qrt_good", "qrt_nibbles", "qrt_gaudi")
+def test_conformance(quantreg_check):
+    quantreg_check()
+
+
+@pytest.mark.quantreg_method("qrt_nibbles")
+def test_body_forgets_to_call(quantreg_check):
+    pass
+
+
+def test_no_method_named(quantreg_check):
+    quantreg_check()
+'''
+
+
+def pytest_plugin_args() -> list[str]:
+    """``-p quantreg.testing.pytest_plugin`` unless the pytest11 entry point already loads it."""
+    installed = any(ep.value == "quantreg.testing.pytest_plugin"
+                    for ep in importlib.metadata.entry_points(group="pytest11"))
+    return [] if installed else ["-p", "quantreg.testing.pytest_plugin"]
+
+
+@needs_vllm
+@pytest.mark.usefixtures("example_on_path")
+def test_pytest_plugin_turns_checks_into_items(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    test_file = tmp_path / "test_qrt_kit_items.py"
+    test_file.write_text(textwrap.dedent(PYTEST_FILE).replace("{broken}", BROKEN))
+    junit = tmp_path / "junit.xml"
+    monkeypatch.chdir(tmp_path)
+    for var in QUANTREG_VARS:
+        monkeypatch.delenv(var, raising=False)
+    code = pytest.main([*pytest_plugin_args(), "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                        "--rootdir", str(tmp_path), str(test_file)])
+    sys.modules.pop("test_qrt_kit_items", None)
+    outcomes: dict[str, tuple[str, str]] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        kind = next((child.tag for child in case if child.tag in ("failure", "skipped", "error")), "passed")
+        message = next((child.get("message", "") for child in case if child.tag == kind), "")
+        outcomes[case.get("name", "")] = (kind, message)
+    assert code == pytest.ExitCode.TESTS_FAILED
+    assert all(outcomes[f"test_conformance[qrt_good-{c}]"][0] == "passed" for c in CHECK_IDS), outcomes
+    kind, message = outcomes["test_conformance[qrt_nibbles-forward-bias]"]
+    assert kind == "failure" and "nibbles in the wrong order" in message
+    assert outcomes["test_conformance[qrt_nibbles-weights]"][0] == "passed"
+    kind, message = outcomes["test_conformance[qrt_gaudi-expert-parallel]"]
+    assert kind == "skipped" and "runs on hpu, not cpu" in message
+    assert outcomes["test_body_forgets_to_call[qrt_nibbles-forward-no-bias]"][0] == "failure"
+    kind, message = outcomes["test_no_method_named[no-method-named]"]
+    assert kind == "error" and "@pytest.mark.quantreg_method" in message  # a set-up mistake, not a verdict
