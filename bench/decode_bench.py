@@ -1,0 +1,140 @@
+"""``reference_decode_ms``: the ``mxfp4_reference`` MoE forward at the GPT-OSS-20B layer shape, top-4.
+
+What runs: the plugin's :class:`~quantreg_hpu_mxfp4.hpu_op.MoeOp` over :func:`reference_ops` -- the
+exact forward of the ``mxfp4_reference`` method after routing -- on packed MXFP4 weights (E=32,
+H=I=2880, SwiGLU-OAI with biases), 1 and 16 tokens, fixed expert choices. Its decoded-weight cache
+is warmed first (decoding happens once per weight set, at the first forward), so this is the
+steady-state decode step.
+
+Side by side, on the same (exactly dequantised) weights and the same expert choices:
+
+* vLLM's own CPU MoE kernel on bf16 weights: ``torch.ops._C.cpu_fused_moe`` with the ``vec`` ISA on
+  ``prepack_moe_weight`` output, which is what vLLM's ``UnquantizedFusedMoEMethod`` runs on this CPU.
+  vLLM 0.32's CPU MXFP4 kernel (``GptOssMxfp4MoEMethod`` -> ``fused_experts_cpu``) needs AMX, which this
+  machine lacks, so that comparison is reported as not available rather than as a number.
+* the bf16 bandwidth floor: the bytes of bf16 weights of the distinct experts the tokens touch,
+  over this machine's read bandwidth (the fastest of 7 sums over 1 GiB of fp32, measured here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+
+import torch
+
+from bench.common import Metric, load_average, median, timed, write_child_result
+from quantreg.formats.mxfp4 import dequantize_mxfp4, random_mxfp4
+
+E, HIDDEN, INTER, TOP_K = 32, 2880, 2880, 4
+READ_BYTES = 1 << 30
+
+
+def amx_available() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64") and bool(torch.cpu._is_amx_tile_supported())
+
+
+def tokens(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(count, HIDDEN, generator=g) * 0.5).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(count)]).to(torch.int32)
+    weights = torch.softmax(torch.randn(count, TOP_K, generator=g), dim=-1)
+    return x, ids, weights
+
+
+def run(quick: bool) -> list[Metric]:
+    import vllm._custom_ops  # noqa: F401 - registers torch.ops._C (vLLM's CPU kernels)
+    from quantreg_hpu_mxfp4.hpu_op import ExpertWeights, MoeOp, reference_ops  # type: ignore[import-untyped]
+
+    w13, s13 = random_mxfp4((E, 2 * INTER, HIDDEN), seed=30)
+    w2, s2 = random_mxfp4((E, HIDDEN, INTER), seed=31)
+    g = torch.Generator().manual_seed(32)
+    b13 = (torch.randn(E, 2 * INTER, generator=g) * 0.1).to(torch.bfloat16)
+    b2 = (torch.randn(E, HIDDEN, generator=g) * 0.1).to(torch.bfloat16)
+    op = MoeOp(reference_ops(), ExpertWeights.from_layer(w13, s13, b13, E), ExpertWeights.from_layer(w2, s2, b2, E),
+               0, E - 1, mxfp4=True)
+
+    # vLLM's CPU kernel on the same weights, exactly dequantised and prepacked as vLLM does at load.
+    dense13, dense2 = dequantize_mxfp4(w13, s13), dequantize_mxfp4(w2, s2)
+    packed13, packed2 = torch.empty_like(dense13), torch.empty_like(dense2)
+    torch.ops._C.prepack_moe_weight(dense13, packed13, "vec")
+    torch.ops._C.prepack_moe_weight(dense2, packed2, "vec")
+    del dense13, dense2
+
+    def reference(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = op(x, ids, weights.to(torch.bfloat16), activation="swigluoai")
+        return out
+
+    def vllm_kernel(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        torch.ops._C.cpu_fused_moe(out, x, packed13, packed2, b13, b2, weights, ids, False, "swigluoai", "vec")
+        return out
+
+    every = torch.arange(E, dtype=torch.int32).view(-1, TOP_K)
+    reference(torch.zeros(every.shape[0], HIDDEN, dtype=torch.bfloat16), every,
+              torch.full(every.shape, 1.0 / TOP_K))  # decode every expert once: the method's load-time work
+
+    big = torch.ones(READ_BYTES // 4, dtype=torch.float32)
+    read_times = [timed(big.sum) for _ in range(7)]
+    read_bw = READ_BYTES / min(read_times)  # a floor is a bound: the fastest read seen, not the typical one
+    del big
+    per_expert = (2 * INTER * HIDDEN + HIDDEN * INTER) * 2  # bf16 bytes of one expert's w13 + w2
+
+    results: dict[int, dict[str, float]] = {}
+    with torch.inference_mode():
+        for count, reps in ((1, 15 if quick else 41), (16, 5 if quick else 15)):
+            x, ids, weights = tokens(count, seed=33 + count)
+            a, b = reference(x, ids, weights), vllm_kernel(x, ids, weights)  # warm-up, and the same answer?
+            rel = float((a.float() - b.float()).abs().max() / b.float().abs().max())
+            ref_t: list[float] = []
+            vllm_t: list[float] = []
+            run_reference = functools.partial(reference, x, ids, weights)
+            run_vllm = functools.partial(vllm_kernel, x, ids, weights)
+            for _ in range(reps):
+                ref_t.append(timed(run_reference))
+                vllm_t.append(timed(run_vllm))
+            distinct = int(torch.unique(ids).numel())
+            floor = distinct * per_expert / read_bw
+            results[count] = {"reference_ms": median(ref_t) * 1e3, "vllm_cpu_bf16_ms": median(vllm_t) * 1e3,
+                              "bf16_floor_ms": floor * 1e3, "distinct_experts": distinct,
+                              "reference_over_floor": median(ref_t) / floor,
+                              "reference_over_vllm_bf16": median(ref_t) / median(vllm_t),
+                              "max_rel_diff_vs_vllm": rel, "samples": reps}
+    one, sixteen = results[1], results[16]
+    within = max(one["reference_over_floor"], sixteen["reference_over_floor"])
+    mxfp4_kernel = ("not available here (needs AMX): vLLM 0.32's CPU MXFP4 kernel (GptOssMxfp4MoEMethod -> "
+                    "torch.ops._C.fused_experts_cpu) does not run on this CPU" if not amx_available()
+                    else "AMX present, but this benchmark does not drive vLLM's MXFP4 kernel")
+    return [Metric(
+        "reference_decode_ms", one["reference_ms"], "ms", baseline=one["vllm_cpu_bf16_ms"],
+        baseline_name="vLLM CPU MoE kernel (cpu_fused_moe, vec ISA) on the bf16 dequantised weights",
+        ratio=one["reference_ms"] / one["vllm_cpu_bf16_ms"], ratio_means="quantreg / baseline (lower is better)",
+        goal="report; stay within 1.5x of the bf16 bandwidth floor", goal_met=within <= 1.5,
+        notes=[f"1 token: reference {one['reference_ms']:.1f} ms, vLLM bf16 kernel {one['vllm_cpu_bf16_ms']:.1f} ms, "
+               f"bf16 floor {one['bf16_floor_ms']:.1f} ms ({one['distinct_experts']} experts)",
+               f"16 tokens: reference {sixteen['reference_ms']:.1f} ms, vLLM bf16 kernel "
+               f"{sixteen['vllm_cpu_bf16_ms']:.1f} ms, bf16 floor {sixteen['bf16_floor_ms']:.1f} ms "
+               f"({sixteen['distinct_experts']} experts)",
+               f"read bandwidth {read_bw / 1e9:.1f} GB/s; vLLM MXFP4 kernel: {mxfp4_kernel}",
+               f"load average at the end: {load_average()}"],
+        extra={"tokens_1": one, "tokens_16": sixteen, "read_gb_s": read_bw / 1e9, "vllm_mxfp4_kernel": mxfp4_kernel,
+               "display_value": f"{one['reference_ms']:.1f} / {sixteen['reference_ms']:.1f}",
+               "display_baseline": f"{one['vllm_cpu_bf16_ms']:.1f} / {sixteen['vllm_cpu_bf16_ms']:.1f} (bf16); "
+                                   f"floor {one['bf16_floor_ms']:.1f} / {sixteen['bf16_floor_ms']:.1f}",
+               "display_ratio": f"{one['reference_over_vllm_bf16']:.2f} / {sixteen['reference_over_vllm_bf16']:.2f}; "
+                                f"floor x{one['reference_over_floor']:.2f} / x{sixteen['reference_over_floor']:.2f}",
+               "torch_threads": torch.get_num_threads()},
+    )]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    write_child_result(args.out, run(args.quick))
+
+
+if __name__ == "__main__":
+    main()

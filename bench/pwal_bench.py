@@ -1,0 +1,158 @@
+"""``hpu_pwal_ms_120b``: ``hpu_mxfp4``'s ``process_weights_after_loading`` on a GPT-OSS-120B-shaped layer.
+
+Why: on Gaudi the native method must only *bind* the loaded MXFP4 parameters to the kernel (one
+view per expert), never copy or convert 1.6 GB of packed weights. The layer is built by the real
+method's ``create_weights`` (128 experts, H=I=2880, biases; w13 [128, 5760, 1440] + w2
+[128, 2880, 1440] uint8), with the plugin's HPU test doubles standing in for the Gaudi stack
+(``habana_frameworks``, ``torch.hpu``, ``torch.ops.hpu``). Nothing is dequantised.
+
+After every call the bench checks with data pointers that each per-expert weight, scale and bias
+handed to the op is a view into the layer's own parameter storage, and that the parameters
+themselves were not replaced. Baseline, interleaved: cloning the packed w13 + w2 once (what the
+method would cost if it copied the weights a single time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import ROOT, Metric, median, timed, write_child_result
+
+TESTS = ROOT / "plugins" / "hpu_mxfp4" / "tests"
+EXPERTS, HIDDEN, INTER, TOP_K = 128, 2880, 2880, 4
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def install_hpu_doubles(mp: Any) -> Any:
+    """The ``hpu`` fixture of the plugin's conftest, applied through a ``MonkeyPatch`` we own."""
+    conftest = _load("quantreg_bench_hpu_conftest", TESTS / "conftest.py")
+    doubles = conftest.HpuDoubles()
+    package = types.ModuleType("habana_frameworks")
+    bridge = types.ModuleType("habana_frameworks.torch")
+    package.torch = bridge  # type: ignore[attr-defined]
+    mp.setitem(sys.modules, "habana_frameworks", package)
+    mp.setitem(sys.modules, "habana_frameworks.torch", bridge)
+    mp.setattr(torch, "hpu", conftest._FakeHpuModule(doubles), raising=False)
+    mp.setattr(torch.ops, "hpu", types.SimpleNamespace(mixture_of_experts=conftest._FakeMoePacket(doubles)),
+               raising=False)
+    return doubles
+
+
+class Layer(torch.nn.Module):  # type: ignore[misc]
+    """What vLLM's ``RoutedExperts`` gives a quant method (as the plugin tests' ``FakeLayer``), minus the
+    weight copy: parameters are created by the method and left as allocated."""
+
+    def __init__(self, method: Any, config: Any) -> None:
+        super().__init__()
+        self.moe_config = config
+        self.local_num_experts = config.num_local_experts
+        self.global_num_experts = config.num_experts
+        self.top_k = config.experts_per_token
+        self.activation = config.activation
+        self.use_grouped_topk = False
+        self.custom_routing_function = None
+        method.create_weights(self, num_experts=config.num_local_experts, hidden_size=config.hidden_dim,
+                              intermediate_size_per_partition=config.intermediate_size_per_partition,
+                              params_dtype=torch.bfloat16)
+        self.quant_method = method
+
+
+def views_are_of(parts: tuple[torch.Tensor, ...], param: torch.Tensor) -> bool:
+    """Every part is ``param[e]``: same storage, the right offset, no copy."""
+    base = param.untyped_storage().data_ptr()
+    return len(parts) == param.shape[0] and all(
+        t.untyped_storage().data_ptr() == base and t.data_ptr() == param[e].data_ptr() for e, t in enumerate(parts))
+
+
+def check_no_copies(layer: Layer, pointers: dict[str, int]) -> list[str]:
+    op = layer.moe_op
+    problems = []
+    for proj in ("w13", "w2"):
+        weights = getattr(op, proj)
+        for kind, param_name in (("weight", f"{proj}_weight"), ("scale", f"{proj}_weight_scale"),
+                                 ("bias", f"{proj}_bias")):
+            param = getattr(layer, param_name).data
+            if param.data_ptr() != pointers[param_name]:
+                problems.append(f"{param_name} was replaced")
+            if not views_are_of(getattr(weights, kind), param):
+                problems.append(f"{proj}.{kind} is not a set of views of {param_name}")
+    return problems
+
+
+def run(quick: bool) -> list[Metric]:
+    import pytest
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    sys.path.insert(0, str(TESTS))
+    support = _load("quantreg_bench_hpu_support", TESTS / "hpu_mxfp4_support.py")
+    from quantreg_hpu_mxfp4.method import HpuMxfp4MoEMethod  # type: ignore[import-untyped]
+
+    with pytest.MonkeyPatch.context() as mp:
+        doubles = install_hpu_doubles(mp)
+        config = support.moe_config(num_global=EXPERTS, num_local=EXPERTS, top_k=TOP_K, hidden=HIDDEN,
+                                    intermediate=INTER, bias=True, activation=MoEActivation.SWIGLUOAI.value)
+        method = HpuMxfp4MoEMethod(config)
+        layer = Layer(method, config)
+        names = ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias")
+        pointers = {n: getattr(layer, n).data.data_ptr() for n in names}
+        shapes = {n: tuple(getattr(layer, n).shape) for n in names}
+        packed_bytes = sum(getattr(layer, n).numel() * getattr(layer, n).element_size() for n in names)
+
+        def pwal() -> None:
+            method.process_weights_after_loading(layer)
+
+        def clone_once() -> None:
+            layer.w13_weight.data.clone()
+            layer.w2_weight.data.clone()
+
+        pwal()  # first call (lazy imports of the op module's helpers)
+        problems = check_no_copies(layer, pointers)
+        times: list[float] = []
+        clone: list[float] = []
+        reps, clone_reps = (15, 2) if quick else (41, 5)
+        for i in range(reps):
+            times.append(timed(pwal))
+            problems += check_no_copies(layer, pointers)
+            if i < clone_reps:
+                clone.append(timed(clone_once))
+        synchronized = doubles.synchronized
+    value = median(times) * 1e3
+    return [Metric(
+        "hpu_pwal_ms_120b", value, "ms", baseline=median(clone) * 1e3,
+        baseline_name="one clone of the packed w13 + w2 (a single copy of the weights)",
+        ratio=value / (median(clone) * 1e3), ratio_means="quantreg / baseline (lower is better)",
+        goal="<= 5 ms and no tensor copies", goal_met=value <= 5 and not problems,
+        notes=[f"HpuMxfp4MoEMethod with the plugin's HPU test doubles; 128 experts, {packed_bytes / 1e9:.2f} GB of "
+               "parameters; median of " + str(len(times)) + " calls",
+               "data pointers: every per-expert weight/scale/bias is a view of the layer's parameter and no "
+               "parameter was replaced" if not problems else "COPIES FOUND: " + "; ".join(sorted(set(problems)))],
+        extra={"samples_ms": [t * 1e3 for t in times], "clone_samples_ms": [t * 1e3 for t in clone],
+               "no_copies": not problems, "parameter_shapes": shapes, "hpu_synchronize_calls": synchronized},
+    )]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    write_child_result(args.out, run(args.quick))
+
+
+if __name__ == "__main__":
+    main()
