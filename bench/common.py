@@ -191,3 +191,14 @@ def last_json_line(text: str) -> dict[str, Any]:
             if isinstance(value, dict):
                 return value
     raise ValueError(f"no JSON object in output:\n{text[-2000:]}")
+
+
+def child_main(run: Callable[[bool], list[Metric]], doc: str | None) -> None:
+    """The command line every benchmark module shares: ``--quick`` and ``--out PATH``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    write_child_result(args.out, run(args.quick))

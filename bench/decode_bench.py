@@ -18,13 +18,12 @@ Side by side, on the same (exactly dequantised) weights and the same expert choi
 
 from __future__ import annotations
 
-import argparse
 import functools
 import platform
 
 import torch
 
-from bench.common import Metric, load_average, median, timed, write_child_result
+from bench.common import Metric, child_main, load_average, median, timed
 from quantreg.formats.mxfp4 import dequantize_mxfp4, random_mxfp4
 
 E, HIDDEN, INTER, TOP_K = 32, 2880, 2880, 4
@@ -129,11 +128,7 @@ def run(quick: bool) -> list[Metric]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    write_child_result(args.out, run(args.quick))
+    child_main(run, __doc__)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,11 @@ bytes and 25 MB of E8M0 scales in, 1.59 GB of bf16 out. Scales are drawn like a 
 
 from __future__ import annotations
 
-import argparse
 import gc
 
 import torch
 
-from bench.common import Metric, load_average, median, timed, write_child_result
+from bench.common import Metric, child_main, load_average, median, timed
 from quantreg.formats.mxfp4 import dequantize_mxfp4, random_mxfp4, to_checkpoint_layout
 
 E, HIDDEN, INTER = 32, 2880, 2880
@@ -143,11 +142,7 @@ def run(quick: bool) -> list[Metric]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    write_child_result(args.out, run(args.quick))
+    child_main(run, __doc__)
 
 
 if __name__ == "__main__":

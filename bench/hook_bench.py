@@ -13,12 +13,11 @@ child runs first, so import times are not source compilation.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from typing import Any
 
-from bench.common import Metric, last_json_line, median, python_env, run_python, write_child_result
+from bench.common import Metric, child_main, last_json_line, median, python_env, run_python
 
 _IMPORT_LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|\s*(\S+)")
 START, END = "QUANTREG-BENCH-HOOK-START", "QUANTREG-BENCH-HOOK-END"
@@ -101,12 +100,8 @@ def run(quick: bool) -> list[Metric]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out")
-    args = parser.parse_args()
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    write_child_result(args.out, run(args.quick))
+    child_main(run, __doc__)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ method would cost if it copied the weights a single time).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 import types
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.common import ROOT, Metric, median, timed, write_child_result
+from bench.common import ROOT, Metric, child_main, median, timed
 
 TESTS = ROOT / "plugins" / "hpu_mxfp4" / "tests"
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2880, 2880, 4
@@ -147,11 +146,7 @@ def run(quick: bool) -> list[Metric]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    write_child_result(args.out, run(args.quick))
+    child_main(run, __doc__)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ Baselines, measured side by side in this process:
 
 from __future__ import annotations
 
-import argparse
 import functools
 import tempfile
 import time
@@ -23,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bench.common import Metric, interleave, median, write_child_result
+from bench.common import Metric, child_main, interleave, median
 from quantreg import Key, Registry, yamlfile
 
 SIZES = (100, 1_000, 10_000)
@@ -170,11 +169,7 @@ def run(quick: bool) -> list[Metric]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    write_child_result(args.out, run(args.quick))
+    child_main(run, __doc__)
 
 
 if __name__ == "__main__":

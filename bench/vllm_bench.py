@@ -16,13 +16,12 @@ same weights, experts exactly dequantised), whose MoE layers vLLM builds with
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.common import Metric, last_json_line, median, python_env, run_python, write_child_result
+from bench.common import Metric, child_main, last_json_line, median, python_env, run_python
 
 BATCH, MAX_TOKENS = 8, 64
 # One OpenMP thread, bound to CPU 0, on both sides. With vLLM's default (all cores bound) a busy
@@ -99,11 +98,7 @@ def run(quick: bool) -> list[Metric]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out")
-    args = parser.parse_args()
-    write_child_result(args.out, run(args.quick))
+    child_main(run, __doc__)
 
 
 if __name__ == "__main__":
