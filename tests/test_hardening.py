@@ -313,3 +313,83 @@ def test_tables_that_validate_resolve_every_key_deterministically(tmp_path: Path
         a, b = first.resolve(key), second.resolve(key)
         assert (a.method, a.source) == (b.method, b.source)
         assert first.resolve(key) is a  # cached
+
+
+# -- plugin faults at layer build, through the seam, in both modes ----------------------------
+
+SEAM_FAULTS = {
+    "missing_target": "method 'missing_target' for (missing_target, unknown, cpu) [{table}:3] could not be built: "
+                      "ImportError: module 'qrt_faulty' has no attribute 'Nope'",
+    "not_a_class": "method 'not_a_class' for (not_a_class, unknown, cpu) [{table}:5] could not be built: "
+                   "TypeError: method 'not_a_class' target qrt_faulty:function is a function, not a class",
+    "not_moe_method": "method 'not_moe_method' for (not_moe_method, unknown, cpu) [{table}:7] could not be built: "
+                      "TypeError: method 'not_moe_method' target qrt_faulty:Plain does not subclass vLLM's "
+                      "FusedMoEMethodBase",
+    "hanging_probe": "(hanging_probe, unknown, cpu) -> vllm [{table}:9] (fallback: no method in the chain is "
+                     "available here; vLLM keeps its own method)",
+    "raising_probe": "(raising_probe, unknown, cpu) -> vllm [{table}:11] (fallback: no method in the chain is "
+                     "available here; vLLM keeps its own method)",
+}
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vLLM is not installed")
+@pytest.mark.parametrize("strict", [False, True])
+def test_faulty_methods_at_layer_build(plugin_site: PluginSite, tmp_path: Path, strict: bool) -> None:
+    """Real vLLM imports (seam, platform, FusedMoEMethodBase) in a subprocess, one call per fault."""
+    plugin_site.add("qrt-faulty", {"faulty": "qrt_faulty"}, modules={"qrt_faulty": """
+import time
+import quantreg
+
+def function():
+    pass
+
+class Plain:
+    pass
+
+def hang():
+    time.sleep(30)
+
+def boom():
+    raise RuntimeError("no device")
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="missing_target", target="qrt_faulty:Nope"))
+    register(quantreg.Method(name="not_a_class", target="qrt_faulty:function"))
+    register(quantreg.Method(name="not_moe_method", target="qrt_faulty:Plain"))
+    register(quantreg.Method(name="hanging_probe", target="qrt_faulty:Plain", probe="qrt_faulty:hang"))
+    register(quantreg.Method(name="raising_probe", target="qrt_faulty:Plain", probe="qrt_faulty:boom"))
+"""})
+    table = tmp_path / "faults.yaml"
+    table.write_text("version: 1\nrules:\n" + "".join(
+        f"  - match: {{quant_format: {name}}}\n    method: {name}\n" for name in SEAM_FAULTS))
+    script = textwrap.dedent("""
+        import sys
+        from quantreg.vllm.seam import Seam
+
+        class Config:
+            def __init__(self, name): self.name = name
+            def get_name(self): return self.name
+
+        seam = Seam()
+        for name in sys.argv[1:]:
+            try:
+                got = seam.route(lambda *a: "VLLM-OWN", None, "layer", Config(name), None)
+                print(name, "->", got)
+            except Exception as exc:
+                print(name, "RAISED", type(exc).__name__, str(exc).replace("\\n", " "))
+    """)
+    env = plugin_site.env(QUANTREG_CONFIG=str(table), QUANTREG_PROBE_TIMEOUT="0.5",
+                          QUANTREG_STRICT="1" if strict else "0", VLLM_LOGGING_LEVEL="INFO")
+    out = subprocess.run([sys.executable, "-c", script, *SEAM_FAULTS], capture_output=True, text=True, env=env,
+                         timeout=300)
+    results = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0] in SEAM_FAULTS)
+    assert set(results) == set(SEAM_FAULTS), out.stdout + out.stderr[-3000:]
+    for name, expected in SEAM_FAULTS.items():
+        message = expected.format(table=table)
+        if strict:
+            assert results[name].startswith("RAISED QuantregError"), (name, results[name])
+            assert message in results[name] or message.split(" (fallback")[0] in results[name], (name, results[name])
+        else:
+            assert results[name] == "-> VLLM-OWN", (name, results[name])  # vLLM's own method for that layer
+            assert message in out.stderr, (name, out.stderr[-3000:])  # ... and one WARNING saying why
