@@ -87,9 +87,10 @@ def interleave(a: Callable[[], object], b: Callable[[], object], reps_a: int,
 
 def load_average() -> tuple[float, float, float] | None:
     try:
-        return os.getloadavg()
+        one, five, fifteen = os.getloadavg()
     except OSError:
         return None
+    return round(one, 2), round(five, 2), round(fifteen, 2)
 
 
 def _cpu_model() -> str:

@@ -120,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(metrics))
     print(f"\n{result['mode']} run, {result['duration_s']} s on {info['cpu']} ({info['logical_cpus']} CPUs, "
           f"load {info['load_average_at_start']} -> {info['load_average_at_end']}); JSON: {args.json}")
+    loads = [x[0] for x in (info["load_average_at_start"], info["load_average_at_end"]) if x]
+    busiest = max(loads, default=0.0)
+    if busiest > 0.75 * (info["logical_cpus"] or 1):
+        print(f"WARNING: load average reached {busiest:.1f} on {info['logical_cpus']} CPUs: other work shared the "
+              "machine, so absolute numbers are inflated (the side-by-side ratios less so)")
     for name, error in failures.items():
         print(f"FAILED group {name}: {error.splitlines()[0] if error else ''}")
     return 1 if failures else 0

@@ -40,7 +40,8 @@ def plugin_lists() -> tuple[str, str]:
 
 def one(model: Path, plugins: str, repeats: int) -> dict[str, Any]:
     env = python_env(VLLM_PLUGINS=plugins, VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                     VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_CPU_OMP_THREADS_BIND=OMP_BIND)
+                     VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_CPU_OMP_THREADS_BIND=OMP_BIND,
+                     PYTHONHASHSEED="0")  # same dict/set layouts run to run: per-process spread 12% -> 5% here
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     proc = run_python(["-m", "bench.vllm_child", str(model), str(BATCH), str(MAX_TOKENS), str(repeats)],
                       env=env, timeout=600)
@@ -75,6 +76,7 @@ def run(quick: bool) -> list[Metric]:
     a = [median(r["tokens_per_s"]) for r in a_runs]
     b = [median(r["tokens_per_s"]) for r in b_runs]
     pairwise = [x / y for x, y in zip(a, b)]
+    cpu_pairwise = [median(x["tokens_per_cpu_s"]) / median(y["tokens_per_cpu_s"]) for x, y in zip(a_runs, b_runs)]
     ratio = median(pairwise)  # each A against the B right after it, so slow drifts in load cancel
     return [Metric(
         "decode_ratio", median(a), "tokens/s", baseline=median(b),
@@ -85,13 +87,20 @@ def run(quick: bool) -> list[Metric]:
                "tiny model on this CPU (no AMX); MoE method built: " + ", ".join(a_runs[0]["moe_methods"]),
                f"{pairs} A/B process pairs (A B, B A, ...), each: warm-up, then median of up to {repeats} generate "
                f"calls of {BATCH} prompts x {MAX_TOKENS} tokens; start-up excluded",
+               f"Python calls into quantreg code during one extra (untimed, profiled) generate call with quantreg "
+               f"loaded: {max(r['quantreg_calls_in_generate'] for r in a_runs)} of "
+               f"{min(r['python_calls_in_generate'] for r in a_runs):,} Python calls (max / min over the A processes)",
+               f"per CPU second instead of per wall second (time spent descheduled by other work excluded): "
+               f"ratio {median(cpu_pairwise):.3f}",
                f"VLLM_PLUGINS A={with_quantreg!r} B={without!r}; VLLM_ENABLE_V1_MULTIPROCESSING=0, "
-               f"VLLM_CPU_OMP_THREADS_BIND={OMP_BIND} (one thread, both sides)"],
+               f"VLLM_CPU_OMP_THREADS_BIND={OMP_BIND} (one thread), PYTHONHASHSEED=0, both sides"],
         extra={"with_quantreg_tokens_per_s": a, "without_quantreg_tokens_per_s": b,
                "best_of_ratio": best(a_runs) / best(b_runs),
                "samples_with": [r["tokens_per_s"] for r in a_runs],
                "samples_without": [r["tokens_per_s"] for r in b_runs],
                "pairwise_ratios": pairwise, "ratio_of_medians": median(a) / median(b),
+               "cpu_time_ratio": median(cpu_pairwise), "cpu_time_pairwise_ratios": cpu_pairwise,
+               "quantreg_calls_in_generate": [r["quantreg_calls_in_generate"] for r in a_runs],
                "moe_methods": a_runs[0]["moe_methods"],
                "decision": a_runs[0]["decision"], "model": "tiny GPT-OSS bf16 twin (2 layers, 4 experts, hidden 128)"},
     )]

@@ -16,19 +16,24 @@ that "dequantise" means the same bits everywhere:
   ``uint8 [..., N, K/32]``, and the checkpoint's blocks ``uint8 [..., N, K/32, 16]`` with
   scales ``[..., N, K/32]``. Both dequantise to ``[..., N, K]``.
 
-:func:`dequantize_mxfp4` is exact (every MXFP4 value is representable in bf16) and runs near
-memory bandwidth on CPU. Every table below is built with integer arithmetic only
+:func:`dequantize_mxfp4` is exact (every MXFP4 value is representable in bf16) and quick on CPU.
+Big tensors (real checkpoints) go through one fused kernel compiled by ``torch.compile``
+(:mod:`quantreg.formats.mxfp4_compiled`): a GPT-OSS-20B expert layer (2 GB of traffic) in ~0.15 s
+on 2 AVX2 cores. Everything else, and any host where compiling fails, uses the eager torch path
+below (~0.5 s for that layer); transformers' ``convert_moe_packed_tensors`` takes ~12 s
+(``bench/dequant_bench.py``). Every table below is built with integer arithmetic only
 (:func:`bf16_bits`), so the answer does not depend on the process flushing subnormals, and a
 scale byte is folded into the *table index* rather than applied afterwards, so there is no
 multiply, no special case for subnormal results (scale bytes 0 and 1) and none for NaN (255):
 
-* **Four values per lookup** (CPU, at most 32 distinct scale bytes, i.e. any real checkpoint):
+* **Four values per lookup** (CPU, when the tensor uses at most 32 distinct scale bytes, as a
+  narrow exponent range does, e.g. ``random_mxfp4``'s trained-like default of 7):
   for each scale byte present, a 65,536-entry int64 table maps two packed bytes (read as one
   int16) to their four bf16 values. One pass adds ``65536 * rank(scale)`` to the int16s, one
-  ``index_select`` writes the output. Measured on a 2-core AVX2 EPYC (GPT-OSS-20B layer):
-  ~2x fewer passes than a per-byte table, ~10x fewer than decode-then-multiply.
-* **Two values per lookup** (any number of scales, any device): one 65,536-entry int32 table
-  indexed by ``scale << 8 | byte``.
+  ``index_select`` writes the output: half the lookups of a per-byte table. Per index, the add
+  (~1 ns, a broadcast ATen cannot vectorise well) and the lookup (~1.1-1.4 ns) are what limit it.
+* **Two values per lookup** (any number of scales, any device, and the compiled kernel): one
+  65,536-entry int32 table indexed by ``scale << 8 | byte``.
 
 On CPU the work is cut into chunks of 4,096 blocks, below ATen's parallel grain, so each op runs
 in the thread that calls it, and the chunks are shared out to ``torch.get_num_threads()`` Python
@@ -44,6 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
 import torch
+
+from . import mxfp4_compiled
 
 BLOCK_SIZE = 32
 """Elements per E8M0 scale, along the input dimension."""
@@ -189,7 +196,7 @@ def dequantize_mxfp4(
         result = torch.empty(out_shape, dtype=torch.bfloat16, device=device)
     else:
         if dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or tuple(out.shape) != out_shape:
-            raise ValueError(f"out must be bfloat16 of shape {out_shape} (and dtype bfloat16), "
+            raise ValueError(f"out needs dtype=bfloat16 and a bfloat16 tensor of shape {out_shape}, "
                              f"got {out.dtype} {tuple(out.shape)}")
         if not out.is_contiguous() or out.device != device:
             raise ValueError("out must be contiguous and on the device of the blocks")
@@ -207,6 +214,11 @@ _PARALLEL_MIN_CHUNKS = 8
 def _decode(packed: torch.Tensor, scale_bytes: torch.Tensor, out: torch.Tensor, chunk_blocks: int) -> None:
     """Fill ``out`` ([R, 32] bf16) from ``packed`` ([R, 16] uint8) and ``scale_bytes`` ([R] uint8)."""
     device = packed.device
+    if mxfp4_compiled.wanted(packed.shape[0], packed, out):
+        done = mxfp4_compiled.decode_chunks(packed, scale_bytes, out.view(torch.int32), _byte_table(device))
+        packed, scale_bytes, out = packed[done:], scale_bytes[done:], out[done:]
+        if not packed.shape[0]:
+            return
     pairs = _pairs_by_scale(device)
     present = torch.bincount(scale_bytes, minlength=256).nonzero().flatten().tolist()
     quad = sys.byteorder == "little" and device.type == "cpu" and len(present) <= _QUAD_MAX_SCALES
