@@ -70,6 +70,16 @@ def run(quick: bool) -> list[Metric]:
         torch.ops._C.cpu_fused_moe(out, x, packed13, packed2, b13, b2, weights, ids, False, "swigluoai", "vec")
         return out
 
+    from quantreg_hpu_mxfp4.reference import CACHE  # type: ignore[import-untyped]
+
+    def matmuls_only(x: torch.Tensor, ids: torch.Tensor) -> None:
+        """Just the reference's bf16 matmuls (same experts, same token counts, decoded weights
+        cached): what is left of a forward once routing, activation and the sum are removed."""
+        for e, n in zip(*torch.unique(ids, return_counts=True)):
+            rows = x[: int(n)]
+            h = rows @ CACHE.get(w13[int(e)], s13[int(e)]).t()
+            _ = h[:, :INTER] @ CACHE.get(w2[int(e)], s2[int(e)]).t()
+
     every = torch.arange(E, dtype=torch.int32).view(-1, TOP_K)
     reference(torch.zeros(every.shape[0], HIDDEN, dtype=torch.bfloat16), every,
               torch.full(every.shape, 1.0 / TOP_K))  # decode every expert once: the method's load-time work
@@ -88,18 +98,24 @@ def run(quick: bool) -> list[Metric]:
             rel = float((a.float() - b.float()).abs().max() / b.float().abs().max())
             ref_t: list[float] = []
             vllm_t: list[float] = []
+            mm_t: list[float] = []
             run_reference = functools.partial(reference, x, ids, weights)
             run_vllm = functools.partial(vllm_kernel, x, ids, weights)
+            run_matmuls = functools.partial(matmuls_only, x, ids)
             for _ in range(reps):
                 ref_t.append(timed(run_reference))
                 vllm_t.append(timed(run_vllm))
+                mm_t.append(timed(run_matmuls))
             distinct = int(torch.unique(ids).numel())
             floor = distinct * per_expert / read_bw
             results[count] = {"reference_ms": median(ref_t) * 1e3, "vllm_cpu_bf16_ms": median(vllm_t) * 1e3,
                               "bf16_floor_ms": floor * 1e3, "distinct_experts": distinct,
                               "reference_over_floor": median(ref_t) / floor,
                               "reference_over_vllm_bf16": median(ref_t) / median(vllm_t),
-                              "max_rel_diff_vs_vllm": rel, "samples": reps}
+                              "max_rel_diff_vs_vllm": rel, "samples": reps,
+                              "torch_bf16_matmuls_ms": median(mm_t) * 1e3,
+                              "matmuls_over_floor": median(mm_t) / floor,
+                              "reference_over_matmuls": median(ref_t) / median(mm_t)}
     one, sixteen = results[1], results[16]
     within = max(one["reference_over_floor"], sixteen["reference_over_floor"])
     mxfp4_kernel = ("not available here (needs AMX): vLLM 0.32's CPU MXFP4 kernel (GptOssMxfp4MoEMethod -> "
@@ -115,6 +131,12 @@ def run(quick: bool) -> list[Metric]:
                f"16 tokens: reference {sixteen['reference_ms']:.1f} ms, vLLM bf16 kernel "
                f"{sixteen['vllm_cpu_bf16_ms']:.1f} ms, bf16 floor {sixteen['bf16_floor_ms']:.1f} ms "
                f"({sixteen['distinct_experts']} experts)",
+               f"what limits it: torch's own bf16 matmuls for the same experts and token counts, alone, take "
+               f"{one['torch_bf16_matmuls_ms']:.1f} / {sixteen['torch_bf16_matmuls_ms']:.1f} ms (x"
+               f"{one['matmuls_over_floor']:.2f} / x{sixteen['matmuls_over_floor']:.2f} the floor): without "
+               "AVX512-BF16 or AMX, torch converts bf16 to fp32 and the GEMM is compute-bound, so time grows with "
+               "tokens per expert; the rest of the reference (routing, activation, weighted sum) costs x"
+               f"{one['reference_over_matmuls']:.2f} / x{sixteen['reference_over_matmuls']:.2f} on top",
                f"read bandwidth {read_bw / 1e9:.1f} GB/s; vLLM MXFP4 kernel: {mxfp4_kernel}",
                f"load average at the end: {load_average()}"],
         extra={"tokens_1": one, "tokens_16": sixteen, "read_gb_s": read_bw / 1e9, "vllm_mxfp4_kernel": mxfp4_kernel,

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from itertools import product
 
 from .keys import Key
+from .located import gc_paused
 from .problems import Problem
 from .tables import Rule
-from .yamlfile import gc_paused
 
 Pattern = tuple[bool, bool, bool]
 PATTERNS: tuple[Pattern, ...] = tuple(product((False, True), repeat=3))  # type: ignore[arg-type]
@@ -33,7 +33,7 @@ class Index:
     """Immutable lookup structure built once per effective table."""
 
     def __init__(self, rules: Iterable[Rule]) -> None:
-        with gc_paused():  # one list and key tuple per rule, no cycles; see yamlfile.gc_paused
+        with gc_paused():  # one list and key tuple per rule, no cycles; see located.gc_paused
             self.rules: tuple[Rule, ...] = tuple(rules)
             self._order = {id(r): i for i, r in enumerate(self.rules)}
             self._by_pattern: dict[Pattern, dict[tuple[str, ...], list[Rule]]] = {}

@@ -15,11 +15,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from . import tablecache
 from .keys import FIELDS, WILDCARD, Match
+from .located import MAX_BYTES, YamlError, gc_paused, line_of
 from .methods import Method
 from .problems import Problem, did_you_mean
 from .table_methods import parse_methods
-from .yamlfile import MAX_BYTES, YamlError, gc_paused, line_of, parse
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
@@ -282,7 +283,7 @@ def _plain(value: Any) -> Any:
 def parse_table(text: str, path: str, layer: Layer) -> tuple[TableFile | None, list[Problem]]:
     """Check one table's text; on any problem return ``None`` and every problem found."""
     try:
-        doc = parse(text)
+        doc = tablecache.parse(text, cache=layer in (Layer.DEFAULT, Layer.PLUGIN))
     except YamlError as exc:
         return None, [Problem(path, exc.line, exc.key, exc.message)]
     checker = _Checker(path, layer)

@@ -16,16 +16,14 @@ error message and line is exactly the pure-Python one, and so is every accepted 
 
 from __future__ import annotations
 
-import gc
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import yaml
 
-MAX_NODES = 200_000
-MAX_BYTES = 4 << 20
+from .located import MAX_BYTES, MAX_NODES, LocatedDict, LocatedList, YamlError, gc_paused, line_of
+
+__all__ = ["MAX_BYTES", "MAX_NODES", "LocatedDict", "LocatedList", "YamlError", "gc_paused", "line_of", "parse"]
 
 _SAFE_TAGS = {
     "tag:yaml.org,2002:str",
@@ -36,51 +34,6 @@ _SAFE_TAGS = {
     "tag:yaml.org,2002:seq",
     "tag:yaml.org,2002:map",
 }
-
-
-class YamlError(Exception):
-    """A YAML-level fault with the 1-based line where it was found."""
-
-    def __init__(self, line: int | None, key: str, message: str) -> None:
-        super().__init__(message)
-        self.line = line
-        self.key = key
-        self.message = message
-
-
-class LocatedDict(dict[Any, Any]):
-    """A mapping that knows its own line and the line of each key."""
-
-    line: int
-    key_lines: dict[Any, int]
-
-
-class LocatedList(list[Any]):
-    """A sequence that knows its own line and the line of each item."""
-
-    line: int
-    item_lines: list[int]
-
-
-def line_of(value: object, default: int | None = None) -> int | None:
-    return getattr(value, "line", default)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building large acyclic structures.
-
-    Loading a 10,000-rule table allocates ~10^6 objects; CPython runs a collection every ~700 net
-    allocations and a full one every few thousand, which cost more than the parsing itself.
-    Nothing built here forms cycles, so nothing is left for the collector to find afterwards.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def parse(text: str) -> Any:

@@ -1,0 +1,80 @@
+"""Parsed package tables cached by content, so vLLM's start-up neither imports nor runs a YAML parser.
+
+Why: every vLLM process (driver, engine core, each worker) calls ``register()``, which loads the
+default table and the plugins' tables: the same few small files every time. Importing PyYAML
+alone costs 15-25 ms here (its reader and resolver compile large regular expressions at import),
+a third of the start-up budget. So a table that parsed cleanly is stored as JSON
+(:func:`quantreg.located.to_json`, which keeps every line number for error messages), keyed by
+the SHA-256 of its text and of this cache's format; the next process reads that instead.
+
+Only tables shipped in packages (layers ``default`` and ``plugin``) are cached: they change only
+when a package does, so entries stay few. Operator tables (``QUANTREG_CONFIG``, ``--config``) are
+edited by hand and always parsed. A file that fails to parse is never cached, so its error always
+comes from the parser itself.
+
+Where: ``$QUANTREG_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantreg``, else ``~/.cache/quantreg``;
+``QUANTREG_CACHE_DIR=off`` disables it. The cache can never fail a load: an unreadable,
+unwritable or corrupt entry means the text is parsed as if there were no cache (and a corrupt
+entry is rewritten).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .located import from_json, to_json
+
+ENV = "QUANTREG_CACHE_DIR"
+FORMAT = b"quantreg-located-json-1\0"  # bump when to_json or the parser's results change meaning
+
+
+def directory() -> Path | None:
+    """The cache directory, or ``None`` when caching is off."""
+    configured = os.environ.get(ENV)
+    if configured is not None:
+        return None if configured.strip().lower() in ("", "off", "0", "none") else Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "quantreg"
+
+
+def entry_path(text: str) -> Path | None:
+    """Where the parse of ``text`` is (or would be) cached."""
+    where = directory()
+    if where is None:
+        return None
+    digest = hashlib.sha256(FORMAT + text.encode("utf-8", "surrogatepass")).hexdigest()
+    return where / "tables" / f"{digest}.json"
+
+
+def parse(text: str, *, cache: bool) -> Any:
+    """Parse one table's text, through the cache when ``cache`` is true."""
+    path = entry_path(text) if cache else None
+    if path is not None:
+        try:
+            return from_json(json.loads(path.read_bytes()))
+        except (OSError, ValueError, RecursionError):  # absent, unreadable or corrupt: parse it
+            pass
+    from .yamlfile import parse as parse_yaml
+
+    doc = parse_yaml(text)  # raises YamlError: nothing is cached for a broken file
+    if path is not None:
+        _store(path, doc)
+    return doc
+
+
+def _store(path: Path, doc: Any) -> None:
+    """Write atomically (temporary file, then rename), so a reader never sees half an entry."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        data = json.dumps(to_json(doc), separators=(",", ":")).encode()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    except (OSError, TypeError, ValueError, RecursionError):  # read-only home, full disk...: no cache
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)

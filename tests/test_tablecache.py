@@ -1,0 +1,147 @@
+"""The parse cache for package tables: same documents and lines, no PyYAML at start-up, never fatal."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from core_support import write
+
+from quantreg import tablecache
+from quantreg.located import LocatedDict, LocatedList, from_json, to_json
+from quantreg.tables import Layer, read_table
+from quantreg.yamlfile import parse
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+DOC = """\
+version: 1
+strict: false
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: hpu}
+    method: [a, b]
+    options: {x: 1.5, y: .nan, z: -0.0, "on": yes, 3: null, big: 123456789012345678901234567890}
+  - match:
+      quant_format: '*'
+    method:
+      - vllm
+"""
+
+VALID = DOC.replace("[a, b]", "vllm").replace("3: null, ", "").replace("y: .nan, ", "")  # no problems, no NaN
+
+
+def same_located(a: Any, b: Any) -> bool:
+    """Equal values, types, key order, and lines everywhere (NaN equal to NaN)."""
+    if isinstance(a, LocatedDict):
+        return (isinstance(b, LocatedDict) and a.line == b.line
+                and list(a.key_lines.items()) == list(b.key_lines.items())
+                and list(a) == list(b) and all(same_located(a[k], b[k]) for k in a))
+    if isinstance(a, LocatedList):
+        return (isinstance(b, LocatedList) and a.line == b.line and a.item_lines == b.item_lines
+                and len(a) == len(b) and all(same_located(x, y) for x, y in zip(a, b)))
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return type(a) is type(b) and a == b and (not isinstance(a, float) or math.copysign(1, a) == math.copysign(1, b))
+
+
+def test_json_form_round_trips_values_types_and_lines() -> None:
+    doc = parse(DOC)
+    again = from_json(json.loads(json.dumps(to_json(doc))))
+    assert same_located(doc, again)
+    assert again["rules"].item_lines == [4, 7] and again["rules"][0].key_lines["options"] == 6
+
+
+@pytest.mark.parametrize("bad", [
+    {"d": 1}, {"d": "1", "k": []}, {"l": 1, "i": [[1]]}, {"d": 1, "k": [[{"d": 1, "k": []}, 1, 2]]},
+    {"d": 1, "k": [["a", 1, 1], ["a", 2, 2]]}, [1, 2], {"x": 1},
+])
+def test_corrupt_json_forms_are_refused(bad: Any) -> None:
+    with pytest.raises(ValueError):
+        from_json(bad)
+
+
+def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    path = write(tmp_path / "plugin.yaml", VALID)
+    first, problems = read_table(path, Layer.PLUGIN)
+    entries = list((tmp_path / "cache" / "tables").glob("*.json"))
+    assert len(entries) == 1 and problems == []
+    second, again = read_table(path, Layer.PLUGIN)
+    assert first == second and again == []
+    # The entry is what was read the second time: change it, and the change shows.
+    data = json.loads(entries[0].read_text())
+    data["k"][0][2] = 1  # version: 1 (unchanged) ...
+    data["k"][1][2] = True  # ... strict: true
+    entries[0].write_text(json.dumps(data))
+    third, _ = read_table(path, Layer.PLUGIN)
+    assert third is not None and third.strict is True
+
+
+def test_problems_keep_their_lines_through_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    text = "version: 1\nrules:\n  - match: {quant_format: mxfp4}\n    methodz: [vllm]\n"
+    path = write(tmp_path / "plugin.yaml", text)
+    _, fresh = read_table(path, Layer.PLUGIN)
+    assert len(list((tmp_path / "cache" / "tables").glob("*.json"))) == 1
+    _, cached = read_table(path, Layer.PLUGIN)
+    assert [str(p) for p in fresh] == [str(p) for p in cached] and fresh and fresh[0].line == 4
+
+
+def test_operator_tables_and_broken_files_are_never_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    user = write(tmp_path / "user.yaml", DOC)
+    for layer in (Layer.USER, Layer.RUN):
+        read_table(user, layer)
+    broken = write(tmp_path / "broken.yaml", "version: 1\nrules: [\n")
+    _, problems = read_table(broken, Layer.DEFAULT)
+    assert problems and problems[0].line == 3 and "YAML syntax error" in problems[0].message
+    assert not (tmp_path / "cache").exists()
+
+
+def test_corrupt_or_unwritable_cache_never_fails_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path / "default.yaml", VALID)
+    expected, _ = read_table(path, Layer.DEFAULT)  # cache elsewhere (the default location or off)
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    entry = tablecache.entry_path(path.read_text())
+    assert entry is not None
+    entry.parent.mkdir(parents=True)
+    entry.write_text('{"d": 1, "k": [[')  # truncated
+    table, problems = read_table(path, Layer.DEFAULT)
+    assert table == expected and problems == []
+    assert json.loads(entry.read_text())["d"] == 1  # rewritten whole
+    blocker = write(tmp_path / "not-a-dir", "")
+    monkeypatch.setenv(tablecache.ENV, str(blocker))  # the cache "directory" is a file: cannot write
+    table, problems = read_table(path, Layer.DEFAULT)
+    assert table == expected and problems == []
+    monkeypatch.setenv(tablecache.ENV, "off")
+    assert tablecache.directory() is None and tablecache.entry_path("x") is None
+
+
+def test_warm_cache_means_no_yaml_import_at_registration(tmp_path: Path) -> None:
+    """A real start-up: ``register()`` in fresh processes, first filling the cache, then using it."""
+    probe = ("import sys, quantreg.vllm as v; v.register(); "
+             "from quantreg.registry import get_registry; r = get_registry(); "
+             "print('yaml' in sys.modules, len(r.tables), len(r.problems))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+
+    def run(cache: str) -> tuple[str, list[str]]:
+        proc = subprocess.run([sys.executable, "-c", probe], env={**env, tablecache.ENV: cache},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        yaml_imported, *counts = proc.stdout.split()
+        return yaml_imported, counts
+
+    cache = str(tmp_path / "cache")
+    cold, cold_counts = run(cache)
+    warm, warm_counts = run(cache)
+    off, off_counts = run("off")
+    assert (cold, warm, off) == ("True", "False", "True")
+    assert cold_counts == warm_counts == off_counts and int(cold_counts[0]) >= 2  # default + plugin tables, no problems
+    assert cold_counts[1] == "0"
+    assert len(list(Path(cache, "tables").glob("*.json"))) == int(cold_counts[0])
