@@ -15,7 +15,8 @@ comes from the parser itself.
 Where: ``$QUANTREG_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantreg``, else ``~/.cache/quantreg``;
 ``QUANTREG_CACHE_DIR=off`` disables it. The cache can never fail a load: an unreadable,
 unwritable or corrupt entry means the text is parsed as if there were no cache (and a corrupt
-entry is rewritten).
+entry is rewritten). Entries are trusted like ``__pycache__``: whoever can write the user's cache
+directory can already change what the user's Python runs.
 """
 
 from __future__ import annotations
@@ -38,7 +39,12 @@ def directory() -> Path | None:
     configured = os.environ.get(ENV)
     if configured is not None:
         return None if configured.strip().lower() in ("", "off", "0", "none") else Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")
+        if home.startswith("~"):  # no HOME and no passwd entry: nowhere sensible to write
+            return None
+        base = os.path.join(home, ".cache")
     return Path(base) / "quantreg"
 
 

@@ -69,15 +69,15 @@ def _lookup(out32: torch.Tensor, packed: torch.Tensor, scale_bytes: torch.Tensor
 
 
 def _compiled() -> Kernel:
+    """The compiled kernel (called with ``_lock`` held; compiling happens at its first call)."""
     global _kernel
-    with _lock:
-        if _kernel is None:
-            # simdlen 1: the work is a gather, which inductor's vector path emulates slowly (2.5x
-            # slower here); the scalar loop is what runs near bandwidth. The indices are in range
-            # by construction (a byte and a scale byte index a 65,536-entry table).
-            _kernel = torch.compile(_lookup, dynamic=False, fullgraph=True,
-                                    options={"cpp.simdlen": 1, "assert_indirect_indexing": False})
-        return _kernel
+    if _kernel is None:
+        # simdlen 1: the work is a gather, which inductor's vector path emulates slowly (2.5x
+        # slower here); the scalar loop is what runs near bandwidth. The indices are in range
+        # by construction (a byte and a scale byte index a 65,536-entry table).
+        _kernel = torch.compile(_lookup, dynamic=False, fullgraph=True,
+                                options={"cpp.simdlen": 1, "assert_indirect_indexing": False})
+    return _kernel
 
 
 def disable(reason: str) -> None:
@@ -98,17 +98,20 @@ def decode_chunks(packed: torch.Tensor, scale_bytes: torch.Tensor, out32: torch.
     rows = int(packed.shape[0]) - int(packed.shape[0]) % CHUNK_ROWS
     if rows == 0:
         return 0
-    try:
-        kernel = _compiled()
-        kernel(out32[:CHUNK_ROWS], packed[:CHUNK_ROWS], scale_bytes[:CHUNK_ROWS], table)
-    except Exception as exc:  # no C++ compiler, inductor failure, ...: eager still gives the answer
-        disable(f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        return 0
-    expected = torch.empty((_CHECK_ROWS, packed.shape[1]), dtype=torch.int32)
-    _lookup(expected, packed[:_CHECK_ROWS], scale_bytes[:_CHECK_ROWS], table)
-    if not torch.equal(expected, out32[:_CHECK_ROWS]):
-        disable("the compiled kernel's first rows differ from the eager decode")
-        return 0
+    with _lock:  # the first call compiles: one thread at a time, and never after a failure
+        if _disabled is not None:
+            return 0
+        try:
+            kernel = _compiled()
+            kernel(out32[:CHUNK_ROWS], packed[:CHUNK_ROWS], scale_bytes[:CHUNK_ROWS], table)
+        except Exception as exc:  # no C++ compiler, inductor failure, ...: eager still gives the answer
+            disable(f"torch.compile failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return 0
+        expected = torch.empty((_CHECK_ROWS, packed.shape[1]), dtype=torch.int32)
+        _lookup(expected, packed[:_CHECK_ROWS], scale_bytes[:_CHECK_ROWS], table)
+        if not torch.equal(expected, out32[:_CHECK_ROWS]):
+            disable("the compiled kernel's first rows differ from the eager decode")
+            return 0
     for start in range(CHUNK_ROWS, rows, CHUNK_ROWS):
         stop = start + CHUNK_ROWS
         kernel(out32[start:stop], packed[start:stop], scale_bytes[start:stop], table)
