@@ -65,7 +65,7 @@ def run(quick: bool) -> list[Metric]:
     env = python_env(QUANTREG_CACHE_DIR=cache.name)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     no_cache = {**env, "QUANTREG_CACHE_DIR": "off"}
-    processes = 3 if quick else 12
+    processes = 2 if quick else 12
     one_child(env)  # warm-up: writes bytecode and the table cache, warms the page cache; not counted
     runs: list[dict[str, Any]] = []
     runs_off: list[dict[str, Any]] = []

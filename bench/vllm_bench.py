@@ -118,7 +118,7 @@ def run(quick: bool) -> list[Metric]:
     from quantreg.demo.checkpoint import write_tiny_gpt_oss
 
     with_quantreg, without = plugin_lists()
-    pairs, calls, control_pairs = (1, 16, 0) if quick else (4, 24, 2)
+    pairs, calls, control_pairs = (1, 12, 0) if quick else (4, 24, 2)
     with tempfile.TemporaryDirectory(prefix="quantreg-bench-tiny-") as tmp:
         model = write_tiny_gpt_oss(Path(tmp) / "tiny-gpt-oss-bf16", mxfp4=False)
         runs = [side_by_side(model, with_quantreg, without, calls) for _ in range(pairs)]
