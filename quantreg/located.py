@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from typing import Any
 
 MAX_NODES = 200_000
+"""Most scalars and collections one document may expand to (aliases count every time)."""
 MAX_BYTES = 4 << 20
-
+"""Largest table file read at all."""
 
 
 class YamlError(Exception):
