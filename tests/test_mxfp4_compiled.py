@@ -81,21 +81,24 @@ def test_wrong_kernel_output_is_caught_and_eager_takes_over(monkeypatch: pytest.
     assert "differ from the eager decode" in caplog.text
     assert mxfp4_compiled._disabled is not None
     assert torch.equal(bits(result), bits(eager(blocks, scales, monkeypatch)))
-    assert not mxfp4_compiled.wanted(4 * CHUNK, blocks.reshape(-1, 16), result.view(-1, 32))  # off for good
+    assert not mxfp4_compiled.wanted(blocks.reshape(-1, 16), scales.reshape(-1), result.view(-1, 32))  # off for good
 
 
 def test_small_tensors_and_mode_0_stay_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    packed = torch.zeros((CHUNK, 16), dtype=torch.uint8)
-    out = torch.empty((CHUNK, 32), dtype=torch.bfloat16)
+    big = mxfp4_compiled.AUTO_MIN_ROWS
+    packed, scales = torch.zeros((big, 16), dtype=torch.uint8), torch.zeros(big, dtype=torch.uint8)
+    out = torch.empty((big, 32), dtype=torch.bfloat16)
     monkeypatch.setattr(mxfp4_compiled, "_disabled", None)
     monkeypatch.setenv(mxfp4_compiled.ENV, "auto")
-    assert not mxfp4_compiled.wanted(CHUNK, packed, out)  # below AUTO_MIN_ROWS: compiling would not pay
-    assert mxfp4_compiled.wanted(mxfp4_compiled.AUTO_MIN_ROWS, packed, out)
-    assert not mxfp4_compiled.wanted(mxfp4_compiled.AUTO_MIN_ROWS, packed[:, ::2], out)  # strided input
+    assert mxfp4_compiled.wanted(packed, scales, out)
+    assert not mxfp4_compiled.wanted(packed[:CHUNK], scales[:CHUNK], out[:CHUNK])  # small: compiling would not pay
+    assert not mxfp4_compiled.wanted(packed[:, ::2], scales, out)  # strided inputs would recompile
+    assert not mxfp4_compiled.wanted(packed[:big // 2], scales[::2], out[:big // 2])
     monkeypatch.setenv(mxfp4_compiled.ENV, "1")
-    assert mxfp4_compiled.wanted(CHUNK, packed, out) and not mxfp4_compiled.wanted(CHUNK - 1, packed, out)
+    assert mxfp4_compiled.wanted(packed[:CHUNK], scales[:CHUNK], out[:CHUNK])
+    assert not mxfp4_compiled.wanted(packed[:CHUNK - 1], scales[:CHUNK - 1], out[:CHUNK - 1])
     monkeypatch.setenv(mxfp4_compiled.ENV, "0")
-    assert not mxfp4_compiled.wanted(mxfp4_compiled.AUTO_MIN_ROWS, packed, out)
+    assert not mxfp4_compiled.wanted(packed, scales, out)
 
 
 def test_bad_mode_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

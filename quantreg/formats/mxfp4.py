@@ -214,7 +214,7 @@ _PARALLEL_MIN_CHUNKS = 8
 def _decode(packed: torch.Tensor, scale_bytes: torch.Tensor, out: torch.Tensor, chunk_blocks: int) -> None:
     """Fill ``out`` ([R, 32] bf16) from ``packed`` ([R, 16] uint8) and ``scale_bytes`` ([R] uint8)."""
     device = packed.device
-    if mxfp4_compiled.wanted(packed.shape[0], packed, out):
+    if mxfp4_compiled.wanted(packed, scale_bytes, out):
         done = mxfp4_compiled.decode_chunks(packed, scale_bytes, out.view(torch.int32), _byte_table(device))
         packed, scale_bytes, out = packed[done:], scale_bytes[done:], out[done:]
         if not packed.shape[0]:

@@ -52,14 +52,14 @@ def mode() -> str:
     return value
 
 
-def wanted(rows: int, packed: torch.Tensor, out32: torch.Tensor) -> bool:
-    """Should a decode of ``rows`` blocks try the compiled kernel?"""
+def wanted(packed: torch.Tensor, scale_bytes: torch.Tensor, out: torch.Tensor) -> bool:
+    """Should decoding ``packed`` ([R, 16]) with ``scale_bytes`` ([R]) into ``out`` try the kernel?"""
     current = mode()
     if current == "0" or _disabled is not None or packed.device.type != "cpu":
         return False
-    if not (packed.is_contiguous() and out32.is_contiguous()):
+    if not (packed.is_contiguous() and scale_bytes.is_contiguous() and out.is_contiguous()):
         return False  # the kernel is compiled for contiguous chunks; other strides would recompile
-    return rows >= (CHUNK_ROWS if current == "1" else AUTO_MIN_ROWS)
+    return int(packed.shape[0]) >= (CHUNK_ROWS if current == "1" else AUTO_MIN_ROWS)
 
 
 def _lookup(out32: torch.Tensor, packed: torch.Tensor, scale_bytes: torch.Tensor, table: torch.Tensor) -> None:
