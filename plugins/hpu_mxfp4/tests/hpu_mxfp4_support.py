@@ -123,9 +123,13 @@ def moe_config(*, num_global: int, num_local: int, top_k: int, hidden: int, inte
 
 
 class FakeLayer(torch.nn.Module):
-    """The attributes vLLM's ``RoutedExperts`` gives a quant method, parameters made by the method."""
+    """The attributes vLLM's ``RoutedExperts`` gives a quant method, parameters made by the method.
 
-    def __init__(self, method: Any, config: Any, experts: Experts, *, use_grouped_topk: bool = False) -> None:
+    With ``experts``, they are loaded and ``process_weights_after_loading`` runs; with ``None``
+    they are left as allocated and the caller drives the method (``bench/pwal_bench.py``).
+    """
+
+    def __init__(self, method: Any, config: Any, experts: Experts | None, *, use_grouped_topk: bool = False) -> None:
         super().__init__()
         self.moe_config = config
         self.local_num_experts = config.num_local_experts
@@ -137,11 +141,13 @@ class FakeLayer(torch.nn.Module):
         method.create_weights(self, num_experts=config.num_local_experts, hidden_size=config.hidden_dim,
                               intermediate_size_per_partition=config.intermediate_size_per_partition,
                               params_dtype=torch.bfloat16)
+        self.quant_method = method
+        if experts is None:
+            return
         for param, source in (("w13_weight", experts.w13), ("w13_weight_scale", experts.w13_scale),
                               ("w2_weight", experts.w2), ("w2_weight_scale", experts.w2_scale)):
             getattr(self, param).data.copy_(source)
         if experts.w13_bias is not None:
             self.w13_bias.data.copy_(experts.w13_bias)
             self.w2_bias.data.copy_(experts.w2_bias)
-        self.quant_method = method
         method.process_weights_after_loading(self)
