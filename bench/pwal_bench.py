@@ -3,8 +3,9 @@
 Why: on Gaudi the native method must only *bind* the loaded MXFP4 parameters to the kernel (one
 view per expert), never copy or convert 1.6 GB of packed weights. The layer is built by the real
 method's ``create_weights`` (128 experts, H=I=2880, biases; w13 [128, 5760, 1440] + w2
-[128, 2880, 1440] uint8), with the plugin's HPU test doubles standing in for the Gaudi stack
-(``habana_frameworks``, ``torch.hpu``, ``torch.ops.hpu``). Nothing is dequantised.
+[128, 2880, 1440] uint8), with the plugin's HPU test doubles (:mod:`quantreg_hpu_mxfp4.testing`)
+standing in for the Gaudi stack (``habana_frameworks``, ``torch.hpu``, ``torch.ops.hpu``). Nothing
+is dequantised.
 
 After every call the bench checks with data pointers that each per-expert weight, scale and bias
 handed to the op is a view into the layer's own parameter storage, and that the parameters
@@ -14,42 +15,13 @@ method would cost if it copied the weights a single time).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.common import ROOT, Metric, child_main, median, timed
+from bench.common import Metric, child_main, median, timed
 
-TESTS = ROOT / "plugins" / "hpu_mxfp4" / "tests"
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2880, 2880, 4
-
-
-def _load(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def install_hpu_doubles(mp: Any) -> Any:
-    """The ``hpu`` fixture of the plugin's conftest, applied through a ``MonkeyPatch`` we own."""
-    conftest = _load("quantreg_bench_hpu_conftest", TESTS / "conftest.py")
-    doubles = conftest.HpuDoubles()
-    package = types.ModuleType("habana_frameworks")
-    bridge = types.ModuleType("habana_frameworks.torch")
-    package.torch = bridge  # type: ignore[attr-defined]
-    mp.setitem(sys.modules, "habana_frameworks", package)
-    mp.setitem(sys.modules, "habana_frameworks.torch", bridge)
-    mp.setattr(torch, "hpu", conftest._FakeHpuModule(doubles), raising=False)
-    mp.setattr(torch.ops, "hpu", types.SimpleNamespace(mixture_of_experts=conftest._FakeMoePacket(doubles)),
-               raising=False)
-    return doubles
 
 
 def views_are_of(parts: tuple[torch.Tensor, ...], param: torch.Tensor) -> bool:
@@ -76,18 +48,20 @@ def check_no_copies(layer: Any, pointers: dict[str, int]) -> list[str]:
 
 def run(quick: bool) -> list[Metric]:
     import pytest
-    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-
-    sys.path.insert(0, str(TESTS))
-    support = _load("quantreg_bench_hpu_support", TESTS / "hpu_mxfp4_support.py")
     from quantreg_hpu_mxfp4.method import HpuMxfp4MoEMethod  # type: ignore[import-untyped]
+    from quantreg_hpu_mxfp4.testing import (  # type: ignore[import-untyped]
+        FakeLayer,
+        install_hpu_doubles,
+        moe_config,
+    )
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
     with pytest.MonkeyPatch.context() as mp:
         doubles = install_hpu_doubles(mp)
-        config = support.moe_config(num_global=EXPERTS, num_local=EXPERTS, top_k=TOP_K, hidden=HIDDEN,
+        config = moe_config(num_global=EXPERTS, num_local=EXPERTS, top_k=TOP_K, hidden=HIDDEN,
                                     intermediate=INTER, bias=True, activation=MoEActivation.SWIGLUOAI.value)
         method = HpuMxfp4MoEMethod(config)
-        layer = support.FakeLayer(method, config, None)  # parameters as allocated, not processed
+        layer = FakeLayer(method, config, None)  # parameters as allocated, not processed
         names = ("w13_weight", "w13_weight_scale", "w13_bias", "w2_weight", "w2_weight_scale", "w2_bias")
         pointers = {n: getattr(layer, n).data.data_ptr() for n in names}
         shapes = {n: tuple(getattr(layer, n).shape) for n in names}

@@ -25,7 +25,7 @@ from typing import Any
 from ..environment import guess_device
 from ..keys import Key
 from ..registry import Registry
-from .runner import DEMO_PROMPTS, RunResult, run_vllm, vllm_cpu_mxfp4_kernel_available
+from ..testing.vllm_run import DEMO_PROMPTS, RunResult, run_vllm, vllm_cpu_mxfp4_kernel_available
 
 DEMO_TABLE = """\
 # quantreg demo table: route GPT-OSS MXFP4 to the Gaudi kernel, or to its CPU reference.

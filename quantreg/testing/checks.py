@@ -17,7 +17,7 @@ A method is judged by what vLLM and quantreg will do with it, not by its own tes
   the loader's writes succeed, with and without biases and on an EP rank;
 * **forward-bias / forward-no-bias** -- after ``process_weights_after_loading``, outputs for 1, 7
   and 64 tokens and top-k 1..4 have the input's shape and dtype, are finite, and are within the
-  declared tolerance of the float64 reference (:mod:`quantreg.formats.gpt_oss_moe`);
+  declared tolerance of the float64 reference (:mod:`quantreg.models.gpt_oss_moe`);
 * **expert-parallel** -- ranks 0 and 1 of 2 each give the partial sum of their own experts;
 * **deterministic** -- identical inputs give bit-identical outputs, on the same layer (with
   other calls in between) and on a second layer loaded with the same weights.
@@ -56,7 +56,7 @@ from ..registry import Registry
 from .report import CheckResult, Report, Status
 
 if TYPE_CHECKING:
-    from ..formats.gpt_oss_moe import GptOssMxfp4Experts
+    from ..models.gpt_oss_moe import GptOssMxfp4Experts
     from .diagnose import Case
     from .harness import MoeLayer, VllmMoeHarness
 
@@ -402,7 +402,7 @@ class _Run:
                         "would be silently ignored. Raise TypeError naming the unknown option(s)")
 
     def weights(self) -> None:
-        from ..formats.gpt_oss_moe import random_gpt_oss_mxfp4_experts
+        from ..models.gpt_oss_moe import random_gpt_oss_mxfp4_experts
         from .harness import MoeShape
 
         with self.check("weights"):
@@ -423,7 +423,7 @@ class _Run:
     # -- numerical checks -------------------------------------------------------------------------
     def _case(self, experts: GptOssMxfp4Experts, tokens: int, top_k: int, seed: int,
               layer: MoeLayer | None = None) -> Case:
-        from ..formats.gpt_oss_moe import random_hidden_states, random_router_logits, route_topk_softmax
+        from ..models.gpt_oss_moe import random_hidden_states, random_router_logits, route_topk_softmax
         from .diagnose import Case
 
         x = random_hidden_states(tokens, experts.hidden, seed=seed)
@@ -437,7 +437,7 @@ class _Run:
         """(relative error, problem or None) of one output against the reference."""
         import torch
 
-        from ..formats.gpt_oss_moe import relative_error
+        from ..models.gpt_oss_moe import relative_error
         from .diagnose import explain
 
         tokens, hidden = case.x.shape
@@ -506,7 +506,7 @@ class _Run:
             yield f"{where}{_tokens(t)}, top-{top_k}", run
 
     def forward(self, bias: bool) -> None:
-        from ..formats.gpt_oss_moe import random_gpt_oss_mxfp4_experts
+        from ..models.gpt_oss_moe import random_gpt_oss_mxfp4_experts
         from .harness import MoeShape
 
         shape = MoeShape()
@@ -517,7 +517,7 @@ class _Run:
             self._numeric(runs, f"tokens {', '.join(map(str, TOKENS))} x top-k {TOP_KS[0]}..{TOP_KS[-1]}")
 
     def expert_parallel(self) -> None:
-        from ..formats.gpt_oss_moe import random_gpt_oss_mxfp4_experts
+        from ..models.gpt_oss_moe import random_gpt_oss_mxfp4_experts
         from .harness import MoeShape
 
         shape = MoeShape()
@@ -533,7 +533,7 @@ class _Run:
     def deterministic(self) -> None:
         import torch
 
-        from ..formats.gpt_oss_moe import random_gpt_oss_mxfp4_experts
+        from ..models.gpt_oss_moe import random_gpt_oss_mxfp4_experts
         from .harness import MoeShape
 
         shape = MoeShape()

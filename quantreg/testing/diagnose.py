@@ -8,7 +8,7 @@ mistake*; a variant that matches (within tolerance) names the bug and the fix.
 
 Variants are built by transforming the reference's inputs wherever possible (a method that
 reads gate/up as halves computes the true reference of re-interleaved weights), so they reuse
-:func:`quantreg.formats.gpt_oss_moe.moe_f64` rather than re-implementing it with a twist.
+:func:`quantreg.models.gpt_oss_moe.moe_f64` rather than re-implementing it with a twist.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..formats.gpt_oss_moe import GptOssMxfp4Experts, relative_error
+from ..models.gpt_oss_moe import GptOssMxfp4Experts, relative_error
 
 
 @dataclass(frozen=True)

@@ -44,21 +44,17 @@ from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-from ..formats.gpt_oss_moe import GptOssMxfp4Experts
+from ..models.gpt_oss import tiny_gpt_oss_config
+from ..models.gpt_oss_moe import GptOssMxfp4Experts
 
 MethodFactory = Callable[[Any], Any]
 """``moe_config -> method``: how the seam builds a method (``lambda cfg: cls(cfg, **options)``)."""
 
-#: The tiny GPT-OSS whose config the harness's vLLM config reads (sizes of the layers are separate).
-TINY_GPT_OSS_CONFIG: dict[str, Any] = {
-    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-    "head_dim": 32, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 128,
-    "max_position_embeddings": 4096, "sliding_window": 128, "layer_types": ["full_attention"],
-    "rope_theta": 150000, "torch_dtype": "bfloat16", "swiglu_limit": 7.0,
-    "rope_scaling": {"rope_type": "yarn", "factor": 1.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                     "original_max_position_embeddings": 4096},
-}
+#: The tiny GPT-OSS whose config the harness's vLLM config reads (sizes of the layers are separate;
+#: no quantization config: the harness hands vLLM's ``GptOssMxfp4Config`` to each layer itself).
+TINY_GPT_OSS_CONFIG: dict[str, Any] = tiny_gpt_oss_config(
+    hidden=64, intermediate=96, layers=1, experts=8, top_k=2, vocab=128, heads=2, kv_heads=1, head_dim=32,
+    mxfp4=False)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ only report their row. ``--quantreg-method NAME`` (repeatable) or the ini option
 Fixtures: ``quantreg_registry`` (session; override it to check against a hand-built
 :class:`~quantreg.Registry`), ``quantreg_device``, ``moe_harness`` (session: a
 :class:`~quantreg.testing.harness.VllmMoeHarness` for a plugin's own layer tests), and
-``gpt_oss_mxfp4_experts`` (a factory of valid random experts, :mod:`quantreg.formats.gpt_oss_moe`).
+``gpt_oss_mxfp4_experts`` (a factory of valid random experts, :mod:`quantreg.models.gpt_oss_moe`).
 
 pytest loads this module in every session of an environment where quantreg is installed, so it
 imports neither torch nor vLLM until a fixture that needs them is used.
@@ -38,7 +38,7 @@ from .checks import CHECK_IDS, run_checks
 from .report import CheckResult, Report, Status
 
 if TYPE_CHECKING:
-    from ..formats.gpt_oss_moe import GptOssMxfp4Experts
+    from ..models.gpt_oss_moe import GptOssMxfp4Experts
     from .harness import VllmMoeHarness
 
 MARKER = "quantreg_method"
@@ -180,7 +180,7 @@ def moe_harness(quantreg_device: str) -> Iterator[VllmMoeHarness]:
 @pytest.fixture
 def gpt_oss_mxfp4_experts() -> Callable[..., GptOssMxfp4Experts]:
     """``make(num_experts=8, hidden=64, intermediate=96, bias=True, seed=0)``: valid random MXFP4 experts."""
-    from ..formats.gpt_oss_moe import random_gpt_oss_mxfp4_experts
+    from ..models.gpt_oss_moe import random_gpt_oss_mxfp4_experts
 
     def make(num_experts: int = 8, hidden: int = 64, intermediate: int = 96, *, bias: bool = True,
              seed: int = 0) -> GptOssMxfp4Experts:

@@ -2,7 +2,7 @@
 
 Everything under ``tests/e2e`` is marked ``vllm`` and skipped when vLLM is not installed (the
 check uses ``find_spec``, so collecting costs no vLLM import). vLLM itself only ever runs in
-subprocesses started by :func:`quantreg.demo.runner.run_vllm`.
+subprocesses started by :func:`quantreg.testing.vllm_run.run_vllm`.
 
 Runs are slow (a multiprocessing start is 15-45 s), so :func:`vllm_run` memoises them for the
 whole session (tests that ask for the same model and options share one subprocess) and can
@@ -56,13 +56,13 @@ def tiny_model_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def mxfp4_kernel_available() -> bool:
     """Whether vLLM 0.32's own CPU MXFP4 MoE kernel can run here (x86 with AMX)."""
-    from quantreg.demo.runner import vllm_cpu_mxfp4_kernel_available
+    from quantreg.testing.vllm_run import vllm_cpu_mxfp4_kernel_available
 
     return vllm_cpu_mxfp4_kernel_available()
 
 
 class VllmRuns:
-    """Session memo of :func:`~quantreg.demo.runner.run_vllm` calls, optionally concurrent.
+    """Session memo of :func:`~quantreg.testing.vllm_run.run_vllm` calls, optionally concurrent.
 
     ``runs(model_dir, **kwargs)`` returns the :class:`RunResult` (waiting if needed);
     ``runs.start(model_dir, **kwargs)`` only launches it. Each run is a separate process tree,
@@ -80,7 +80,7 @@ class VllmRuns:
         self._lock = threading.Lock()
 
     def start(self, model_dir: Path, **kwargs: Any) -> Future[Any]:
-        from quantreg.demo.runner import DEMO_PROMPTS, run_vllm
+        from quantreg.testing.vllm_run import DEMO_PROMPTS, run_vllm
 
         kwargs.setdefault("prompts", DEMO_PROMPTS)
         key = json.dumps({"model": str(model_dir), **kwargs}, sort_keys=True, default=str)

@@ -11,7 +11,7 @@ CPU MXFP4 MoE kernel (``CPUExpertsMxfp4``) needs AMX. So:
 The bf16 twin checkpoint (same weights, experts dequantised exactly) runs everywhere, so the
 harness (generation, logprobs, worker-side inspection, the MoE probe, both process layouts) is
 always exercised. MoE outputs are checked against an fp32 oracle computed from the checkpoint
-tensors (:func:`quantreg.demo.checkpoint.reference_moe_block`).
+tensors (:func:`quantreg.models.gpt_oss_moe.reference_moe_block`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 import torch
 
-from quantreg.demo.checkpoint import load_tensors, reference_moe_block, tiny_gpt_oss_config
-from quantreg.demo.runner import (
+from quantreg.demo.checkpoint import load_tensors
+from quantreg.models.gpt_oss import tiny_gpt_oss_config
+from quantreg.models.gpt_oss_moe import reference_moe_block
+from quantreg.testing.vllm_run import (
     DEMO_PROMPTS,
     VLLM_MXFP4_METHOD,
     VLLM_NO_MXFP4_BACKEND,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from quantreg.demo.runner import VLLM_MXFP4_METHOD, VLLM_UNQUANTIZED_METHOD, RunResult
+from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD, VLLM_UNQUANTIZED_METHOD, RunResult
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 

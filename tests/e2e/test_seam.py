@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from quantreg.demo.runner import (
+from quantreg.testing.vllm_run import (
     VLLM_MXFP4_METHOD,
     VLLM_NO_MXFP4_BACKEND,
     VLLM_ONLY_ENV,

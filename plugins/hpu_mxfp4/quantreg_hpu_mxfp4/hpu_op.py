@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
+
 BLOCK_SIZE = 32
 Kernel = Callable[..., torch.Tensor]
 Tensors = tuple[torch.Tensor, ...]
@@ -137,8 +139,8 @@ class MoeOp:
     experts_min: int
     experts_max: int
     mxfp4: bool
-    alpha: float = 1.702
-    limit: float = 7.0
+    alpha: float = DEFAULT_ALPHA
+    limit: float = DEFAULT_LIMIT
     chunks: ChunkPolicy = field(default_factory=ChunkPolicy)
     _forward: Kernel | None = field(default=None, init=False, repr=False)
 

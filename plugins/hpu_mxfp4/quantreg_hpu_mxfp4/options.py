@@ -1,6 +1,7 @@
 """Rule options of the methods (``options:`` in a quantreg table), checked at construction.
 
-* ``alpha`` (default 1.702), ``limit`` (default 7.0): SwiGLU-OAI parameters of the bias kernels.
+* ``alpha``, ``limit`` (defaults GPT-OSS's, :mod:`quantreg.models.gpt_oss`): SwiGLU-OAI parameters of
+  the bias kernels.
 * ``routing``: how tokens pick experts.
   ``auto`` (default) follows vllm-gaudi: GPT-OSS models take top-k of the logits then softmax
   over those k; other models use vLLM's router for grouped top-k or custom routing, otherwise
@@ -12,27 +13,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
+
+from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 
 ROUTINGS = ("auto", "topk_softmax", "softmax_topk", "vllm")
 
 
 @dataclass(frozen=True)
 class MethodOptions:
-    alpha: float = 1.702
-    limit: float = 7.0
+    alpha: float = DEFAULT_ALPHA
+    limit: float = DEFAULT_LIMIT
     routing: str = "auto"
 
     @classmethod
     def parse(cls, method: str, options: Mapping[str, Any]) -> MethodOptions:
         """Validate ``options``; unknown names are a TypeError naming them and the accepted ones."""
-        known = ("alpha", "limit", "routing")
-        unknown = sorted(set(options) - set(known))
+        unknown = sorted(set(options) - set(NAMES))
         if unknown:
             raise TypeError(
                 f"method '{method}' got unknown option(s) {', '.join(repr(u) for u in unknown)}; "
-                f"accepted: {', '.join(known)}"
+                f"accepted: {', '.join(NAMES)}"
             )
         alpha = _positive(method, "alpha", options.get("alpha", cls.alpha))
         limit = _positive(method, "limit", options.get("limit", cls.limit))
@@ -40,6 +42,10 @@ class MethodOptions:
         if routing not in ROUTINGS:
             raise ValueError(f"method '{method}': option routing={routing!r} is not one of {', '.join(ROUTINGS)}")
         return cls(alpha, limit, routing)
+
+
+NAMES: tuple[str, ...] = tuple(f.name for f in fields(MethodOptions))
+"""Rule options every method of the plugin accepts (what ``plugin.py`` registers): the fields above."""
 
 
 def _positive(method: str, name: str, value: Any) -> float:

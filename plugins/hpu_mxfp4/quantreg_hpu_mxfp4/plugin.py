@@ -12,9 +12,9 @@ from pathlib import Path
 
 import quantreg
 
+from .options import NAMES as OPTIONS
+
 PACKAGE = "quantreg_hpu_mxfp4"
-OPTIONS = ("alpha", "limit", "routing")
-"""Rule options every method here accepts (see :mod:`quantreg_hpu_mxfp4.options`)."""
 
 
 def rules_path() -> Path:

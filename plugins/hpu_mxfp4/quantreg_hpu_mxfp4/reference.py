@@ -33,12 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from quantreg.formats.mxfp4 import BLOCK_SIZE, dequantize_mxfp4
+from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 
 Tensors = Sequence[torch.Tensor]
 ExpertFn = Callable[[int, torch.Tensor], torch.Tensor]
 
-DEFAULT_ALPHA = 1.702
-DEFAULT_LIMIT = 7.0
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu": lambda x: F.gelu(x, approximate="tanh"),  # Gaudi's gelu kernel is the tanh form

@@ -1,4 +1,5 @@
-"""The Gaudi methods run on this CPU through test doubles of the Gaudi stack (see conftest.py).
+"""The Gaudi methods run on this CPU through test doubles of the Gaudi stack
+(:mod:`quantreg_hpu_mxfp4.testing`, installed by the fixtures of conftest.py).
 
 The doubles assert the kernel contract; these tests check the method feeds them correctly
 (routing, EP range, DP dispatch, dtypes, views) and that the numbers are the reference's.
@@ -15,11 +16,12 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
-from hpu_mxfp4_support import FakeLayer, make_experts, make_tokens, moe_config, oracle, rel_error
 from quantreg_hpu_mxfp4 import method as methods
 from quantreg_hpu_mxfp4 import probe, reference
+from quantreg_hpu_mxfp4.testing import FakeLayer, make_experts, make_tokens, moe_config, oracle, rel_error
 
 from quantreg.formats.mxfp4 import dequantize_mxfp4_f64
+from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 
 pytestmark = pytest.mark.vllm  # imports vLLM (the classes subclass its MXFP4 method)
 
@@ -103,7 +105,7 @@ def test_native_method_on_doubles(hpu: Any, vllm_gaudi: Any, gpt_oss_vllm_config
     assert call.kwargs["experts_min"] == ep_rank * LOCAL and call.kwargs["experts_max"] == ep_rank * LOCAL + LOCAL - 1
     assert torch.equal(call.args[1], ids)
     if bias:
-        assert (call.kwargs["alpha"], call.kwargs["limit"]) == (1.702, 7.0)
+        assert (call.kwargs["alpha"], call.kwargs["limit"]) == (DEFAULT_ALPHA, DEFAULT_LIMIT)
     else:
         assert call.kwargs["activation"] == "silu"
     assert hpu.compiled == ["forward"]  # compiled once, through hpu_backend

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hpu_mxfp4_support import ALPHA, LIMIT, make_experts, make_tokens, oracle, rel_error
 from quantreg_hpu_mxfp4 import reference
+from quantreg_hpu_mxfp4.testing import make_experts, make_tokens, oracle, rel_error
 
 from quantreg.formats.mxfp4 import dequantize_mxfp4
+from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 
 TOLERANCE = 1e-2  # max |out - float64| / max |float64|
 MEASURED: dict[str, float] = {}
@@ -21,7 +22,7 @@ def run_mxfp4(x: torch.Tensor, ids: torch.Tensor, rw: torch.Tensor, experts, exp
         return reference.bias_mxfp4_fused_weights(
             x, ids, rw, lists["w12"], lists["w3"], lists["w12_bias"], lists["w3_bias"], lists["d_scale_w12"],
             lists["d_scale_w3"], block_size=32, permuted_weights=True, experts_min=experts_min,
-            experts_max=experts_max, alpha=ALPHA, limit=LIMIT)
+            experts_max=experts_max, alpha=DEFAULT_ALPHA, limit=DEFAULT_LIMIT)
     return reference.mxfp4_fused_weights(
         x, ids, rw, lists["w12"], lists["w3"], lists["d_scale_w12"], lists["d_scale_w3"], block_size=32,
         permuted_weights=True, activation=activation, experts_min=experts_min, experts_max=experts_max)

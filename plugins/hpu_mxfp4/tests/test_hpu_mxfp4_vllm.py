@@ -14,11 +14,12 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
-from hpu_mxfp4_support import Experts, oracle, rel_error
 from quantreg_hpu_mxfp4 import method as methods
 from quantreg_hpu_mxfp4 import reference
+from quantreg_hpu_mxfp4.testing import Experts, oracle, rel_error
 
 from quantreg.formats.mxfp4 import random_mxfp4
+from quantreg.models.gpt_oss import DEFAULT_ALPHA
 
 pytestmark = pytest.mark.vllm
 
@@ -75,7 +76,7 @@ def layer_lists(experts: Any) -> dict[str, tuple[torch.Tensor, ...]]:
 
 
 def test_reference_method_runs_gpt_oss_moe_in_vllm(monkeypatch: pytest.MonkeyPatch, gpt_oss_vllm_config: Any) -> None:
-    runner = build_runner(monkeypatch, gpt_oss_vllm_config, methods.Mxfp4ReferenceMoEMethod, {"alpha": 1.702})
+    runner = build_runner(monkeypatch, gpt_oss_vllm_config, methods.Mxfp4ReferenceMoEMethod, {"alpha": DEFAULT_ALPHA})
     experts = runner.routed_experts
     method = experts.quant_method
     assert isinstance(method, methods.Mxfp4ReferenceMoEMethod)

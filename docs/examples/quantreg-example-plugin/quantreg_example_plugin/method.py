@@ -22,6 +22,7 @@ from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
 from vllm.model_executor.utils import set_weight_attrs
 
 from quantreg.formats.mxfp4 import BLOCK_SIZE, dequantize_mxfp4
+from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 
 COMPUTE_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -41,8 +42,8 @@ class ExampleMxfp4MoEMethod(FusedMoEMethodBase):  # type: ignore[misc]
                              f"{', '.join(COMPUTE_DTYPES)}")
         super().__init__(moe)
         self.compute_dtype = COMPUTE_DTYPES[compute_dtype]
-        self.alpha = moe.swiglu_alpha or 1.702  # GPT-OSS's constants unless the model sets them
-        self.limit = moe.swiglu_limit or 7.0
+        self.alpha = moe.swiglu_alpha or DEFAULT_ALPHA  # GPT-OSS's constants unless the model sets them
+        self.limit = moe.swiglu_limit or DEFAULT_LIMIT
 
     # -- 1. parameters, as vLLM's GPT-OSS MXFP4 loader expects them ---------------------------
     def create_weights(self, layer: Any, num_experts: int, hidden_size: int,

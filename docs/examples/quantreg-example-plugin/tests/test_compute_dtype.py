@@ -2,7 +2,7 @@
 
 from quantreg_example_plugin.method import ExampleMxfp4MoEMethod
 
-from quantreg.formats.gpt_oss_moe import (
+from quantreg.models.gpt_oss_moe import (
     random_hidden_states,
     random_router_logits,
     relative_error,

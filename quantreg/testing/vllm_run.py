@@ -5,7 +5,7 @@ per process, and vLLM-CPU spawns engine/worker processes. A fresh interpreter pe
 only way to compare, say, "vLLM alone" against "vLLM + quantreg" honestly, and it keeps a
 crashing or hanging engine out of the test process.
 
-Parent side: :func:`run_vllm` writes a JSON request, runs ``python -m quantreg.demo.runner
+Parent side: :func:`run_vllm` writes a JSON request, runs ``python -m quantreg.testing.vllm_run
 REQUEST``, and reads back a JSON result (plus an optional ``.pt`` of MoE layer outputs).
 Child side (:func:`main`): builds ``vllm.LLM``, generates greedily from token-id prompts,
 and uses ``LLM.apply_model`` to look at every MoE layer *inside the worker process*, which is
@@ -178,7 +178,7 @@ def run_vllm(
     workdir: str | os.PathLike[str] | None = None,
     timeout: float = 300.0,
 ) -> RunResult:
-    """Run ``vllm.LLM`` on ``model_dir`` in a fresh ``python -m quantreg.demo.runner`` process.
+    """Run ``vllm.LLM`` on ``model_dir`` in a fresh ``python -m quantreg.testing.vllm_run`` process.
 
     Decoding is greedy (``temperature=0``, ``ignore_eos=True`` so every prompt yields exactly
     ``max_tokens`` tokens even though a random model may "emit" its EOS id).
@@ -227,7 +227,7 @@ def run_vllm(
     # leader of a process group holding those processes, so they can be ended (only they).
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "quantreg.demo.runner", str(request_path)],
+            [sys.executable, "-m", "quantreg.testing.vllm_run", str(request_path)],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -481,7 +481,7 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Child entry point: ``python -m quantreg.demo.runner REQUEST.json``."""
+    """Child entry point: ``python -m quantreg.testing.vllm_run REQUEST.json``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("request", type=Path, help="request JSON written by run_vllm()")
     args = parser.parse_args(argv)
@@ -497,12 +497,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 # vLLM-CPU spawns its engine/worker processes, which re-import this module as __mp_main__;
 # the guard keeps them from re-running the request. main() is called from the module imported
 # under its real name so that the functions handed to apply_model pickle as
-# ``quantreg.demo.runner.<name>`` (a ``__main__.<name>`` reference does not survive the hop
+# ``quantreg.testing.vllm_run.<name>`` (a ``__main__.<name>`` reference does not survive the hop
 # through the spawned engine process to the worker).
 if __name__ == "__main__":
-    from quantreg.demo import runner as _runner
+    from quantreg.testing import vllm_run as _vllm_run
 
-    _code = _runner.main()
+    _code = _vllm_run.main()
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip engine shutdown and interpreter teardown (several seconds with vLLM loaded): the

@@ -9,7 +9,7 @@ vLLM's GPT-OSS model, not any kernel:
 * **w13** ``[E, 2I, H]`` holds gate and up **interleaved**: gate = rows ``0::2``, up = rows
   ``1::2``; its bias is added before the activation.
 * **SwiGLU-OAI**: ``gate = clamp(g, max=limit)``, ``up = clamp(u, -limit, limit)``,
-  ``out = (up + 1) * gate * sigmoid(alpha * gate)`` (alpha 1.702, limit 7.0).
+  ``out = (up + 1) * gate * sigmoid(alpha * gate)`` (alpha and limit from :mod:`quantreg.models.gpt_oss`).
 * **w2** ``[E, H, I]`` and its bias, per expert, *before* the routing weight: a token's output is
   ``sum_k weight_k * (w2[e_k] @ act + b2[e_k])``.
 * **Expert parallelism**: a rank holding global experts ``experts_min .. experts_min + E_local - 1``
@@ -17,26 +17,26 @@ vLLM's GPT-OSS model, not any kernel:
   add up to the full output).
 
 Weights are stored as vLLM's parameters hold them (:mod:`quantreg.formats.mxfp4` layout: uint8
-blocks ``[..., N, K/2]``, E8M0 scales ``[..., N, K/32]``) with bf16 biases. Importing this module
-imports torch; ``import quantreg`` does not.
+blocks ``[..., N, K/2]``, E8M0 scales ``[..., N, K/32]``) with bf16 biases;
+:func:`reference_moe_block` reads a whole layer (router included) from checkpoint tensors instead.
+Importing this module imports torch; ``import quantreg`` does not.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from .mxfp4 import BLOCK_SIZE, dequantize_mxfp4_f64, random_mxfp4
+from ..formats.mxfp4 import BLOCK_SIZE, dequantize_mxfp4_f64, random_mxfp4
+from .gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT, PARAMETERS
 
-DEFAULT_ALPHA = 1.702
-"""SwiGLU-OAI's sigmoid slope in GPT-OSS."""
-DEFAULT_LIMIT = 7.0
-"""GPT-OSS's ``swiglu_limit``."""
-
-#: Parameter names vLLM's GPT-OSS MXFP4 loader writes, in the order it meets them.
-PARAMETERS: tuple[str, ...] = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale", "w13_bias", "w2_bias")
+__all__ = [
+    "DEFAULT_ALPHA", "DEFAULT_LIMIT", "PARAMETERS", "GptOssMxfp4Experts", "moe_f64", "random_gpt_oss_mxfp4_experts",
+    "random_hidden_states", "random_router_logits", "reference_moe_block", "relative_error", "route_topk_softmax",
+    "swiglu_oai",
+]
 
 
 def route_topk_softmax(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,9 +133,6 @@ class GptOssMxfp4Experts:
         """Experts ``start .. stop - 1``: what an expert-parallel rank loads."""
         return GptOssMxfp4Experts(**{name: t[start:stop] for name, t in self.tensors().items()})
 
-    def without_bias(self) -> GptOssMxfp4Experts:
-        return replace(self, w13_bias=None, w2_bias=None)
-
     def dense_f64(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact float64 decode: (w13 ``[E, 2I, H]``, w2 ``[E, H, I]``)."""
         return (dequantize_mxfp4_f64(self.w13_weight, self.w13_weight_scale),
@@ -225,3 +222,36 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
         return math.inf
     scale = float(ref.abs().max()) if ref.numel() else 0.0
     return float(diff.max()) / (scale if scale > 0 else 1.0) if diff.numel() else 0.0
+
+
+def reference_moe_block(
+    tensors: dict[str, torch.Tensor],
+    layer: int,
+    x: torch.Tensor,
+    *,
+    top_k: int = 2,
+    alpha: float = DEFAULT_ALPHA,
+    limit: float = DEFAULT_LIMIT,
+) -> torch.Tensor:
+    """The GPT-OSS MLP block (router + experts) of ``model.layers.{layer}`` from checkpoint tensors.
+
+    Why: an oracle for what vLLM (with any MoE method) must compute on a whole checkpoint layer,
+    from the Hugging Face tensors rather than any kernel's parameters. Accepts the MXFP4 layout
+    (``*_blocks`` ``[E, N, K/32, 16]`` + ``*_scales``) or the bf16 twin (``gate_up_proj``
+    ``[E, H, 2I]``, ``down_proj`` ``[E, I, H]``). The router logits are computed in fp32 (so the
+    experts chosen are those of an fp32 router), then :func:`route_topk_softmax` and
+    :func:`moe_f64`. ``x`` is ``[T, H]``; returns ``[T, H]`` fp32.
+    """
+    p = f"model.layers.{layer}.mlp."
+    e = p + "experts."
+    if e + "gate_up_proj_blocks" in tensors:
+        w13 = dequantize_mxfp4_f64(tensors[e + "gate_up_proj_blocks"], tensors[e + "gate_up_proj_scales"])
+        w2 = dequantize_mxfp4_f64(tensors[e + "down_proj_blocks"], tensors[e + "down_proj_scales"])
+    else:  # bf16 twin: [E, H, 2I] / [E, I, H]
+        w13 = tensors[e + "gate_up_proj"].double().transpose(1, 2)
+        w2 = tensors[e + "down_proj"].double().transpose(1, 2)
+    logits = x.float() @ tensors[p + "router.weight"].float().T + tensors[p + "router.bias"].float()
+    weights, ids = route_topk_softmax(logits, top_k)
+    out = moe_f64(x, ids, weights, w13, w2, tensors[e + "gate_up_proj_bias"], tensors[e + "down_proj_bias"],
+                  alpha=alpha, limit=limit)
+    return out.float()
