@@ -31,12 +31,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from quantreg.formats.mxfp4 import BLOCK_BYTES, BLOCK_SIZE, E8M0_BIAS, dequantize_mxfp4
-from quantreg.models.gpt_oss import tiny_gpt_oss_config
+from quantreg.models.gpt_oss import TinySizes, tiny_gpt_oss_config
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11+; only type checkers read it (quantreg runs on 3.10)
 
 #: Root-mean-square of an E2M1 value when all 16 codes are equally likely
 #: (codes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives): sqrt(68.5 / 8).
@@ -138,18 +141,7 @@ def dequantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def write_tiny_gpt_oss(
-    directory: str | Path,
-    *,
-    hidden: int = 128,
-    intermediate: int = 128,
-    layers: int = 2,
-    experts: int = 4,
-    top_k: int = 2,
-    vocab: int = 1024,
-    heads: int = 4,
-    kv_heads: int = 2,
-    seed: int = 0,
-    mxfp4: bool = True,
+    directory: str | Path, *, seed: int = 0, mxfp4: bool = True, **sizes: Unpack[TinySizes]
 ) -> Path:
     """Write ``config.json``, ``generation_config.json`` and ``model.safetensors`` into ``directory``.
 
@@ -160,23 +152,16 @@ def write_tiny_gpt_oss(
     dequantised (exactly) to bf16 and no ``quantization_config``, so vLLM builds its
     unquantized MoE method. It is a reference the MXFP4 path can be compared against, and a
     model vLLM-CPU can run on machines without AMX (where vLLM 0.32 has no MXFP4 MoE backend).
-    Returns the directory as a :class:`~pathlib.Path` (created if missing).
+    ``sizes`` are :func:`~quantreg.models.gpt_oss.tiny_gpt_oss_config`'s (its defaults: 2 layers,
+    4 experts, hidden = intermediate = 128). Returns the directory as a :class:`~pathlib.Path`
+    (created if missing).
     """
     from safetensors.torch import save_file
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    config = tiny_gpt_oss_config(
-        hidden=hidden,
-        intermediate=intermediate,
-        layers=layers,
-        experts=experts,
-        top_k=top_k,
-        vocab=vocab,
-        heads=heads,
-        kv_heads=kv_heads,
-        mxfp4=mxfp4,
-    )
+    config = tiny_gpt_oss_config(mxfp4=mxfp4, **sizes)
+    vocab = int(config["vocab_size"])
     tensors = tiny_gpt_oss_tensors(config, seed=seed)
     if not mxfp4:
         tensors = dequantize_experts(tensors)

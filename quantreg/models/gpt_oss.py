@@ -7,7 +7,7 @@ listing plugins, where importing torch is not allowed; the math built on these c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 DEFAULT_ALPHA = 1.702
 """SwiGLU-OAI's sigmoid slope in GPT-OSS."""
@@ -18,6 +18,21 @@ HEAD_DIM = 64
 
 #: Parameter names vLLM's GPT-OSS MXFP4 loader writes, in the order it meets them.
 PARAMETERS: tuple[str, ...] = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale", "w13_bias", "w2_bias")
+
+
+class TinySizes(TypedDict, total=False):
+    """The size arguments of :func:`tiny_gpt_oss_config`, for callers that pass them through."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    experts: int
+    top_k: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    sliding_window: int
 
 
 def tiny_gpt_oss_config(
