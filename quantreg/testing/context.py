@@ -179,8 +179,8 @@ class Context:
     def declared_tolerance(self) -> tuple[float, str | None]:
         """(tolerance the numerical checks use, what is wrong with the declared one or None).
 
-        Before the class is loaded (or when it cannot be) the default: the report shows what the
-        numerical checks would have used, and nothing was declared to be wrong."""
+        Without the class (not loaded, or it could not be) nothing was declared, so the default,
+        which is also what the report shows then; ``tolerance=`` applies to a loaded class only."""
         if self.cls is None:
             return DEFAULT_TOLERANCE, None
         tol = self.tolerance_override if self.tolerance_override is not None else getattr(
