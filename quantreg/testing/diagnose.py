@@ -18,7 +18,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..models.gpt_oss_moe import GptOssMxfp4Experts, relative_error
+from ..models.gpt_oss_moe import (
+    GptOssMxfp4Experts,
+    random_hidden_states,
+    random_router_logits,
+    relative_error,
+    route_topk_softmax,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,16 @@ class Case:
     topk_weights: torch.Tensor
     experts_min: int = 0
     num_local: int | None = None
+
+    @classmethod
+    def random(cls, experts: GptOssMxfp4Experts, tokens: int, top_k: int, seed: int, *, experts_min: int = 0,
+               num_local: int | None = None) -> Case:
+        """Random inputs for ``experts`` routed the GPT-OSS way (``seed`` for the states, ``seed + 1``
+        for the logits), on the rank holding ``num_local`` experts from ``experts_min``."""
+        x = random_hidden_states(tokens, experts.hidden, seed=seed)
+        logits = random_router_logits(tokens, experts.num_experts, seed=seed + 1)
+        weights, ids = route_topk_softmax(logits, top_k)
+        return cls(experts, x, logits, ids, weights, experts_min, num_local)
 
     @property
     def local(self) -> GptOssMxfp4Experts:

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..registry import Registry
-from .checks import CHECK_IDS, run_checks
+from .api import run_checks
+from .checks import CHECK_IDS
 from .report import CheckResult, Report, Status
 
 if TYPE_CHECKING:

@@ -6,6 +6,8 @@ results without importing the stack that produced them.
 
 from __future__ import annotations
 
+import json
+import shutil
 import textwrap
 from dataclasses import dataclass, field
 from enum import Enum
@@ -91,6 +93,13 @@ class Report:
             lines += [indent + w for w in wrapped[1:]]
         lines += ["", self.summary()]
         return "\n".join(lines)
+
+    def for_terminal(self, *, as_json: bool = False) -> str:
+        """What ``quantreg check-method`` prints: the JSON, or the table at the terminal's width
+        (80 to 140 columns, so it stays readable in a narrow CI log and a wide window alike)."""
+        if as_json:
+            return json.dumps(self.to_json(), indent=2)
+        return self.render(width=min(140, max(80, shutil.get_terminal_size().columns)))
 
     def to_json(self) -> dict[str, Any]:
         return {
