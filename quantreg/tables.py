@@ -286,10 +286,24 @@ def parse_table(text: str, path: str, layer: Layer) -> tuple[TableFile | None, l
         doc = tablecache.parse(text, cache=layer in (Layer.DEFAULT, Layer.PLUGIN))
     except YamlError as exc:
         return None, [Problem(path, exc.line, exc.key, exc.message)]
+    except Exception as exc:  # a parser fault we did not foresee is still this file's problem, not a crash
+        return None, [Problem(path, None, "", f"cannot read this table ({_fault(exc)})")]
     checker = _Checker(path, layer)
-    with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
-        table = checker.table(doc)
+    try:
+        with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
+            table = checker.table(doc)
+    except Exception as exc:  # likewise for the checks: located problems only, never a traceback
+        return None, [*checker.problems, Problem(path, None, "", f"cannot check this table ({_fault(exc)})")]
     return table, checker.problems
+
+
+def _fault(exc: BaseException) -> str:
+    """``TypeName: text`` of an exception whose ``__str__`` may itself fail or be huge."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
 def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | None, list[Problem]]:
