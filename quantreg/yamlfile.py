@@ -21,8 +21,17 @@ from typing import Any
 
 import yaml
 
-from .located import (MAX_BYTES, MAX_DEPTH, MAX_INT_BITS, MAX_NODES, LocatedDict, LocatedList, YamlError, gc_paused,
-                      line_of)
+from .located import (
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_INT_BITS,
+    MAX_NODES,
+    LocatedDict,
+    LocatedList,
+    YamlError,
+    gc_paused,
+    line_of,
+)
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "LocatedDict", "LocatedList", "YamlError", "gc_paused", "line_of",
            "parse"]
@@ -322,7 +331,8 @@ class _Converter:
         except Exception as exc:  # ValueError, KeyError, OverflowError... from PyYAML's constructors
             tag = str(node.tag).rsplit(":", 1)[-1]
             if tag == "bool":
-                raise YamlError(line, path, f"cannot read {_short(node.value)} as bool: expected true or false") from None
+                raise YamlError(line, path,
+                                f"cannot read {_short(node.value)} as bool: expected true or false") from None
             raise YamlError(line, path, f"cannot read {_short(node.value)} as {tag}: "
                                         f"{_short(str(exc), 120, quote=False)}") from None
         if type(value) is int and value.bit_length() > MAX_INT_BITS:

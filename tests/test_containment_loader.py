@@ -9,9 +9,6 @@ non-UTF-8 paths, non-ASCII names). Each class is checked through ``quantreg vali
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
