@@ -28,10 +28,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .located import from_json, to_json
+from .located import MAX_BYTES, ReadRefused, from_json, read_regular_file, to_json
 
 ENV = "QUANTREG_CACHE_DIR"
 FORMAT = b"quantreg-located-json-1\0"  # bump when to_json or the parser's results change meaning
+MAX_ENTRY_BYTES = 8 * MAX_BYTES
+"""Largest entry read or written: the located JSON of a table is a few times its text."""
 
 
 def directory() -> Path | None:
@@ -61,9 +63,9 @@ def parse(text: str, *, cache: bool) -> Any:
     """Parse one table's text, through the cache when ``cache`` is true."""
     path = entry_path(text) if cache else None
     if path is not None:
-        try:
-            return from_json(json.loads(path.read_bytes()))
-        except (OSError, ValueError, RecursionError):  # absent, unreadable or corrupt: parse it
+        try:  # only a regular file, at most MAX_ENTRY_BYTES: a FIFO planted here must not hang start-up
+            return from_json(json.loads(read_regular_file(path, MAX_ENTRY_BYTES)))
+        except (ReadRefused, OSError, ValueError, RecursionError):  # absent, unreadable or corrupt: parse it
             pass
     from .yamlfile import parse as parse_yaml
 
@@ -76,11 +78,20 @@ def parse(text: str, *, cache: bool) -> Any:
 def _store(path: Path, doc: Any) -> None:
     """Write atomically (temporary file, then rename), so a reader never sees half an entry."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    created = False
     try:
         data = json.dumps(to_json(doc), separators=(",", ":")).encode()
+        if len(data) > MAX_ENTRY_BYTES:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(data)
+        # O_EXCL: never open (and block on) something already there, e.g. a FIFO left at this name
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        created = True
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(temporary, path)
+        created = False
     except (OSError, TypeError, ValueError, RecursionError):  # read-only home, full disk...: no cache
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+        if created:
+            with contextlib.suppress(OSError, ValueError):
+                temporary.unlink(missing_ok=True)

@@ -11,13 +11,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from . import tablecache
 from .keys import FIELDS, WILDCARD, Match
-from .located import MAX_BYTES, YamlError, gc_paused, line_of
+from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
+from .located import file_identity as _file_identity
 from .methods import Method
 from .problems import Problem, did_you_mean
 from .table_methods import parse_methods
@@ -307,23 +307,48 @@ def _fault(exc: BaseException) -> str:
 
 
 def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | None, list[Problem]]:
-    """Read and check one file; unreadable, non-UTF-8 and missing files are problems too."""
-    shown = str(path)
-    p = Path(path)
-    if not p.exists():
-        return None, [Problem(shown, None, "", "no such file")]
-    if p.is_dir():
-        return None, [Problem(shown, None, "", "is a directory; expected a YAML file")]
+    """Read and check one file; unreadable, non-UTF-8, missing and non-regular files are problems too.
+
+    Only a regular file is read, and at most :data:`MAX_BYTES` + 1 bytes of it (see
+    :func:`quantreg.located.read_regular_file`): a FIFO, ``/dev/stdin`` or ``/dev/zero`` named in
+    ``QUANTREG_CONFIG`` is a located problem, not a hang or gigabytes of memory.
+    """
     try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:  # refuse before reading: a 50 MB "table" is a mistake, not a table
-            return None, [Problem(shown, None, "", f"file is {size} bytes; a table may have at most {MAX_BYTES}")]
-        data = p.read_bytes()
-    except OSError as exc:
-        return None, [Problem(shown, None, "", f"cannot read: {exc.strerror or exc}")]
+        shown = os.fspath(path)
+    except TypeError:
+        shown = repr(path)
+    try:
+        data = read_regular_file(path, MAX_BYTES)
+    except ReadRefused as exc:
+        return None, [Problem(shown, None, "", str(exc))]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")]
     return parse_table(text, shown, layer)
+
+
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of a table path, so one file reached by two paths is one table.
+
+    See :func:`quantreg.located.file_identity`; ``None`` when the path cannot be stat'ed (it is
+    then read, and reported, on its own).
+    """
+    return _file_identity(path)
+
+
+def declares_strict(path: str | os.PathLike[str]) -> bool:
+    """Does this (possibly broken) table ask for strict mode at its top level?
+
+    Read like any table (a regular file only, bounded), so asking never hangs on a FIFO; a file
+    that cannot be read or parsed at all cannot be said to ask for anything.
+    """
+    try:
+        text = read_regular_file(path, MAX_BYTES).decode("utf-8")
+        from .yamlfile import parse
+
+        doc = parse(text)
+    except Exception:  # unreadable, not UTF-8, not YAML
+        return False
+    return isinstance(doc, dict) and doc.get("strict") is True

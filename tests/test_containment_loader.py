@@ -9,6 +9,9 @@ non-UTF-8 paths, non-ASCII names). Each class is checked through ``quantreg vali
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +166,147 @@ def test_validate_exits_0_or_1_with_located_lines_on_random_bytes(tmp_path: Path
     data = json.loads(out.stdout)
     for problem in data["problems"]:
         assert any(problem.startswith(p + ":") for p in paths), problem
+
+
+# -- class 3: only regular files, never more than cap + 1 bytes, every path error located -----
+
+def _special_paths(tmp_path: Path) -> dict[str, str]:
+    fifo = tmp_path / "table.fifo"
+    os.mkfifo(fifo)
+    return {"fifo": str(fifo), "dev_zero": "/dev/zero", "dev_null": "/dev/null"}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "dev_null"])
+def test_read_table_refuses_non_regular_files_at_once(tmp_path: Path, kind: str) -> None:
+    path = _special_paths(tmp_path)[kind]
+    table, problems = read_table(path, Layer.USER)
+    assert table is None
+    assert [str(p) for p in problems] == [f"{path}: is not a regular file "
+                                          f"({'a FIFO' if kind == 'fifo' else 'a character device'}); "
+                                          "expected a YAML file"]
+
+
+def test_validate_and_register_do_not_hang_on_a_fifo_or_dev_zero(tmp_path: Path) -> None:
+    paths = _special_paths(tmp_path)
+    out = run_cli("validate", "--json", paths["fifo"], paths["dev_zero"])
+    assert out.returncode == 1
+    data = json.loads(out.stdout)
+    assert sorted(data["problems"]) == sorted(f"{p}: is not a regular file ({w}); expected a YAML file"
+                                              for p, w in ((paths["fifo"], "a FIFO"),
+                                                           (paths["dev_zero"], "a character device")))
+
+
+@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired,
+                   reason="needs wiring: registry.declares_strict opens the path blocking; use tables.declares_strict")
+def test_lenient_register_does_not_hang_on_a_fifo_or_dev_zero(tmp_path: Path) -> None:
+    paths = _special_paths(tmp_path)
+    reg = run_register([paths["fifo"], paths["dev_zero"]], timeout=20)
+    assert reg.returncode == 0, reg.stderr
+    assert len(json.loads(reg.stdout.splitlines()[-1])["problems"]) == 2
+
+
+def test_dev_stdin_on_a_silent_pipe_does_not_hang() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "quantreg", "validate", "/dev/stdin"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**{k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")},
+                                 "QUANTREG_PLUGINS": ""})
+    try:
+        stdout, stderr = proc.communicate(timeout=60)  # stdin is never written nor closed before the answer
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, stderr
+    assert "/dev/stdin: is not a regular file (a FIFO); expected a YAML file" in stdout
+
+
+def test_oversized_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    from quantreg.located import MAX_BYTES
+
+    path = tmp_path / "big.yaml"
+    with open(path, "wb") as f:
+        f.truncate(MAX_BYTES + 1)  # sparse: nothing to read anyway
+    _, problems = read_table(path, Layer.USER)
+    assert [p.message for p in problems] == [f"file is {MAX_BYTES + 1} bytes; a table may have at most {MAX_BYTES}"]
+
+
+def test_read_stops_at_cap_plus_one_when_the_size_lies(tmp_path: Path) -> None:
+    from quantreg.located import ReadRefused, read_regular_file
+
+    path = tmp_path / "t.yaml"
+    path.write_bytes(b"x" * 101)
+    with pytest.raises(ReadRefused, match="file is 101 bytes; a table may have at most 100"):
+        read_regular_file(path, 100)
+    assert read_regular_file(path, 101) == b"x" * 101
+
+
+@pytest.mark.parametrize("kind", ["nul", "too_long", "long_component"])
+def test_path_errors_are_located_problems(tmp_path: Path, kind: str) -> None:
+    path = {"nul": f"{tmp_path}/a\0b.yaml", "too_long": str(tmp_path / ("d/" * 3000)) + "t.yaml",
+            "long_component": str(tmp_path / ("x" * 300 + ".yaml"))}[kind]
+    table, problems = read_table(path, Layer.USER)
+    assert table is None and len(problems) == 1
+    expected = {"nul": "cannot read: the path contains a NUL character", "too_long": "cannot read: File name too long",
+                "long_component": "cannot read: File name too long"}[kind]
+    assert problems[0].message == expected
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="needs wiring: registry.load_tables dedupes with os.path.realpath; use tables.file_identity")
+def test_lenient_build_with_a_nul_in_a_table_path_returns(tmp_path: Path) -> None:
+    registry = Registry.build(config=[f"{tmp_path}/a\0b.yaml"], entry_points=False)
+    assert [p.message for p in registry.problems] == ["cannot read: the path contains a NUL character"]
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unreadable_parent_directory_is_a_located_problem(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "t.yaml").write_text("version: 1\nrules: []\n")
+    locked.chmod(0)
+    try:
+        _, problems = read_table(locked / "t.yaml", Layer.USER)
+    finally:
+        locked.chmod(0o755)
+    assert [p.message for p in problems] == ["cannot read: Permission denied"]
+
+
+def test_a_fifo_at_the_cache_entry_path_does_not_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantreg import tablecache
+
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n"
+    entry = tablecache.entry_path(text)
+    assert entry is not None
+    entry.parent.mkdir(parents=True)
+    os.mkfifo(entry)
+    os.mkfifo(entry.with_name(f".{entry.name}.{os.getpid()}.tmp"))  # and at the temporary name a writer uses
+    table, problems = parse_table(text, "pkg.yaml", Layer.DEFAULT)
+    assert problems == [] and table is not None and len(table.rules) == 1
+
+
+def test_file_identity_is_the_same_for_a_hard_link_and_a_symlink(tmp_path: Path) -> None:
+    from quantreg.tables import file_identity
+
+    first = tmp_path / "t.yaml"
+    first.write_text("version: 1\nrules: []\n")
+    os.link(first, tmp_path / "hard.yaml")
+    os.symlink(first, tmp_path / "soft.yaml")
+    other = tmp_path / "other.yaml"
+    other.write_text("version: 1\nrules: []\n")
+    ident = file_identity(first)
+    assert ident is not None
+    assert file_identity(tmp_path / "hard.yaml") == ident == file_identity(tmp_path / "soft.yaml")
+    assert file_identity(other) != ident
+    assert file_identity(tmp_path / "missing.yaml") is None and file_identity("a\0b") is None
+
+
+def test_declares_strict_reads_only_regular_files(tmp_path: Path) -> None:
+    from quantreg.tables import declares_strict
+
+    paths = _special_paths(tmp_path)
+    assert declares_strict(paths["fifo"]) is False  # at once: no writer is ever coming
+    assert declares_strict(paths["dev_zero"]) is False
+    strict = tmp_path / "s.yaml"
+    strict.write_text("version: 1\nstrict: true\nrules: [oops\n")
+    assert declares_strict(strict) is False  # not YAML at all
+    strict.write_text("version: 1\nstrict: true\nrules: 3\n")
+    assert declares_strict(strict) is True
