@@ -194,6 +194,7 @@ def _build(loader: Any) -> Any:
     if type(first) is not events.DocumentStartEvent:
         raise _Refused
     resolve, memo, constructor = loader.resolve, _SCALAR_TAGS, None
+    first_chars = loader.yaml_implicit_resolvers  # first character -> resolvers (PyYAML's own table)
     stack: list[tuple[Any, bool, Any, bool, int]] = []
     current: Any = None  # the open LocatedDict / LocatedList
     in_map = have_key = False
@@ -205,6 +206,8 @@ def _build(loader: Any) -> Any:
             if event.anchor is not None:
                 raise _Refused
             tag = event.tag
+            if tag is None and event.implicit[0] and event.value and event.value[0] not in first_chars:
+                tag = _STR_TAG  # what resolve() answers when no implicit resolver starts with this character
             if tag is None:
                 implicit = event.implicit
                 memo_key = (event.value, implicit[0], implicit[1])

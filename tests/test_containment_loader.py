@@ -310,3 +310,96 @@ def test_declares_strict_reads_only_regular_files(tmp_path: Path) -> None:
     assert declares_strict(strict) is False  # not YAML at all
     strict.write_text("version: 1\nstrict: true\nrules: 3\n")
     assert declares_strict(strict) is True
+
+
+# -- class 4: no cross products, linear alias-free loading, bounded suggestions ----------------
+
+def _rule(match: dict[str, Any], line: int = 1, priority: int = 0) -> Any:
+    from quantreg.keys import Match
+    from quantreg.tables import Rule
+
+    fields = {k: (None if v == "*" else tuple(sorted(set(v)))) for k, v in match.items()}
+    return Rule(match=Match(**fields), methods=("vllm",), path="t.yaml", line=line, layer=Layer.USER,
+                priority=priority, where=f"rules[{line}]")
+
+
+def test_a_220_value_rule_is_indexed_without_its_cross_product() -> None:
+    from quantreg.index import Index
+    from quantreg.keys import Key
+
+    values = [f"v{i}" for i in range(220)]
+    index = Index([_rule({"quant_format": values, "model_type": values, "device": values})])
+    assert sum(len(t) for t in index._by_pattern.values()) == 0  # nothing expanded
+    assert sum(len(v) for by in index._wide.values() for v in by.values()) == 220  # one posting per value
+    assert [r.line for r in index.candidates(Key("v3", "v219", "v100"))] == [1]
+    assert index.candidates(Key("v3", "v219", "nope")) == []
+    assert index.ambiguous_pairs() == []
+
+
+match_field = st.one_of(st.just("*"), st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=8))
+rule_rows = st.lists(st.tuples(st.fixed_dictionaries({"quant_format": match_field, "model_type": match_field,
+                                                      "device": match_field}), st.integers(0, 1)), max_size=8)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(rule_rows)
+def test_index_and_ambiguities_equal_brute_force_with_wide_and_narrow_rules(rows: list[Any]) -> None:
+    from itertools import combinations
+
+    from quantreg.index import MAX_AMBIGUITIES, Index
+    from quantreg.keys import Key
+
+    rules = [_rule(m, line=i + 1, priority=p) for i, (m, p) in enumerate(rows)]
+    index = Index(rules)
+    for key in [Key(q, m, d) for q in "abz" for m in "chz" for d in "ahz"]:
+        expected = sorted((r for r in rules if r.match.matches(key)), key=lambda r: (tuple(-x for x in r.rank), r.line))
+        assert index.candidates(key) == expected
+    brute = {(a.line, b.line) for a, b in combinations(rules, 2) if a.rank == b.rank and a.match.overlaps(b.match)}
+    found = {(a.line, b.line) for a, b in index.ambiguous_pairs()}
+    assert found == brute if len(brute) < MAX_AMBIGUITIES else len(found) == MAX_AMBIGUITIES
+
+
+def test_a_large_legitimate_table_is_not_an_alias_bomb(tmp_path: Path) -> None:
+    from bench.registry_bench import many_rules_text
+
+    path = tmp_path / "large.yaml"
+    path.write_text(many_rules_text(12_000))
+    table, problems = read_table(path, Layer.USER)
+    assert problems == [] and table is not None and len(table.rules) == 12_000
+
+
+def test_aliases_beyond_the_first_occurrence_still_count_as_a_bomb() -> None:
+    from quantreg.located import MAX_NODES
+
+    rows = ", ".join(["*a"] * (MAX_NODES // 100 + 1))
+    text = "version: 1\nrules: []\nx: &a [" + ", ".join(["1"] * 99) + "]\ny: [" + rows + "]\n"
+    _, problems = parse_table(text, "bomb.yaml", Layer.USER)
+    assert len(problems) == 1 and "alias bomb" in problems[0].message and problems[0].line == 4
+
+
+def test_suggestions_are_bounded_in_time_and_size() -> None:
+    import time
+
+    from quantreg.problems import did_you_mean, name_list
+
+    methods = sorted(f"method_{i:05d}" for i in range(10_000))
+    start = time.process_time()
+    hints = [did_you_mean(f"methd_{i:05d}", methods) for i in range(300)]
+    assert time.process_time() - start < 10  # was > 20 s (difflib over every name, per name)
+    assert hints[42] == "; did you mean 'method_00042'?"
+    assert did_you_mean("xmethod_00077", methods) == "; did you mean 'method_00077'?"  # a typo at the start
+    listed = name_list(methods)
+    assert len(listed) <= 500 and listed.endswith(f"... and {10_000 - listed.count(',')} more")
+    assert name_list(["a", "b"]) == "a, b"
+
+
+def test_unknown_method_messages_are_short_among_ten_thousand_methods(tmp_path: Path) -> None:
+    from bench.registry_bench import unknown_methods_text
+
+    path = tmp_path / "unknown.yaml"
+    path.write_text(unknown_methods_text(10_000, 300))
+    registry = Registry.build(config=[path], entry_points=False)
+    unknown = [str(p) for p in registry.problems if "unknown method" in p.message]
+    assert len(unknown) == 300
+    assert max(len(p) - len(str(path)) for p in unknown) <= 500
+    assert all("... and " in p for p in unknown)
