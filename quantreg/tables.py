@@ -27,6 +27,10 @@ TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
 RULE_KEYS = ("match", "method", "options", "priority", "note")
 NAME_RE = r"^[A-Za-z0-9_.\-]+$"
 _NAME_MATCH = re.compile(NAME_RE).fullmatch  # compiled once: a 10,000-rule table checks ~40,000 names
+MATCH_VALUE_RE = r"^[\w.\-]+$"
+"""Match values (quant_format, model_type, device): ``\\w`` is Unicode here (letters and digits of
+any script, ``_``), because vLLM takes ``model_type`` verbatim from a checkpoint's config.json."""
+_MATCH_VALUE = re.compile(MATCH_VALUE_RE).fullmatch
 
 
 class Layer(enum.IntEnum):
@@ -217,7 +221,7 @@ class _Checker:
             if v == WILDCARD:
                 values[name] = None
             elif isinstance(v, str):
-                ok &= self.name(v, vline, sub)
+                ok &= self.name(v, vline, sub, match_value=True)
                 values[name] = (v,)
             elif isinstance(v, list):
                 if not v:
@@ -232,7 +236,7 @@ class _Checker:
                         self.fail(vline, sub, "'*' cannot be inside a list; write it alone")
                         ok = False
                     else:
-                        ok &= self.name(x, vline, sub)
+                        ok &= self.name(x, vline, sub, match_value=True)
                 values[name] = tuple(sorted({x for x in v if isinstance(x, str)}))
             else:
                 self.fail(vline, sub, f"expected a string, '*' or a list of strings, got {_type_name(v)}")
@@ -241,9 +245,12 @@ class _Checker:
             return None
         return Match(**values)
 
-    def name(self, v: str, line: int, where: str) -> bool:
-        if not _NAME_MATCH(v):
-            self.fail(line, where, f"{v!r} is not a valid name (letters, digits, '_', '.', '-')")
+    def name(self, v: str, line: int, where: str, *, match_value: bool = False) -> bool:
+        """A method name (ASCII) or, with ``match_value``, a match value (any script's letters, see README)."""
+        if not (_MATCH_VALUE if match_value else _NAME_MATCH)(v):
+            shown = repr(v) if len(v) <= 60 else repr(v[:57]) + "..."
+            kinds = "letters and digits of any script" if match_value else "letters, digits"
+            self.fail(line, where, f"{shown} is not a valid name ({kinds}, '_', '.', '-')")
             return False
         return True
 

@@ -496,3 +496,78 @@ def test_validate_parses_the_files_even_with_a_forged_entry(tmp_path: Path) -> N
     entry.write_bytes(tablecache.encode_entry(entry.name, _rename_vllm(data)))  # checksum recomputed
     out = run_cli("validate", "--json", env=_cli_env(cache))
     assert out.returncode == 0 and json.loads(out.stdout)["problems"] == [], out.stdout
+
+
+# -- class 10 (loader part): alias lines, one line per problem, any path on any stdout, names --
+
+def test_a_rule_repeated_through_an_alias_is_reported_at_the_alias() -> None:
+    text = "version: 1\nrules:\n  - &r {match: {device: cpu}, method: vllm}\n  - note\n  - *r\n"
+    table, problems = parse_table(text, "t.yaml", Layer.USER)
+    assert [(p.line, p.key) for p in problems] == [(4, "rules[1]")]
+    text = "version: 1\nrules:\n  - &r\n    match: {device: cpu}\n    method: vllm\n\n  - *r\n"
+    table, problems = parse_table(text, "t.yaml", Layer.USER)
+    assert problems == [] and table is not None
+    assert [r.line for r in table.rules] == [3, 7]
+
+
+def test_a_path_with_a_newline_gives_one_escaped_line(tmp_path: Path) -> None:
+    bad = tmp_path / "two\nlines.yaml"
+    bad.write_text("version: 2\nrules: []\n")
+    out = run_cli("validate", str(bad))
+    assert out.returncode == 1
+    assert out.stdout.splitlines() == [f"{tmp_path}/two\\nlines.yaml:1: version: unsupported schema version 2; "
+                                       "this quantreg reads version 1"]
+    reg = run_register([str(bad)])
+    data = json.loads(reg.stdout.splitlines()[-1])
+    assert data["problems"] == [f"{tmp_path}/two\\nlines.yaml:1: version: unsupported schema version 2; "
+                                "this quantreg reads version 1"]
+
+
+def test_a_non_utf8_path_on_a_strict_utf8_stdout(tmp_path: Path) -> None:
+    raw = os.fsencode(str(tmp_path)) + b"/caf\xe9.yaml"
+    with open(raw, "wb") as f:
+        f.write(b"version: 1\nrules: {}\n")
+    path = os.fsdecode(raw)  # 'caf\udce9.yaml' (surrogateescape)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env.update(QUANTREG_PLUGINS="", PYTHONIOENCODING="utf-8:strict", LC_ALL="C.UTF-8")
+    for args in (["validate"], ["validate", "--json"]):
+        out = subprocess.run([sys.executable, "-m", "quantreg", *args, raw], capture_output=True, env=env, timeout=120)
+        text = out.stdout.decode("utf-8")  # valid UTF-8 throughout
+        assert out.returncode == 1, out.stderr
+        assert b"Traceback" not in out.stderr and "UnicodeEncodeError" not in text
+        lines = json.loads(text)["problems"] if "--json" in args else text.splitlines()
+        assert any(p.endswith("caf\\udce9.yaml:2: rules: expected a list of rules, got mapping") for p in lines)
+    _, problems = read_table(path, Layer.USER)
+    assert str(problems[0]).encode("utf-8")  # printable on a strict stream
+
+
+@pytest.mark.parametrize("value", ["modèle_moe", "模型", "Ελληνικά-2", "gpt_oss"])
+def test_non_ascii_model_types_are_accepted_verbatim(value: str, tmp_path: Path) -> None:
+    from quantreg.keys import Key
+    from quantreg.schema import table_schema
+
+    path = tmp_path / "u.yaml"
+    path.write_text(f"version: 1\nrules:\n  - match: {{model_type: {value}}}\n    method: vllm\n    priority: 3\n",
+                    encoding="utf-8")
+    table, problems = read_table(path, Layer.USER)
+    assert problems == [] and table is not None and table.rules[0].match.model_type == (value,)
+    registry = Registry.build(config=[path], entry_points=False)
+    chosen = registry.resolve(Key("fp8", value, "cpu")).rule
+    assert chosen is not None and (chosen.path, chosen.line, chosen.match) == (str(path), 3, table.rules[0].match)
+    import jsonschema
+
+    assert jsonschema.Draft202012Validator(table_schema()).is_valid(yaml.safe_load(path.read_text(encoding="utf-8")))
+    out = run_cli("validate", str(path))
+    assert out.returncode == 0, out.stdout
+
+
+@pytest.mark.parametrize("value", ["modèle moe", "a\u00a0b", "x\u200by", "é\u0301", "\u2028"])
+def test_non_names_stay_refused_whatever_the_script(value: str) -> None:
+    text = f"version: 1\nrules:\n  - match: {{model_type: {json.dumps(value)}}}\n    method: vllm\n"
+    _, problems = parse_table(text, "t.yaml", Layer.USER)
+    assert problems and "\n" not in str(problems[0]) and "\u2028" not in str(problems[0])
+
+
+def test_method_names_stay_ascii() -> None:
+    _, problems = parse_table("version: 1\nrules:\n  - match: {}\n    method: méthode\n", "t.yaml", Layer.USER)
+    assert [p.key for p in problems] == ["rules[0].method"]
