@@ -15,10 +15,10 @@ Baselines, measured side by side in this process:
 ``pathological_tables_s`` (issue 12, class 4): tables an operator or a fuzzer can write that used
 to cost seconds to minutes or gigabytes: a 3.7 KB rule with 220 values per match field (a 10.6 M
 entry cross product), a legitimate 12,000-rule 1.5 MB table (refused as an "alias bomb"), a 4 MB
-single-line flow list, 300 unknown method names against 10,000 table-defined methods, and a 4 MB
-table with an anchor (composed from libyaml events). Each is built and validated in a fresh child
-process (``Registry.build``, lenient), which reports its wall seconds and peak RSS; the goal is
-<= 5 s and peak RSS growth <= 10x the file size over an empty-table child.
+single-line flow list, 300 unknown method names against 10,000 table-defined methods, a 4 MB
+alias bomb, and 12,000 rules sharing their chain and options through aliases. Each is built and
+validated in a fresh child process (``Registry.build``, lenient), which reports its wall seconds
+and peak RSS; the goal is <= 5 s and peak RSS growth <= 10x the file size over an empty-table child.
 """
 
 from __future__ import annotations
@@ -204,11 +204,21 @@ def flow_list_text(size: int = 4_000_000) -> str:
     return head + ", ".join(f"x{i:06d}" for i in range(count)) + "]}\n"
 
 
-def anchored_text(size: int = 4_000_000) -> str:
-    """Like :func:`flow_list_text` plus an anchor and an alias, which the libyaml fast path leaves to the composer."""
+def alias_bomb_text(size: int = 4_000_000) -> str:
+    """:func:`flow_list_text` with its list anchored and aliased once more: past the alias-expansion bound."""
     text = flow_list_text(size)
     return text.replace("options: {values:", "options: &o {values:", 1) + "  - match: {device: x}\n" \
         "    method: vllm\n    options: *o\n"
+
+
+def anchored_rules_text(rules: int = 12_000) -> str:
+    """A table whose rules share options and a chain through anchors (the libyaml path handles aliases)."""
+    lines = ["version: 1", "rules:", "  - match: {quant_format: base}", "    method: &chain [vllm]",
+             "    options: &opts {}"]
+    for i in range(rules):
+        lines += [f"  - match: {{quant_format: f{i:05d}, model_type: [m{i % 97}, other], device: cpu}}",
+                  "    method: *chain", "    options: *opts", f"    priority: {i % 7}"]
+    return "\n".join(lines) + "\n"
 
 
 def unknown_methods_text(methods: int = 10_000, unknown: int = 300) -> str:
@@ -221,7 +231,8 @@ def unknown_methods_text(methods: int = 10_000, unknown: int = 300) -> str:
 
 
 PATHOLOGICAL = {"wide_rule_220_values": wide_rule_text, "rules_12000": many_rules_text,
-                "flow_list_4mb": flow_list_text, "anchored_4mb": anchored_text,
+                "flow_list_4mb": flow_list_text, "alias_bomb_4mb": alias_bomb_text,
+                "anchored_rules_12000": anchored_rules_text,
                 "unknown_300_vs_10000_methods": unknown_methods_text,
                 "empty": lambda: "version: 1\nrules: []\n"}
 _CHILD = """

@@ -176,13 +176,20 @@ def _parse_fast(text: str) -> Any:
     """
     loader = _CParser(text)
     try:
-        return _build(loader)
+        return _build(loader, len(text) <= PURE_MAX_CHARS)
     finally:
         loader.dispose()
 
 
-def _build(loader: Any) -> Any:
-    """One flat loop over the events, a stack of open collections (no recursion, no nodes)."""
+def _build(loader: Any, exact: bool) -> Any:
+    """One flat loop over the events, a stack of open collections (no recursion, no nodes).
+
+    Anchors and aliases are handled here too: an alias is the anchored value (a shallow copy of a
+    collection, carrying the alias's line, like :class:`_Converter`'s), its subtree size counted
+    against the alias-bomb bound and its height against :data:`MAX_DEPTH`. A bound broken is left
+    to the pure path when ``exact`` (a small text, so its wording is the reference one); in a large
+    text it is reported here at the alias's line, so a 4 MB bomb does not go to a slow composer.
+    """
     events = yaml.events
     scalar_event, mapping_start, sequence_start = (events.ScalarEvent, events.MappingStartEvent,
                                                    events.SequenceStartEvent)
@@ -195,7 +202,11 @@ def _build(loader: Any) -> Any:
         raise _Refused
     resolve, memo, constructor = loader.resolve, _SCALAR_TAGS, None
     first_chars = loader.yaml_implicit_resolvers  # first character -> resolvers (PyYAML's own table)
-    stack: list[tuple[Any, bool, Any, bool, int]] = []
+    stack: list[tuple[Any, bool, Any, bool, int, Any]] = []
+    anchors: dict[str, Any] = {}
+    measured: dict[int, tuple[int, int]] = {}  # id(anchored value) -> (nodes, height)
+    expanded = 0
+    anchor: Any = None
     current: Any = None  # the open LocatedDict / LocatedList
     in_map = have_key = False
     key: Any = None
@@ -203,7 +214,7 @@ def _build(loader: Any) -> Any:
         event = get()
         kind = type(event)
         if kind is scalar_event:
-            if event.anchor is not None:
+            if len(stack) >= MAX_DEPTH:
                 raise _Refused
             tag = event.tag
             if tag is None and event.implicit[0] and event.value and event.value[0] not in first_chars:
@@ -228,16 +239,21 @@ def _build(loader: Any) -> Any:
             else:
                 raise _Refused
             line = event.start_mark.line + 1
+            if event.anchor is not None:
+                if event.anchor in anchors:
+                    raise _Refused  # PyYAML refuses a duplicate anchor
+                anchors[event.anchor] = value
         elif kind is mapping_start or kind is sequence_start:
-            if event.anchor is not None or len(stack) >= MAX_DEPTH or (in_map and not have_key):
-                raise _Refused  # an anchor, too deep, or a collection used as a mapping key
+            if len(stack) >= MAX_DEPTH or (in_map and not have_key) or event.anchor in anchors:
+                raise _Refused  # too deep, a collection used as a mapping key, or a duplicate anchor
             tag = event.tag
             if tag is None:
                 tag = resolve(yaml.MappingNode if kind is mapping_start else yaml.SequenceNode, None, event.implicit)
             if tag not in _SAFE_TAGS:
                 raise _Refused
             line = event.start_mark.line + 1
-            stack.append((current, in_map, key, have_key, line))
+            stack.append((current, in_map, key, have_key, line, anchor))
+            anchor = event.anchor
             if kind is mapping_start:
                 current = LocatedDict()
                 current.key_lines = {}
@@ -249,9 +265,32 @@ def _build(loader: Any) -> Any:
             continue
         elif kind is events.MappingEndEvent or kind is events.SequenceEndEvent:
             value = current
-            current, in_map, key, have_key, line = stack.pop()
+            if anchor is not None:
+                anchors[anchor] = value
+            current, in_map, key, have_key, line, anchor = stack.pop()
+        elif kind is events.AliasEvent:
+            if event.anchor not in anchors:
+                raise _Refused  # undefined, or still open (a recursive alias): the pure path explains
+            value = anchors[event.anchor]
+            line = event.start_mark.line + 1
+            size, height = measured.get(id(value)) or _measure(value, measured)
+            expanded += size
+            if expanded > MAX_NODES or len(stack) + 1 + height > MAX_DEPTH:
+                if exact:
+                    raise _Refused
+                what = (f"aliases expand to more than {MAX_NODES} nodes (alias bomb?)" if expanded > MAX_NODES
+                        else f"nested more than {MAX_DEPTH} levels deep (through aliases); a table needs far fewer")
+                raise YamlError(line, "", what)
+            if isinstance(value, LocatedDict):
+                copy: Any = LocatedDict(value)
+                copy.key_lines = value.key_lines
+                copy.line, value = line, copy
+            elif isinstance(value, LocatedList):
+                copy = LocatedList(value)
+                copy.item_lines = value.item_lines
+                copy.line, value = line, copy
         else:
-            raise _Refused  # an alias, or an event this builder does not expect
+            raise _Refused  # an event this builder does not expect
         if current is None:  # the document's root value
             break
         if not in_map:
@@ -268,6 +307,37 @@ def _build(loader: Any) -> Any:
     if type(get()) is not events.DocumentEndEvent or type(get()) is not events.StreamEndEvent:
         raise _Refused  # more than one document
     return value
+
+
+def _measure(value: Any, memo: dict[int, tuple[int, int]]) -> tuple[int, int]:
+    """(nodes, height) of a located value, keys counted as nodes, as :class:`_Converter` counts them.
+
+    Iterative (no recursion) and memoised per collection, so each anchored tree is walked once.
+    """
+    if not isinstance(value, (LocatedDict, LocatedList)):
+        return 1, 0
+    found = memo.get(id(value))
+    if found is not None:
+        return found
+    # post-order walk with an explicit stack
+    work: list[tuple[Any, bool]] = [(value, False)]
+    while work:
+        item, done = work.pop()
+        if id(item) in memo:
+            continue
+        children = list(item.values()) if isinstance(item, dict) else list(item)
+        subs = [c for c in children if isinstance(c, (LocatedDict, LocatedList)) and id(c) not in memo]
+        if not done and subs:
+            work.append((item, True))
+            work.extend((c, False) for c in subs)
+            continue
+        size, height = 1 + (len(item) if isinstance(item, dict) else 0), 0
+        for child in children:
+            csize, cheight = memo.get(id(child), (1, 0)) if isinstance(child, (LocatedDict, LocatedList)) else (1, 0)
+            size += csize
+            height = max(height, cheight + 1)
+        memo[id(item)] = (size, height)
+    return memo[id(value)]
 
 
 class _Converter:

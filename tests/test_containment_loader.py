@@ -78,11 +78,39 @@ def test_strict_register_raises_one_quantreg_error() -> None:
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH - 1, MAX_DEPTH])
 def test_nesting_up_to_the_bound_is_accepted(depth: int) -> None:
-    # root mapping (1) > rules (2) > rule (3) > options (4) > ... so options may nest depth - 4 more levels
-    inner = "{a: " * (depth - 4) + "1" + "}" * (depth - 4)
+    # root mapping (1) > rules (2) > rule (3) > options (4) > k's value (5) ...; the scalar counts as a level
+    inner = "{a: " * (depth - 5) + "1" + "}" * (depth - 5)
     text = f"version: 1\nrules:\n  - match: {{}}\n    method: vllm\n    options: {{k: {inner}}}\n"
     table, problems = parse_table(text, "deep.yaml", Layer.USER)
     assert table is not None and problems == [], problems
+
+
+@pytest.mark.parametrize("text", [
+    "a: &a [1, {b: 2}]\nc: *a\nd:\n  - *a\n  - x\n",
+    "version: 1\nrules:\n  - &r {match: {device: cpu}, method: vllm}\n  - *r\n",
+    "a: &x 1\nb: [*x, *x]\nc: &y {k: *x}\nd: *y\n",
+    "a: &a [" + ", ".join(["1"] * 100) + "]\nb: [" + ", ".join(["*a"] * 2001) + "]\n",  # a bomb
+    "a: &a " + "[" * 40 + "]" * 40 + "\nb: " + "[" * 30 + "*a" + "]" * 30 + "\n",  # too deep through an alias
+    "a: &a 1\nb: &a 2\n",  # duplicate anchor
+    "a: &a [*a]\n",  # recursive
+])
+def test_fast_path_aliases_equal_the_reference_path(text: str) -> None:
+    from quantreg import yamlfile
+
+    def shape(v: Any) -> Any:
+        if isinstance(v, dict):
+            return ("d", v.line, dict(v.key_lines), {k: shape(x) for k, x in v.items()})  # type: ignore[attr-defined]
+        if isinstance(v, list):
+            return ("l", v.line, list(v.item_lines), [shape(x) for x in v])  # type: ignore[attr-defined]
+        return v
+
+    def outcome(parse: Any) -> Any:
+        try:
+            return shape(parse(text))
+        except yamlfile.YamlError as exc:
+            return ("error", exc.line, exc.key, exc.message)
+
+    assert outcome(yamlfile.parse) == outcome(yamlfile._parse_pure)
 
 
 def test_one_level_past_the_bound_is_a_located_problem() -> None:
