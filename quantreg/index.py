@@ -157,25 +157,32 @@ def _pairs_for(side_a: list[Rule], side_b: list[Rule], common: Pattern,
     buckets: dict[tuple[str, ...], list[Rule]] = defaultdict(list)
     inverted: dict[int, dict[str, list[Rule]]] = {f: defaultdict(list) for f in fields}  # wide rules of side a
     everyone: dict[int, dict[str, list[Rule]]] = {f: defaultdict(list) for f in fields}  # all rules of side a
+    narrow_b = [_narrow(rb, common) for rb in side_b]
+    any_wide_b = not all(narrow_b)
+    any_wide_a = False
     for ra in side_a:
         values = ra.match.fields()
         if _narrow(ra, common):
             for t in ra.match.expand(common):
                 buckets[t].append(ra)
         else:
+            any_wide_a = True
             for f in fields:
                 for v in values[f] or ():
                     inverted[f][v].append(ra)
-        for f in fields:
-            for v in values[f] or ():
-                everyone[f][v].append(ra)
-    for rb in side_b:
+        if any_wide_b:  # only a wide rule of side b probes every rule of side a
+            for f in fields:
+                for v in values[f] or ():
+                    everyone[f][v].append(ra)
+    for rb, narrow in zip(side_b, narrow_b):
         values = rb.match.fields()
-        if _narrow(rb, common):
+        if narrow:
             for t in rb.match.expand(common):
                 for ra in buckets.get(t, ()):
                     if ra is not rb and add(ra, rb):
                         return True
+            if not any_wide_a:
+                continue
             index = inverted  # narrow vs narrow is exact above; only wide rules of side a are left
         else:
             index = everyone

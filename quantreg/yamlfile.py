@@ -60,6 +60,8 @@ def parse(text: str) -> Any:
         try:
             with gc_paused():
                 return _parse_fast(text)
+        except YamlError:  # a bound broken in a large text, already located (see _build)
+            raise
         except Exception:  # any problem: say it exactly as the pure-Python loader does, below
             pass
     return _parse_pure(text, _CEventLoader if safe and len(text) > PURE_MAX_CHARS else _PureLoader)
