@@ -67,12 +67,21 @@ class Match:
         yield from product(*chosen)
 
     def __str__(self) -> str:
+        return self.short(limit=None)
+
+    def short(self, limit: int | None = 6) -> str:
+        """Like ``str()``, but a list of more than ``limit`` values shows its first ones and ``+N``.
+
+        Messages about wide rules (hundreds of values per field) stay one readable line.
+        """
         parts = []
         for f in self.fields():
             if f is None:
                 parts.append(WILDCARD)
             elif len(f) == 1:
                 parts.append(f[0])
+            elif limit is not None and len(f) > limit:
+                parts.append("[" + "|".join(f[:limit]) + f"|... +{len(f) - limit}]")
             else:
                 parts.append("[" + "|".join(f) + "]")
         return "(" + ", ".join(parts) + ")"

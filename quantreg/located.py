@@ -7,14 +7,33 @@ the parse cache (:mod:`quantreg.tablecache`), never has to import PyYAML.
 from __future__ import annotations
 
 import gc
+import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 MAX_NODES = 200_000
-"""Most scalars and collections one document may expand to (aliases count every time)."""
+"""Most scalars and collections one document may add through aliases (an "alias bomb" bound).
+
+Only nodes reached through an alias count: the text itself is bounded by :data:`MAX_BYTES`, so a
+legitimate large table (12,000 rules are ~250,000 nodes) is never mistaken for a bomb.
+"""
 MAX_BYTES = 4 << 20
 """Largest table file read at all."""
+MAX_DEPTH = 64
+"""Deepest nesting of collections a table may have (a rule's options sit at depth 4).
+
+Why a bound: PyYAML's composer, the converters, the parse cache and vLLM's own handling of
+options all recurse, so a value nested a thousand levels deep would otherwise end in a
+``RecursionError`` inside every vLLM process.
+"""
+MAX_INT_BITS = 13_000
+"""Largest integer a table may hold (~3,900 decimal digits), so every value can be printed.
+
+Python refuses to convert integers of more than 4,300 digits to text, and hexadecimal literals
+are not bounded at all, so a larger one would make an error message (or ``--json``) raise.
+"""
 
 
 class YamlError(Exception):
@@ -108,3 +127,80 @@ def from_json(data: Any) -> Any:
     if isinstance(data, list):
         raise ValueError("bare list")
     return data
+
+
+class ReadRefused(Exception):
+    """A path that is not read: the message says why (no such file, not a regular file, too big...)."""
+
+
+def read_regular_file(path: str | os.PathLike[str], cap: int) -> bytes:
+    """The bytes of a regular file of at most ``cap`` bytes; :class:`ReadRefused` for anything else.
+
+    Why this way: a table path comes from the environment or a plugin and may name a FIFO, a
+    terminal, ``/dev/stdin`` on a silent pipe or ``/dev/zero``. ``st_size`` says nothing about
+    those (0), and a blocking ``open`` of a FIFO waits forever for a writer. So the file is opened
+    non-blocking, the *open descriptor* is checked (no race with a rename), only a regular file is
+    read, and never more than ``cap + 1`` bytes. Every ``OSError`` or ``ValueError`` the path can
+    raise (ENAMETOOLONG, EACCES on a parent, an embedded NUL, an unencodable name) becomes a
+    :class:`ReadRefused` with a short reason, never a traceback.
+    """
+    try:
+        try:
+            before = os.stat(path)  # no side effect on devices: refuse them without opening
+        except FileNotFoundError:
+            raise ReadRefused("no such file") from None
+        if stat.S_ISDIR(before.st_mode):
+            raise ReadRefused("is a directory; expected a YAML file")
+        if not stat.S_ISREG(before.st_mode):
+            raise ReadRefused(f"is not a regular file ({_kind(before.st_mode)}); expected a YAML file")
+        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ReadRefused(f"is not a regular file ({_kind(st.st_mode)}); expected a YAML file")
+            if st.st_size > cap:
+                raise ReadRefused(f"file is {st.st_size} bytes; a table may have at most {cap}")
+            chunks: list[bytes] = []
+            total = 0
+            while total <= cap:
+                chunk = os.read(fd, min(1 << 20, cap + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            if total > cap:  # the file grew since fstat (or lies about its size)
+                raise ReadRefused(f"file is more than {cap} bytes; a table may have at most {cap}")
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+    except ReadRefused:
+        raise
+    except FileNotFoundError:
+        raise ReadRefused("no such file") from None
+    except OSError as exc:
+        raise ReadRefused(f"cannot read: {exc.strerror or type(exc).__name__}") from None
+    except ValueError as exc:  # an embedded NUL, or a name the file system encoding cannot express
+        reason = "the path contains a NUL character" if "null" in str(exc).lower() else str(exc)[:100]
+        raise ReadRefused(f"cannot read: {reason}") from None
+
+
+def _kind(mode: int) -> str:
+    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return word
+    return "not a plain file"
+
+
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file a path names (links followed), or ``None`` when it cannot be stat'ed.
+
+    Two paths with one identity are one table (a hard link, a bind mount, a symlink), however
+    they are spelled; callers dedupe on it before reading.
+    """
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)

@@ -21,7 +21,7 @@ from .index import Index, ambiguity_problems
 from .keys import Key
 from .methods import VLLM_METHOD, Availability, Method, check_specifier
 from .plugins import PluginFailure, PluginInfo, Plugins
-from .problems import Problem, did_you_mean
+from .problems import Problem, did_you_mean, name_list
 from .tables import NAME_RE, Layer, Rule, TableFile, read_table
 
 logger = logging.getLogger("vllm.quantreg")
@@ -271,7 +271,7 @@ def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
                 problems.append(Problem(
                     table.path, line, f"rules[{i}].method",
                     f"unknown method '{name}'{did_you_mean(name, sorted(methods))} "
-                    f"(registered: {', '.join(sorted(methods))})"))
+                    f"(registered: {name_list(sorted(methods))})"))
                 continue
             if method.options is None or name == VLLM_METHOD:
                 continue

@@ -11,20 +11,24 @@ from typing import Any
 
 from .keys import FIELDS, WILDCARD
 from .table_methods import TARGET_RE
-from .tables import NAME_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .tables import MATCH_VALUE_RE, NAME_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 
 # Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
 # lookahead makes the pattern mean what the loader's ``re.fullmatch`` means in every regex dialect.
 NAME_PATTERN = NAME_RE + r"(?!\n)"
+# ``\w`` is Unicode in Python's re (jsonschema, check-jsonschema), as in the loader; an ECMA-262
+# validator without the ``u`` flag reads it as ASCII and is then stricter than the loader.
+MATCH_VALUE_PATTERN = MATCH_VALUE_RE + r"(?!\n)"
 
 
 def table_schema() -> dict[str, Any]:
     name = {"type": "string", "pattern": NAME_PATTERN}
+    value = {"type": "string", "pattern": MATCH_VALUE_PATTERN}
     match_value = {
         "anyOf": [
             {"const": WILDCARD},
-            {**name, "not": {"const": WILDCARD}},
-            {"type": "array", "minItems": 1, "items": {**name, "not": {"const": WILDCARD}}},
+            {**value, "not": {"const": WILDCARD}},
+            {"type": "array", "minItems": 1, "items": {**value, "not": {"const": WILDCARD}}},
         ]
     }
     rule_props: dict[str, Any] = {

@@ -17,21 +17,32 @@ Where: ``$QUANTREG_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantreg``, else ``~/.cac
 unwritable or corrupt entry means the text is parsed as if there were no cache (and a corrupt
 entry is rewritten). Entries are trusted like ``__pycache__``: whoever can write the user's cache
 directory can already change what the user's Python runs.
+
+Integrity: an entry is ``<sha256 hex>\n<located JSON>``, the digest taken over this format, the
+entry's own name (the text's digest) and the JSON. An entry damaged into different but valid
+JSON (a flipped byte, a truncated copy, an entry renamed onto another text) fails the check and
+is ignored and rewritten, never trusted. Checks that must speak for the files themselves
+(``quantreg validate``, ``quantreg doctor``) run inside :func:`bypass`, which never reads entries.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .located import from_json, to_json
+from .located import MAX_BYTES, ReadRefused, from_json, read_regular_file, to_json
 
 ENV = "QUANTREG_CACHE_DIR"
-FORMAT = b"quantreg-located-json-1\0"  # bump when to_json or the parser's results change meaning
+FORMAT = b"quantreg-located-json-2\0"  # bump when to_json or the parser's results change meaning
+MAX_ENTRY_BYTES = 8 * MAX_BYTES
+"""Largest entry read or written: the located JSON of a table is a few times its text."""
 
 
 def directory() -> Path | None:
@@ -57,13 +68,41 @@ def entry_path(text: str) -> Path | None:
     return where / "tables" / f"{digest}.json"
 
 
+_bypassing = 0
+_bypass_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def bypass() -> Iterator[None]:
+    """Parse every table from its text while inside: entries are not read (fresh ones are still written).
+
+    For the commands whose answer is about the files (``validate``, ``doctor``): whatever state
+    the cache is in, they report what the parser says. Nests; process-wide while active.
+    """
+    global _bypassing
+    with _bypass_lock:
+        _bypassing += 1
+    try:
+        yield
+    finally:
+        with _bypass_lock:
+            _bypassing -= 1
+
+
+def bypassed() -> bool:
+    """True inside :func:`bypass`."""
+    return _bypassing > 0
+
+
 def parse(text: str, *, cache: bool) -> Any:
-    """Parse one table's text, through the cache when ``cache`` is true."""
+    """Parse one table's text, through the cache when ``cache`` is true (and not :func:`bypass`-ed)."""
     path = entry_path(text) if cache else None
-    if path is not None:
-        try:
-            return from_json(json.loads(path.read_bytes()))
-        except (OSError, ValueError, RecursionError):  # absent, unreadable or corrupt: parse it
+    if path is not None and not bypassed():
+        try:  # only a regular file, at most MAX_ENTRY_BYTES: a FIFO planted here must not hang start-up
+            payload = _verified(path.name, read_regular_file(path, MAX_ENTRY_BYTES))
+            if payload is not None:
+                return from_json(json.loads(payload))
+        except (ReadRefused, OSError, ValueError, RecursionError):  # absent, unreadable or corrupt: parse it
             pass
     from .yamlfile import parse as parse_yaml
 
@@ -73,14 +112,50 @@ def parse(text: str, *, cache: bool) -> Any:
     return doc
 
 
+def _checksum(name: str, payload: bytes) -> bytes:
+    return hashlib.sha256(FORMAT + name.encode() + b"\0" + payload).hexdigest().encode()
+
+
+def _verified(name: str, data: bytes) -> bytes | None:
+    """The JSON payload of an entry whose checksum holds, else ``None``."""
+    header, newline, payload = data.partition(b"\n")
+    if not newline or not hmac.compare_digest(header, _checksum(name, payload)):
+        return None
+    return payload
+
+
+def read_entry(path: Path) -> Any | None:
+    """The located JSON stored in an entry if its checksum holds (for tools and tests), else ``None``."""
+    try:
+        payload = _verified(path.name, read_regular_file(path, MAX_ENTRY_BYTES))
+        return None if payload is None else json.loads(payload)
+    except (ReadRefused, ValueError, RecursionError):
+        return None
+
+
+def encode_entry(name: str, data: Any) -> bytes:
+    """The bytes of an entry named ``name`` holding the located JSON ``data`` (what :func:`_store` writes)."""
+    payload = json.dumps(data, separators=(",", ":")).encode()
+    return _checksum(name, payload) + b"\n" + payload
+
+
 def _store(path: Path, doc: Any) -> None:
     """Write atomically (temporary file, then rename), so a reader never sees half an entry."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    created = False
     try:
-        data = json.dumps(to_json(doc), separators=(",", ":")).encode()
+        data = encode_entry(path.name, to_json(doc))
+        if len(data) > MAX_ENTRY_BYTES:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(data)
+        # O_EXCL: never open (and block on) something already there, e.g. a FIFO left at this name
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        created = True
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(temporary, path)
+        created = False
     except (OSError, TypeError, ValueError, RecursionError):  # read-only home, full disk...: no cache
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+        if created:
+            with contextlib.suppress(OSError, ValueError):
+                temporary.unlink(missing_ok=True)

@@ -11,13 +11,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from . import tablecache
 from .keys import FIELDS, WILDCARD, Match
-from .located import MAX_BYTES, YamlError, gc_paused, line_of
+from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
+from .located import file_identity as _file_identity
 from .methods import Method
 from .problems import Problem, did_you_mean
 from .table_methods import parse_methods
@@ -27,6 +27,10 @@ TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
 RULE_KEYS = ("match", "method", "options", "priority", "note")
 NAME_RE = r"^[A-Za-z0-9_.\-]+$"
 _NAME_MATCH = re.compile(NAME_RE).fullmatch  # compiled once: a 10,000-rule table checks ~40,000 names
+MATCH_VALUE_RE = r"^[\w.\-]+$"
+"""Match values (quant_format, model_type, device): ``\\w`` is Unicode here (letters and digits of
+any script, ``_``), because vLLM takes ``model_type`` verbatim from a checkpoint's config.json."""
+_MATCH_VALUE = re.compile(MATCH_VALUE_RE).fullmatch
 
 
 class Layer(enum.IntEnum):
@@ -217,7 +221,7 @@ class _Checker:
             if v == WILDCARD:
                 values[name] = None
             elif isinstance(v, str):
-                ok &= self.name(v, vline, sub)
+                ok &= self.name(v, vline, sub, match_value=True)
                 values[name] = (v,)
             elif isinstance(v, list):
                 if not v:
@@ -232,7 +236,7 @@ class _Checker:
                         self.fail(vline, sub, "'*' cannot be inside a list; write it alone")
                         ok = False
                     else:
-                        ok &= self.name(x, vline, sub)
+                        ok &= self.name(x, vline, sub, match_value=True)
                 values[name] = tuple(sorted({x for x in v if isinstance(x, str)}))
             else:
                 self.fail(vline, sub, f"expected a string, '*' or a list of strings, got {_type_name(v)}")
@@ -241,9 +245,12 @@ class _Checker:
             return None
         return Match(**values)
 
-    def name(self, v: str, line: int, where: str) -> bool:
-        if not _NAME_MATCH(v):
-            self.fail(line, where, f"{v!r} is not a valid name (letters, digits, '_', '.', '-')")
+    def name(self, v: str, line: int, where: str, *, match_value: bool = False) -> bool:
+        """A method name (ASCII) or, with ``match_value``, a match value (any script's letters, see README)."""
+        if not (_MATCH_VALUE if match_value else _NAME_MATCH)(v):
+            shown = repr(v) if len(v) <= 60 else repr(v[:57]) + "..."
+            kinds = "letters and digits of any script" if match_value else "letters, digits"
+            self.fail(line, where, f"{shown} is not a valid name ({kinds}, '_', '.', '-')")
             return False
         return True
 
@@ -286,30 +293,69 @@ def parse_table(text: str, path: str, layer: Layer) -> tuple[TableFile | None, l
         doc = tablecache.parse(text, cache=layer in (Layer.DEFAULT, Layer.PLUGIN))
     except YamlError as exc:
         return None, [Problem(path, exc.line, exc.key, exc.message)]
+    except Exception as exc:  # a parser fault we did not foresee is still this file's problem, not a crash
+        return None, [Problem(path, None, "", f"cannot read this table ({_fault(exc)})")]
     checker = _Checker(path, layer)
-    with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
-        table = checker.table(doc)
+    try:
+        with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
+            table = checker.table(doc)
+    except Exception as exc:  # likewise for the checks: located problems only, never a traceback
+        return None, [*checker.problems, Problem(path, None, "", f"cannot check this table ({_fault(exc)})")]
     return table, checker.problems
 
 
-def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | None, list[Problem]]:
-    """Read and check one file; unreadable, non-UTF-8 and missing files are problems too."""
-    shown = str(path)
-    p = Path(path)
-    if not p.exists():
-        return None, [Problem(shown, None, "", "no such file")]
-    if p.is_dir():
-        return None, [Problem(shown, None, "", "is a directory; expected a YAML file")]
+def _fault(exc: BaseException) -> str:
+    """``TypeName: text`` of an exception whose ``__str__`` may itself fail or be huge."""
     try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:  # refuse before reading: a 50 MB "table" is a mistake, not a table
-            return None, [Problem(shown, None, "", f"file is {size} bytes; a table may have at most {MAX_BYTES}")]
-        data = p.read_bytes()
-    except OSError as exc:
-        return None, [Problem(shown, None, "", f"cannot read: {exc.strerror or exc}")]
+        text = str(exc)
+    except Exception:
+        text = ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+
+
+def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | None, list[Problem]]:
+    """Read and check one file; unreadable, non-UTF-8, missing and non-regular files are problems too.
+
+    Only a regular file is read, and at most :data:`MAX_BYTES` + 1 bytes of it (see
+    :func:`quantreg.located.read_regular_file`): a FIFO, ``/dev/stdin`` or ``/dev/zero`` named in
+    ``QUANTREG_CONFIG`` is a located problem, not a hang or gigabytes of memory.
+    """
+    try:
+        shown = os.fspath(path)
+    except TypeError:
+        shown = repr(path)
+    try:
+        data = read_regular_file(path, MAX_BYTES)
+    except ReadRefused as exc:
+        return None, [Problem(shown, None, "", str(exc))]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")]
     return parse_table(text, shown, layer)
+
+
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of a table path, so one file reached by two paths is one table.
+
+    See :func:`quantreg.located.file_identity`; ``None`` when the path cannot be stat'ed (it is
+    then read, and reported, on its own).
+    """
+    return _file_identity(path)
+
+
+def declares_strict(path: str | os.PathLike[str]) -> bool:
+    """Does this (possibly broken) table ask for strict mode at its top level?
+
+    Read like any table (a regular file only, bounded), so asking never hangs on a FIFO; a file
+    that cannot be read or parsed at all cannot be said to ask for anything.
+    """
+    try:
+        text = read_regular_file(path, MAX_BYTES).decode("utf-8")
+        from .yamlfile import parse
+
+        doc = parse(text)
+    except Exception:  # unreadable, not UTF-8, not YAML
+        return False
+    return isinstance(doc, dict) and doc.get("strict") is True

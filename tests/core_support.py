@@ -150,3 +150,33 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None,
         env["QUANTREG_PLUGINS"] = ""
     return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True, env=dict(env), cwd=cwd,
                           timeout=120)
+
+
+#: A lenient (or strict) vLLM start-up in miniature: what vLLM's plugin loader does, with no try around it.
+REGISTER_CODE = """
+import json, sys
+import quantreg.vllm as qv
+from quantreg.registry import get_registry
+try:
+    qv.register()
+except Exception as exc:  # strict mode: the one error vLLM would print
+    print(json.dumps({"raised": type(exc).__name__, "message": str(exc)}))
+    sys.exit(3)
+registry = get_registry()
+print(json.dumps({"raised": None, "problems": [str(p) for p in registry.problems],
+                  "tables": [t.path for t in registry.tables], "strict": registry.strict}))
+"""
+
+
+def run_register(config: list[str] | str = (), timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
+    """``quantreg.vllm.register()`` in a fresh interpreter with ``QUANTREG_CONFIG`` naming ``config``.
+
+    The child prints one JSON line (problems, tables kept, mode) or, if ``register()`` raised, the
+    exception; a traceback or a hang is the failure these tests look for.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+    env["QUANTREG_PLUGINS"] = ""
+    env["QUANTREG_CONFIG"] = config if isinstance(config, str) else os.pathsep.join(config)
+    env.update(extra)
+    return subprocess.run([sys.executable, "-c", REGISTER_CODE], capture_output=True, text=True, env=env,
+                          timeout=timeout)

@@ -74,11 +74,12 @@ def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: py
     assert len(entries) == 1 and problems == []
     second, again = read_table(path, Layer.PLUGIN)
     assert first == second and again == []
-    # The entry is what was read the second time: change it, and the change shows.
-    data = json.loads(entries[0].read_text())
+    # The entry is what was read the second time: change it *with a valid checksum*, and the change shows.
+    data = tablecache.read_entry(entries[0])
+    assert data is not None
     data["k"][0][2] = 1  # version: 1 (unchanged) ...
     data["k"][1][2] = True  # ... strict: true
-    entries[0].write_text(json.dumps(data))
+    entries[0].write_bytes(tablecache.encode_entry(entries[0].name, data))
     third, _ = read_table(path, Layer.PLUGIN)
     assert third is not None and third.strict is True
 
@@ -114,7 +115,8 @@ def test_corrupt_or_unwritable_cache_never_fails_a_load(tmp_path: Path, monkeypa
     entry.write_text('{"d": 1, "k": [[')  # truncated
     table, problems = read_table(path, Layer.DEFAULT)
     assert table == expected and problems == []
-    assert json.loads(entry.read_text())["d"] == 1  # rewritten whole
+    rewritten = tablecache.read_entry(entry)
+    assert rewritten is not None and rewritten["d"] == 1  # rewritten whole, with its checksum
     blocker = write(tmp_path / "not-a-dir", "")
     monkeypatch.setenv(tablecache.ENV, str(blocker))  # the cache "directory" is a file: cannot write
     table, problems = read_table(path, Layer.DEFAULT)
