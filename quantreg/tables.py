@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,15 +17,13 @@ from typing import Any
 from . import tablecache
 from .keys import FIELDS, WILDCARD, Match
 from .located import MAX_BYTES, YamlError, gc_paused, line_of
-from .methods import Method
+from .methods import Method, valid_name
 from .problems import Problem, did_you_mean
 from .table_methods import parse_methods
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
 RULE_KEYS = ("match", "method", "options", "priority", "note")
-NAME_RE = r"^[A-Za-z0-9_.\-]+$"
-_NAME_MATCH = re.compile(NAME_RE).fullmatch  # compiled once: a 10,000-rule table checks ~40,000 names
 
 
 class Layer(enum.IntEnum):
@@ -68,6 +65,23 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class TableHeader:
+    """A file's top-level settings, known whenever its YAML is a mapping, even if rules are rejected.
+
+    The mode (:mod:`quantreg.mode`) reads ``strict`` from here, so a broken table's request for
+    strict mode is honoured without parsing the file a second time. A value of the wrong type
+    reads as unset (``strict``/``version`` ``None``, ``allow_import_targets`` false); the
+    problem itself is reported with the file's other problems.
+    """
+
+    path: str
+    layer: Layer
+    version: int | None = None
+    strict: bool | None = None
+    allow_import_targets: bool = False
+
+
+@dataclass(frozen=True)
 class TableFile:
     path: str
     layer: Layer
@@ -105,13 +119,14 @@ class _Checker:
                 hint = did_you_mean(str(k), allowed)
                 self.fail(key_lines.get(k), name, f"unknown key{hint} (expected one of: {', '.join(allowed)})")
 
-    def table(self, doc: Any) -> TableFile | None:
+    def table(self, doc: Any) -> tuple[TableFile | None, TableHeader | None]:
+        """The table (``None`` on any problem) and its header (``None`` unless ``doc`` is a mapping)."""
         if doc is None:
             self.fail(1, "", "empty file: expected a mapping with 'version: 1' and 'rules'")
-            return None
+            return None, None
         if not isinstance(doc, dict):
             self.fail(line_of(doc, 1), "", f"expected a mapping with 'version' and 'rules', got {_type_name(doc)}")
-            return None
+            return None, None
         key_lines: dict[Any, int] = getattr(doc, "key_lines", {})
         self.unknown_keys(doc, TOP_KEYS, "")
         if "version" not in doc:
@@ -151,9 +166,12 @@ class _Checker:
                 rule = self.rule(item, f"rules[{i}]", line)
                 if rule is not None:
                     rules.append(rule)
+        version = doc.get("version")
+        readable = isinstance(version, int) and not isinstance(version, bool)
+        header = TableHeader(self.path, self.layer, version if readable else None, strict, allow)
         if self.problems:
-            return None
-        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow)
+            return None, header
+        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow), header
 
     def rule(self, item: Any, where: str, line: int) -> Rule | None:
         if not isinstance(item, dict):
@@ -242,7 +260,7 @@ class _Checker:
         return Match(**values)
 
     def name(self, v: str, line: int, where: str) -> bool:
-        if not _NAME_MATCH(v):
+        if not valid_name(v):
             self.fail(line, where, f"{v!r} is not a valid name (letters, digits, '_', '.', '-')")
             return False
         return True
@@ -280,36 +298,40 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def parse_table(text: str, path: str, layer: Layer) -> tuple[TableFile | None, list[Problem]]:
-    """Check one table's text; on any problem return ``None`` and every problem found."""
+TableRead = tuple[TableFile | None, list[Problem], TableHeader | None]
+"""(table or ``None`` on any problem, every problem found, header or ``None`` if not a mapping)."""
+
+
+def parse_table(text: str, path: str, layer: Layer) -> TableRead:
+    """Check one table's text; on any problem the table is ``None``, the header kept if readable."""
     try:
         doc = tablecache.parse(text, cache=layer in (Layer.DEFAULT, Layer.PLUGIN))
     except YamlError as exc:
-        return None, [Problem(path, exc.line, exc.key, exc.message)]
+        return None, [Problem(path, exc.line, exc.key, exc.message)], None
     checker = _Checker(path, layer)
     with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
-        table = checker.table(doc)
-    return table, checker.problems
+        table, header = checker.table(doc)
+    return table, checker.problems, header
 
 
-def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | None, list[Problem]]:
+def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
     """Read and check one file; unreadable, non-UTF-8 and missing files are problems too."""
     shown = str(path)
     p = Path(path)
     if not p.exists():
-        return None, [Problem(shown, None, "", "no such file")]
+        return None, [Problem(shown, None, "", "no such file")], None
     if p.is_dir():
-        return None, [Problem(shown, None, "", "is a directory; expected a YAML file")]
+        return None, [Problem(shown, None, "", "is a directory; expected a YAML file")], None
     try:
         size = p.stat().st_size
         if size > MAX_BYTES:  # refuse before reading: a 50 MB "table" is a mistake, not a table
-            return None, [Problem(shown, None, "", f"file is {size} bytes; a table may have at most {MAX_BYTES}")]
+            return None, [Problem(shown, None, "", f"file is {size} bytes; a table may have at most {MAX_BYTES}")], None
         data = p.read_bytes()
     except OSError as exc:
-        return None, [Problem(shown, None, "", f"cannot read: {exc.strerror or exc}")]
+        return None, [Problem(shown, None, "", f"cannot read: {exc.strerror or exc}")], None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")]
+        return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")], None
     return parse_table(text, shown, layer)

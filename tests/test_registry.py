@@ -25,15 +25,10 @@ from hypothesis import strategies as st
 
 import quantreg
 from quantreg import Key, Layer, Method, Registry, get_registry, resolve, set_registry
+from quantreg.environment import installed_vllm_version, module_available
 from quantreg.index import MAX_AMBIGUITIES
-from quantreg.methods import (
-    check_specifier,
-    installed_vllm_version,
-    load_object,
-    module_available,
-    version_satisfies,
-)
-from quantreg.registry import config_paths
+from quantreg.loading import config_paths
+from quantreg.methods import check_specifier, load_object, version_satisfies
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
