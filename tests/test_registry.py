@@ -431,6 +431,45 @@ def test_without_vllm_loaded_any_class_is_accepted(module_dir: Callable[[str, st
     assert "vllm" not in sys.modules
 
 
+CONSTRUCTION_MODULE = """
+class Plain:  # the original contract: cls(moe_config, **options)
+    def __init__(self, moe, **options):
+        self.moe, self.options = moe, options
+
+
+class WithContext:  # opts in by naming the keyword
+    def __init__(self, moe, quantreg_context=None, *, alpha=1.0):
+        self.moe, self.context, self.alpha = moe, quantreg_context, alpha
+
+
+class KeywordOnly:
+    def __init__(self, moe, *, quantreg_context, **options):
+        self.context, self.options = quantreg_context, options
+"""
+
+
+@pytest.mark.usefixtures("vllm_not_loaded")
+def test_construction_contract_old_and_new_form(module_dir: Callable[[str, str], Path]) -> None:
+    """Plain classes get ``cls(moe_config, **options)``; classes naming ``quantreg_context`` get the context too."""
+    from quantreg.methods import BuildContext, wants_context
+
+    module_dir("qrt_build", CONSTRUCTION_MODULE)
+    layer = object()
+    context = BuildContext(Key("gpt_oss_mxfp4", "gpt_oss", "cpu"), "m", "user.yaml:4", {"alpha": 1.5},
+                           "model.layers.0.mlp.experts", layer)
+    moe = object()
+    plain = Method("m", "qrt_build:Plain").build(moe, context)
+    assert plain.moe is moe and plain.options == {"alpha": 1.5}  # a **options catch-all never sees the context
+    new = Method("m", "qrt_build:WithContext").build(moe, context)
+    assert new.moe is moe and new.alpha == 1.5 and new.context is context
+    assert (new.context.key.model_type, new.context.rule, new.context.prefix) == (
+        "gpt_oss", "user.yaml:4", "model.layers.0.mlp.experts")
+    assert new.context.layer is layer and dict(new.context.options) == {"alpha": 1.5}
+    keyword_only = Method("m", "qrt_build:KeywordOnly").build(moe, context)
+    assert keyword_only.context is context and keyword_only.options == {"alpha": 1.5}
+    assert [wants_context(c) for c in (dict, int)] == [False, False]  # builtins: the plain form
+
+
 def test_vllm_version_requirement(fake_vllm: type) -> None:
     assert installed_vllm_version() == "0.32.0+cpu"
     assert Method("m", "x:Y", vllm_version=">=0.30,<0.40").availability("cpu").ok
