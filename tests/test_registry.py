@@ -545,6 +545,31 @@ def test_strict_mode(table: Callable[[str, str], Path]) -> None:
     assert not build(env={"QUANTREG_STRICT": "0"}).strict
 
 
+def test_strict_mode_is_one_decision_from_every_source(table: Callable[[str, str], Path]) -> None:
+    """decide_mode: env, user/run headers (kept, broken or left out by a tie, in any order), run strict."""
+    from quantreg.mode import decide_mode
+
+    rule = "  - match: {device: cpu}\n    method: vllm\n"
+    tied_strict = table("a_strict.yaml", "version: 1\nstrict: true\nrules:\n" + rule)
+    tied_plain = table("b_plain.yaml", "version: 1\nrules:\n" + rule)
+    for user in ([tied_strict, tied_plain], [tied_plain, tied_strict]):  # both files are left out by the tie
+        registry = build(user=user)
+        assert [t.layer for t in registry.tables] == [Layer.DEFAULT] and registry.problems
+        mode = registry.mode()
+        assert mode.strict and mode.because == (f"strict: true in {tied_strict}",), user
+    run_strict = table("run.yaml", "version: 1\nstrict: true\nrules: [}\n")  # not YAML: no header to read
+    assert not build(run=[run_strict]).strict
+    broken_run = table("run2.yaml", "version: 1\nstrict: true\nrules: 5\n")
+    assert build(run=[broken_run]).mode().because == (f"strict: true in {broken_run}",)
+    lenient = build()
+    assert not lenient.mode().strict and str(lenient.mode()) == "lenient"
+    assert lenient.mode(run_strict=True).because == ('vLLM additional_config {"quantreg": {"strict": true}}',)
+    assert not lenient.mode(run_strict=False).strict
+    env_mode = build(env={"QUANTREG_STRICT": " Yes "}).mode(run_strict=False)  # strict is never switched off
+    assert env_mode.strict and env_mode.because == ("QUANTREG_STRICT=Yes",)
+    assert decide_mode({}, build(plugin_tables=[tied_strict]).headers).strict is False  # plugin layer: no say
+
+
 def test_fingerprint_follows_the_effective_rules(table: Callable[[str, str], Path]) -> None:
     user = table("user.yaml", rules_yaml("{match: {device: cpu}, method: m_user}"))
     a = build(methods=LAYER_METHODS, user=[user]).fingerprint()
