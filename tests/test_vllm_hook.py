@@ -157,5 +157,5 @@ def test_seam_builds_plain_and_context_classes(tmp_path: Path) -> None:
     """, env={"QRT_TABLE": str(table)})
     assert result["plain"] == ["Plain", "MOE", {"alpha": 2}]
     assert result["new"] == ["WithContext", "MOE", {"alpha": 3}]
-    assert result["context"] == [["ctx_fmt", "unknown", "cpu"], "with_context", f"{table}:5", {"alpha": 3},
+    assert result["context"] == [["ctx_fmt", "unknown", "cpu"], "with_context", f"{table}:6", {"alpha": 3},
                                  "model.layers.1.mlp.experts", True]
