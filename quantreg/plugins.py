@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -142,9 +142,6 @@ class Plugins:
                 continue
             registered += [(impl.plugin_name, item) for item in staged]
         return registered
-
-    def hook_names(self) -> Iterable[str]:
-        return sorted(n for n in dir(self.pm.hook) if not n.startswith("_"))
 
 
 def _validation_message(exc: Exception) -> str:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .keys import FIELDS, WILDCARD
-from .table_methods import TARGET_RE
-from .tables import MATCH_VALUE_RE, NAME_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .methods import NAME_RE, TARGET_RE
+from .tables import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 
 # Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
 # lookahead makes the pattern mean what the loader's ``re.fullmatch`` means in every regex dialect.

@@ -7,16 +7,14 @@ and plugin tables cannot smuggle targets in (plugins register methods through th
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
 from .keys import WILDCARD
-from .methods import VLLM_METHOD, Method
+from .methods import Method, keeps_vllm, valid_name, valid_target
 from .problems import did_you_mean
 
 METHOD_KEYS = ("target", "devices", "requires", "options", "description")
-TARGET_RE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 
 Fail = Callable[[int | None, str, str], None]
 
@@ -47,7 +45,7 @@ def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_layer: bool
     out: list[Method] = []
     for name, spec in raw.items():
         where, mline = f"methods.{name}", key_lines.get(name, line)
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name) or name == VLLM_METHOD:
+        if not valid_name(name) or keeps_vllm(name):
             fail(mline, where, "method names are letters, digits, '_', '.', '-' (and 'vllm' is built in)")
             continue
         if not isinstance(spec, dict):
@@ -59,7 +57,7 @@ def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_layer: bool
                 fail(spec_lines.get(k, mline), f"{where}.{k}",
                      f"unknown key{did_you_mean(str(k), METHOD_KEYS)} (expected one of: {', '.join(METHOD_KEYS)})")
         target = spec.get("target")
-        if not isinstance(target, str) or not re.fullmatch(TARGET_RE, target):
+        if not valid_target(target):
             fail(spec_lines.get("target", mline), f"{where}.target", "expected 'package.module:Class'")
             continue
         devices = _strings(spec.get("devices", WILDCARD), fail, spec_lines.get("devices"), f"{where}.devices")

@@ -18,15 +18,13 @@ from . import tablecache
 from .keys import FIELDS, WILDCARD, Match
 from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
 from .located import file_identity as _file_identity
-from .methods import Method
+from .methods import Method, valid_name
 from .problems import Problem, did_you_mean
 from .table_methods import parse_methods
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
 RULE_KEYS = ("match", "method", "options", "priority", "note")
-NAME_RE = r"^[A-Za-z0-9_.\-]+$"
-_NAME_MATCH = re.compile(NAME_RE).fullmatch  # compiled once: a 10,000-rule table checks ~40,000 names
 MATCH_VALUE_RE = r"^[\w.\-]+$"
 """Match values (quant_format, model_type, device): ``\\w`` is Unicode here (letters and digits of
 any script, ``_``), because vLLM takes ``model_type`` verbatim from a checkpoint's config.json."""
@@ -72,6 +70,23 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class TableHeader:
+    """A file's top-level settings, known whenever its YAML is a mapping, even if rules are rejected.
+
+    The mode (:mod:`quantreg.mode`) reads ``strict`` from here, so a broken table's request for
+    strict mode is honoured without parsing the file a second time. A value of the wrong type
+    reads as unset (``strict``/``version`` ``None``, ``allow_import_targets`` false); the
+    problem itself is reported with the file's other problems.
+    """
+
+    path: str
+    layer: Layer
+    version: int | None = None
+    strict: bool | None = None
+    allow_import_targets: bool = False
+
+
+@dataclass(frozen=True)
 class TableFile:
     path: str
     layer: Layer
@@ -109,13 +124,14 @@ class _Checker:
                 hint = did_you_mean(str(k), allowed)
                 self.fail(key_lines.get(k), name, f"unknown key{hint} (expected one of: {', '.join(allowed)})")
 
-    def table(self, doc: Any) -> TableFile | None:
+    def table(self, doc: Any) -> tuple[TableFile | None, TableHeader | None]:
+        """The table (``None`` on any problem) and its header (``None`` unless ``doc`` is a mapping)."""
         if doc is None:
             self.fail(1, "", "empty file: expected a mapping with 'version: 1' and 'rules'")
-            return None
+            return None, None
         if not isinstance(doc, dict):
             self.fail(line_of(doc, 1), "", f"expected a mapping with 'version' and 'rules', got {_type_name(doc)}")
-            return None
+            return None, None
         key_lines: dict[Any, int] = getattr(doc, "key_lines", {})
         self.unknown_keys(doc, TOP_KEYS, "")
         if "version" not in doc:
@@ -155,9 +171,12 @@ class _Checker:
                 rule = self.rule(item, f"rules[{i}]", line)
                 if rule is not None:
                     rules.append(rule)
+        version = doc.get("version")
+        readable = isinstance(version, int) and not isinstance(version, bool)
+        header = TableHeader(self.path, self.layer, version if readable else None, strict, allow)
         if self.problems:
-            return None
-        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow)
+            return None, header
+        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow), header
 
     def rule(self, item: Any, where: str, line: int) -> Rule | None:
         if not isinstance(item, dict):
@@ -247,7 +266,7 @@ class _Checker:
 
     def name(self, v: str, line: int, where: str, *, match_value: bool = False) -> bool:
         """A method name (ASCII) or, with ``match_value``, a match value (any script's letters, see README)."""
-        if not (_MATCH_VALUE if match_value else _NAME_MATCH)(v):
+        if not (_MATCH_VALUE(v) if match_value else valid_name(v)):
             shown = repr(v) if len(v) <= 60 else repr(v[:57]) + "..."
             kinds = "letters and digits of any script" if match_value else "letters, digits"
             self.fail(line, where, f"{shown} is not a valid name ({kinds}, '_', '.', '-')")
@@ -287,21 +306,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def parse_table(text: str, path: str, layer: Layer) -> tuple[TableFile | None, list[Problem]]:
-    """Check one table's text; on any problem return ``None`` and every problem found."""
+TableRead = tuple[TableFile | None, list[Problem], TableHeader | None]
+"""(table or ``None`` on any problem, every problem found, header or ``None`` if not a mapping)."""
+
+
+def parse_table(text: str, path: str, layer: Layer) -> TableRead:
+    """Check one table's text; on any problem the table is ``None``, the header kept if readable."""
     try:
         doc = tablecache.parse(text, cache=layer in (Layer.DEFAULT, Layer.PLUGIN))
     except YamlError as exc:
-        return None, [Problem(path, exc.line, exc.key, exc.message)]
+        return None, [Problem(path, exc.line, exc.key, exc.message)], None
     except Exception as exc:  # a parser fault we did not foresee is still this file's problem, not a crash
-        return None, [Problem(path, None, "", f"cannot read this table ({_fault(exc)})")]
+        return None, [Problem(path, None, "", f"cannot read this table ({_fault(exc)})")], None
     checker = _Checker(path, layer)
     try:
         with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
-            table = checker.table(doc)
+            table, header = checker.table(doc)
     except Exception as exc:  # likewise for the checks: located problems only, never a traceback
-        return None, [*checker.problems, Problem(path, None, "", f"cannot check this table ({_fault(exc)})")]
-    return table, checker.problems
+        return None, [*checker.problems, Problem(path, None, "", f"cannot check this table ({_fault(exc)})")], None
+    return table, checker.problems, header
 
 
 def _fault(exc: BaseException) -> str:
@@ -313,7 +336,7 @@ def _fault(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
-def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | None, list[Problem]]:
+def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
     """Read and check one file; unreadable, non-UTF-8, missing and non-regular files are problems too.
 
     Only a regular file is read, and at most :data:`MAX_BYTES` + 1 bytes of it (see
@@ -327,12 +350,12 @@ def read_table(path: str | os.PathLike[str], layer: Layer) -> tuple[TableFile | 
     try:
         data = read_regular_file(path, MAX_BYTES)
     except ReadRefused as exc:
-        return None, [Problem(shown, None, "", str(exc))]
+        return None, [Problem(shown, None, "", str(exc))], None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")]
+        return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")], None
     return parse_table(text, shown, layer)
 
 
@@ -344,18 +367,3 @@ def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """
     return _file_identity(path)
 
-
-def declares_strict(path: str | os.PathLike[str]) -> bool:
-    """Does this (possibly broken) table ask for strict mode at its top level?
-
-    Read like any table (a regular file only, bounded), so asking never hangs on a FIFO; a file
-    that cannot be read or parsed at all cannot be said to ask for anything.
-    """
-    try:
-        text = read_regular_file(path, MAX_BYTES).decode("utf-8")
-        from .yamlfile import parse
-
-        doc = parse(text)
-    except Exception:  # unreadable, not UTF-8, not YAML
-        return False
-    return isinstance(doc, dict) and doc.get("strict") is True

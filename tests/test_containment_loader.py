@@ -81,7 +81,7 @@ def test_nesting_up_to_the_bound_is_accepted(depth: int) -> None:
     # root mapping (1) > rules (2) > rule (3) > options (4) > k's value (5) ...; the scalar counts as a level
     inner = "{a: " * (depth - 5) + "1" + "}" * (depth - 5)
     text = f"version: 1\nrules:\n  - match: {{}}\n    method: vllm\n    options: {{k: {inner}}}\n"
-    table, problems = parse_table(text, "deep.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "deep.yaml", Layer.USER)
     assert table is not None and problems == [], problems
 
 
@@ -116,7 +116,7 @@ def test_fast_path_aliases_equal_the_reference_path(text: str) -> None:
 def test_one_level_past_the_bound_is_a_located_problem() -> None:
     inner = "[" * (MAX_DEPTH - 3) + "]" * (MAX_DEPTH - 3)  # rule (3) + options value list levels
     text = f"version: 1\nrules:\n  - match: {{}}\n    method: vllm\n    options: {{k: {inner}}}\n"
-    table, problems = parse_table(text, "deep.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "deep.yaml", Layer.USER)
     assert table is None
     assert [(p.line, p.message) for p in problems] == [(5, f"nested more than {MAX_DEPTH} levels deep; "
                                                            "a table needs far fewer")]
@@ -124,7 +124,7 @@ def test_one_level_past_the_bound_is_a_located_problem() -> None:
 
 def test_large_but_printable_integers_are_still_values() -> None:
     text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n    priority: " + "9" * 300 + "\n"
-    table, problems = parse_table(text, "big.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "big.yaml", Layer.USER)
     assert problems == [] and table is not None
     assert table.rules[0].priority == int("9" * 300)
 
@@ -155,7 +155,7 @@ def test_tagged_huge_and_deep_values_give_located_problems_only(entries: list[tu
     top = [f"{k}: {v}" for k, v in entries if k in ("strict", "version")]
     rule = [f"    {k}: {v}" for k, v in entries if k not in ("strict", "version")]
     text = "\n".join(["version: 1", *top, "rules:", "  - match: {}", "    method: vllm", *rule]) + "\n"
-    table, problems = parse_table(text, "fuzz.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "fuzz.yaml", Layer.USER)
     assert (table is None) == bool(problems)
     for problem in problems:
         assert str(problem).startswith("fuzz.yaml") and "\n" not in str(problem)
@@ -170,7 +170,7 @@ def test_tagged_huge_and_deep_values_give_located_problems_only(entries: list[tu
 def test_arbitrary_bytes_in_a_table_file_give_located_problems_only(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "bytes.yaml"
     path.write_bytes(data)
-    table, problems = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Layer.USER)
     assert (table is None) == bool(problems)
     for problem in problems:
         assert str(problem).startswith(str(path)) and "\n" not in str(problem)
@@ -207,7 +207,7 @@ def _special_paths(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "dev_null"])
 def test_read_table_refuses_non_regular_files_at_once(tmp_path: Path, kind: str) -> None:
     path = _special_paths(tmp_path)[kind]
-    table, problems = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Layer.USER)
     assert table is None
     assert [str(p) for p in problems] == [f"{path}: is not a regular file "
                                           f"({'a FIFO' if kind == 'fifo' else 'a character device'}); "
@@ -224,8 +224,6 @@ def test_validate_and_register_do_not_hang_on_a_fifo_or_dev_zero(tmp_path: Path)
                                                            (paths["dev_zero"], "a character device")))
 
 
-@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired,
-                   reason="needs wiring: registry.declares_strict opens the path blocking; use tables.declares_strict")
 def test_lenient_register_does_not_hang_on_a_fifo_or_dev_zero(tmp_path: Path) -> None:
     paths = _special_paths(tmp_path)
     reg = run_register([paths["fifo"], paths["dev_zero"]], timeout=20)
@@ -252,7 +250,7 @@ def test_oversized_file_is_refused_without_reading_it(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
     with open(path, "wb") as f:
         f.truncate(MAX_BYTES + 1)  # sparse: nothing to read anyway
-    _, problems = read_table(path, Layer.USER)
+    _, problems, _ = read_table(path, Layer.USER)
     assert [p.message for p in problems] == [f"file is {MAX_BYTES + 1} bytes; a table may have at most {MAX_BYTES}"]
 
 
@@ -270,15 +268,13 @@ def test_read_stops_at_cap_plus_one_when_the_size_lies(tmp_path: Path) -> None:
 def test_path_errors_are_located_problems(tmp_path: Path, kind: str) -> None:
     path = {"nul": f"{tmp_path}/a\0b.yaml", "too_long": str(tmp_path / ("d/" * 3000)) + "t.yaml",
             "long_component": str(tmp_path / ("x" * 300 + ".yaml"))}[kind]
-    table, problems = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Layer.USER)
     assert table is None and len(problems) == 1
     expected = {"nul": "cannot read: the path contains a NUL character", "too_long": "cannot read: File name too long",
                 "long_component": "cannot read: File name too long"}[kind]
     assert problems[0].message == expected
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="needs wiring: registry.load_tables dedupes with os.path.realpath; use tables.file_identity")
 def test_lenient_build_with_a_nul_in_a_table_path_returns(tmp_path: Path) -> None:
     registry = Registry.build(config=[f"{tmp_path}/a\0b.yaml"], entry_points=False)
     assert [p.message for p in registry.problems] == ["cannot read: the path contains a NUL character"]
@@ -291,7 +287,7 @@ def test_unreadable_parent_directory_is_a_located_problem(tmp_path: Path) -> Non
     (locked / "t.yaml").write_text("version: 1\nrules: []\n")
     locked.chmod(0)
     try:
-        _, problems = read_table(locked / "t.yaml", Layer.USER)
+        _, problems, _ = read_table(locked / "t.yaml", Layer.USER)
     finally:
         locked.chmod(0o755)
     assert [p.message for p in problems] == ["cannot read: Permission denied"]
@@ -307,7 +303,7 @@ def test_a_fifo_at_the_cache_entry_path_does_not_hang(tmp_path: Path, monkeypatc
     entry.parent.mkdir(parents=True)
     os.mkfifo(entry)
     os.mkfifo(entry.with_name(f".{entry.name}.{os.getpid()}.tmp"))  # and at the temporary name a writer uses
-    table, problems = parse_table(text, "pkg.yaml", Layer.DEFAULT)
+    table, problems, _ = parse_table(text, "pkg.yaml", Layer.DEFAULT)
     assert problems == [] and table is not None and len(table.rules) == 1
 
 
@@ -327,17 +323,15 @@ def test_file_identity_is_the_same_for_a_hard_link_and_a_symlink(tmp_path: Path)
     assert file_identity(tmp_path / "missing.yaml") is None and file_identity("a\0b") is None
 
 
-def test_declares_strict_reads_only_regular_files(tmp_path: Path) -> None:
-    from quantreg.tables import declares_strict
-
+def test_headers_come_only_from_regular_files(tmp_path: Path) -> None:
+    """The mode reads ``strict:`` from table headers, which are read like tables: never blocking."""
     paths = _special_paths(tmp_path)
-    assert declares_strict(paths["fifo"]) is False  # at once: no writer is ever coming
-    assert declares_strict(paths["dev_zero"]) is False
+    assert read_table(paths["fifo"], Layer.USER)[2] is None  # at once: no writer is ever coming
+    assert read_table(paths["dev_zero"], Layer.USER)[2] is None
     strict = tmp_path / "s.yaml"
-    strict.write_text("version: 1\nstrict: true\nrules: [oops\n")
-    assert declares_strict(strict) is False  # not YAML at all
     strict.write_text("version: 1\nstrict: true\nrules: 3\n")
-    assert declares_strict(strict) is True
+    table, problems, header = read_table(strict, Layer.USER)
+    assert table is None and problems and header is not None and header.strict is True
 
 
 # -- class 4: no cross products, linear alias-free loading, bounded suggestions ----------------
@@ -392,7 +386,7 @@ def test_a_large_legitimate_table_is_not_an_alias_bomb(tmp_path: Path) -> None:
 
     path = tmp_path / "large.yaml"
     path.write_text(many_rules_text(12_000))
-    table, problems = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Layer.USER)
     assert problems == [] and table is not None and len(table.rules) == 12_000
 
 
@@ -401,7 +395,7 @@ def test_aliases_beyond_the_first_occurrence_still_count_as_a_bomb() -> None:
 
     rows = ", ".join(["*a"] * (MAX_NODES // 100 + 1))
     text = "version: 1\nrules: []\nx: &a [" + ", ".join(["1"] * 99) + "]\ny: [" + rows + "]\n"
-    _, problems = parse_table(text, "bomb.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "bomb.yaml", Layer.USER)
     assert len(problems) == 1 and "alias bomb" in problems[0].message and problems[0].line == 4
 
 
@@ -437,7 +431,7 @@ def test_unknown_method_messages_are_short_among_ten_thousand_methods(tmp_path: 
 
 def _default_entry(cache: Path) -> Path:
     from quantreg import tablecache
-    from quantreg.registry import default_table_path
+    from quantreg.builtin import default_table_path
 
     os.environ[tablecache.ENV] = str(cache)
     try:
@@ -465,12 +459,12 @@ def test_an_entry_corrupted_into_other_valid_json_is_not_trusted(tmp_path: Path,
     monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
     path = tmp_path / "plugin.yaml"
     path.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: vllm\n")
-    fresh, _ = read_table(path, Layer.PLUGIN)
+    fresh, _, _ = read_table(path, Layer.PLUGIN)
     entry = next((tmp_path / "cache" / "tables").glob("*.json"))
     good = entry.read_bytes()
     header, _, payload = good.partition(b"\n")
     entry.write_bytes(header + b"\n" + payload.replace(b'"vllm"', b'"vllx"'))  # valid JSON, stale checksum
-    again, problems = read_table(path, Layer.PLUGIN)
+    again, problems, _ = read_table(path, Layer.PLUGIN)
     assert problems == [] and again == fresh and again is not None and again.rules[0].methods == ("vllm",)
     assert entry.read_bytes() == good  # rewritten from the real parse
     entry.write_bytes(b"0" * 64 + b"\n" + payload)  # a wrong header
@@ -490,14 +484,14 @@ def test_bypass_never_reads_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     entry = next((tmp_path / "cache" / "tables").glob("*.json"))
     forged = tablecache.read_entry(entry)
     entry.write_bytes(tablecache.encode_entry(entry.name, json.loads(json.dumps(forged).replace('"cpu"', '"hpu"'))))
-    cached, _ = read_table(path, Layer.PLUGIN)
+    cached, _, _ = read_table(path, Layer.PLUGIN)
     assert cached is not None and cached.rules[0].match.device == ("hpu",)  # a checksummed entry is believed...
     with tablecache.bypass():
         assert tablecache.bypassed()
         with tablecache.bypass():  # nests
             pass
         assert tablecache.bypassed()
-        parsed, _ = read_table(path, Layer.PLUGIN)
+        parsed, _, _ = read_table(path, Layer.PLUGIN)
     assert not tablecache.bypassed()
     assert parsed is not None and parsed.rules[0].match.device == ("cpu",)  # ... except inside bypass()
 
@@ -513,7 +507,6 @@ def test_validate_ignores_a_corrupted_default_table_entry(tmp_path: Path) -> Non
     assert json.loads(out.stdout)["problems"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="needs wiring: cli.cmd_validate/cmd_doctor inside tablecache.bypass()")
 def test_validate_parses_the_files_even_with_a_forged_entry(tmp_path: Path) -> None:
     from quantreg import tablecache
 
@@ -530,10 +523,10 @@ def test_validate_parses_the_files_even_with_a_forged_entry(tmp_path: Path) -> N
 
 def test_a_rule_repeated_through_an_alias_is_reported_at_the_alias() -> None:
     text = "version: 1\nrules:\n  - &r {match: {device: cpu}, method: vllm}\n  - note\n  - *r\n"
-    table, problems = parse_table(text, "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
     assert [(p.line, p.key) for p in problems] == [(4, "rules[1]")]
     text = "version: 1\nrules:\n  - &r\n    match: {device: cpu}\n    method: vllm\n\n  - *r\n"
-    table, problems = parse_table(text, "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
     assert problems == [] and table is not None
     assert [r.line for r in table.rules] == [3, 7]
 
@@ -565,7 +558,7 @@ def test_a_non_utf8_path_on_a_strict_utf8_stdout(tmp_path: Path) -> None:
         assert b"Traceback" not in out.stderr and "UnicodeEncodeError" not in text
         lines = json.loads(text)["problems"] if "--json" in args else text.splitlines()
         assert any(p.endswith("caf\\udce9.yaml:2: rules: expected a list of rules, got mapping") for p in lines)
-    _, problems = read_table(path, Layer.USER)
+    _, problems, _ = read_table(path, Layer.USER)
     assert str(problems[0]).encode("utf-8")  # printable on a strict stream
 
 
@@ -577,7 +570,7 @@ def test_non_ascii_model_types_are_accepted_verbatim(value: str, tmp_path: Path)
     path = tmp_path / "u.yaml"
     path.write_text(f"version: 1\nrules:\n  - match: {{model_type: {value}}}\n    method: vllm\n    priority: 3\n",
                     encoding="utf-8")
-    table, problems = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Layer.USER)
     assert problems == [] and table is not None and table.rules[0].match.model_type == (value,)
     registry = Registry.build(config=[path], entry_points=False)
     chosen = registry.resolve(Key("fp8", value, "cpu")).rule
@@ -592,10 +585,10 @@ def test_non_ascii_model_types_are_accepted_verbatim(value: str, tmp_path: Path)
 @pytest.mark.parametrize("value", ["modèle moe", "a\u00a0b", "x\u200by", "é\u0301", "\u2028"])
 def test_non_names_stay_refused_whatever_the_script(value: str) -> None:
     text = f"version: 1\nrules:\n  - match: {{model_type: {json.dumps(value)}}}\n    method: vllm\n"
-    _, problems = parse_table(text, "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "t.yaml", Layer.USER)
     assert problems and "\n" not in str(problems[0]) and "\u2028" not in str(problems[0])
 
 
 def test_method_names_stay_ascii() -> None:
-    _, problems = parse_table("version: 1\nrules:\n  - match: {}\n    method: méthode\n", "t.yaml", Layer.USER)
+    _, problems, _ = parse_table("version: 1\nrules:\n  - match: {}\n    method: méthode\n", "t.yaml", Layer.USER)
     assert [p.key for p in problems] == ["rules[0].method"]

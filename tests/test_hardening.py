@@ -280,7 +280,7 @@ YAML_TOKENS = ["version:", "rules:", "- ", "match:", "method:", "options:", "pri
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=200), st.lists(st.sampled_from(YAML_TOKENS), max_size=60).map("".join)))
 def test_loader_never_raises_on_random_documents(text: str) -> None:
-    table, problems = parse_table(text, "fuzz.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "fuzz.yaml", Layer.USER)
     assert (table is None) == bool(problems)  # a document is either a table or a list of located problems
     for problem in problems:
         assert str(problem).startswith("fuzz.yaml")

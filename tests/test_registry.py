@@ -25,15 +25,10 @@ from hypothesis import strategies as st
 
 import quantreg
 from quantreg import Key, Layer, Method, Registry, get_registry, resolve, set_registry
+from quantreg.environment import installed_vllm_version, module_available
 from quantreg.index import MAX_AMBIGUITIES
-from quantreg.methods import (
-    check_specifier,
-    installed_vllm_version,
-    load_object,
-    module_available,
-    version_satisfies,
-)
-from quantreg.registry import config_paths
+from quantreg.loading import config_paths
+from quantreg.methods import check_specifier, load_object, version_satisfies
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -436,6 +431,45 @@ def test_without_vllm_loaded_any_class_is_accepted(module_dir: Callable[[str, st
     assert "vllm" not in sys.modules
 
 
+CONSTRUCTION_MODULE = """
+class Plain:  # the original contract: cls(moe_config, **options)
+    def __init__(self, moe, **options):
+        self.moe, self.options = moe, options
+
+
+class WithContext:  # opts in by naming the keyword
+    def __init__(self, moe, quantreg_context=None, *, alpha=1.0):
+        self.moe, self.context, self.alpha = moe, quantreg_context, alpha
+
+
+class KeywordOnly:
+    def __init__(self, moe, *, quantreg_context, **options):
+        self.context, self.options = quantreg_context, options
+"""
+
+
+@pytest.mark.usefixtures("vllm_not_loaded")
+def test_construction_contract_old_and_new_form(module_dir: Callable[[str, str], Path]) -> None:
+    """Plain classes get ``cls(moe_config, **options)``; classes naming ``quantreg_context`` get the context too."""
+    from quantreg.methods import BuildContext, wants_context
+
+    module_dir("qrt_build", CONSTRUCTION_MODULE)
+    layer = object()
+    context = BuildContext(Key("gpt_oss_mxfp4", "gpt_oss", "cpu"), "m", "user.yaml:4", {"alpha": 1.5},
+                           "model.layers.0.mlp.experts", layer)
+    moe = object()
+    plain = Method("m", "qrt_build:Plain").build(moe, context)
+    assert plain.moe is moe and plain.options == {"alpha": 1.5}  # a **options catch-all never sees the context
+    new = Method("m", "qrt_build:WithContext").build(moe, context)
+    assert new.moe is moe and new.alpha == 1.5 and new.context is context
+    assert (new.context.key.model_type, new.context.rule, new.context.prefix) == (
+        "gpt_oss", "user.yaml:4", "model.layers.0.mlp.experts")
+    assert new.context.layer is layer and dict(new.context.options) == {"alpha": 1.5}
+    keyword_only = Method("m", "qrt_build:KeywordOnly").build(moe, context)
+    assert keyword_only.context is context and keyword_only.options == {"alpha": 1.5}
+    assert [wants_context(c) for c in (dict, int)] == [False, False]  # builtins: the plain form
+
+
 def test_vllm_version_requirement(fake_vllm: type) -> None:
     assert installed_vllm_version() == "0.32.0+cpu"
     assert Method("m", "x:Y", vllm_version=">=0.30,<0.40").availability("cpu").ok
@@ -509,6 +543,31 @@ def test_strict_mode(table: Callable[[str, str], Path]) -> None:
     assert build(user=[strict]).strict
     assert build(env={"QUANTREG_STRICT": "1"}).strict
     assert not build(env={"QUANTREG_STRICT": "0"}).strict
+
+
+def test_strict_mode_is_one_decision_from_every_source(table: Callable[[str, str], Path]) -> None:
+    """decide_mode: env, user/run headers (kept, broken or left out by a tie, in any order), run strict."""
+    from quantreg.mode import decide_mode
+
+    rule = "  - match: {device: cpu}\n    method: vllm\n"
+    tied_strict = table("a_strict.yaml", "version: 1\nstrict: true\nrules:\n" + rule)
+    tied_plain = table("b_plain.yaml", "version: 1\nrules:\n" + rule)
+    for user in ([tied_strict, tied_plain], [tied_plain, tied_strict]):  # both files are left out by the tie
+        registry = build(user=user)
+        assert [t.layer for t in registry.tables] == [Layer.DEFAULT] and registry.problems
+        mode = registry.mode()
+        assert mode.strict and mode.because == (f"strict: true in {tied_strict}",), user
+    run_strict = table("run.yaml", "version: 1\nstrict: true\nrules: [}\n")  # not YAML: no header to read
+    assert not build(run=[run_strict]).strict
+    broken_run = table("run2.yaml", "version: 1\nstrict: true\nrules: 5\n")
+    assert build(run=[broken_run]).mode().because == (f"strict: true in {broken_run}",)
+    lenient = build()
+    assert not lenient.mode().strict and str(lenient.mode()) == "lenient"
+    assert lenient.mode(run_strict=True).because == ('vLLM additional_config {"quantreg": {"strict": true}}',)
+    assert not lenient.mode(run_strict=False).strict
+    env_mode = build(env={"QUANTREG_STRICT": " Yes "}).mode(run_strict=False)  # strict is never switched off
+    assert env_mode.strict and env_mode.because == ("QUANTREG_STRICT=Yes",)
+    assert decide_mode({}, build(plugin_tables=[tied_strict]).headers).strict is False  # plugin layer: no say
 
 
 def test_fingerprint_follows_the_effective_rules(table: Callable[[str, str], Path]) -> None:

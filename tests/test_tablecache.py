@@ -69,10 +69,10 @@ def test_corrupt_json_forms_are_refused(bad: Any) -> None:
 def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
     path = write(tmp_path / "plugin.yaml", VALID)
-    first, problems = read_table(path, Layer.PLUGIN)
+    first, problems, _ = read_table(path, Layer.PLUGIN)
     entries = list((tmp_path / "cache" / "tables").glob("*.json"))
     assert len(entries) == 1 and problems == []
-    second, again = read_table(path, Layer.PLUGIN)
+    second, again, _ = read_table(path, Layer.PLUGIN)
     assert first == second and again == []
     # The entry is what was read the second time: change it *with a valid checksum*, and the change shows.
     data = tablecache.read_entry(entries[0])
@@ -80,7 +80,7 @@ def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: py
     data["k"][0][2] = 1  # version: 1 (unchanged) ...
     data["k"][1][2] = True  # ... strict: true
     entries[0].write_bytes(tablecache.encode_entry(entries[0].name, data))
-    third, _ = read_table(path, Layer.PLUGIN)
+    third, _, _ = read_table(path, Layer.PLUGIN)
     assert third is not None and third.strict is True
 
 
@@ -88,9 +88,9 @@ def test_problems_keep_their_lines_through_the_cache(tmp_path: Path, monkeypatch
     monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
     text = "version: 1\nrules:\n  - match: {quant_format: mxfp4}\n    methodz: [vllm]\n"
     path = write(tmp_path / "plugin.yaml", text)
-    _, fresh = read_table(path, Layer.PLUGIN)
+    _, fresh, _ = read_table(path, Layer.PLUGIN)
     assert len(list((tmp_path / "cache" / "tables").glob("*.json"))) == 1
-    _, cached = read_table(path, Layer.PLUGIN)
+    _, cached, _ = read_table(path, Layer.PLUGIN)
     assert [str(p) for p in fresh] == [str(p) for p in cached] and fresh and fresh[0].line == 4
 
 
@@ -100,26 +100,26 @@ def test_operator_tables_and_broken_files_are_never_cached(tmp_path: Path, monke
     for layer in (Layer.USER, Layer.RUN):
         read_table(user, layer)
     broken = write(tmp_path / "broken.yaml", "version: 1\nrules: [\n")
-    _, problems = read_table(broken, Layer.DEFAULT)
+    _, problems, _ = read_table(broken, Layer.DEFAULT)
     assert problems and problems[0].line == 3 and "YAML syntax error" in problems[0].message
     assert not (tmp_path / "cache").exists()
 
 
 def test_corrupt_or_unwritable_cache_never_fails_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "default.yaml", VALID)
-    expected, _ = read_table(path, Layer.DEFAULT)  # cache elsewhere (the default location or off)
+    expected, _, _ = read_table(path, Layer.DEFAULT)  # cache elsewhere (the default location or off)
     monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
     entry = tablecache.entry_path(path.read_text())
     assert entry is not None
     entry.parent.mkdir(parents=True)
     entry.write_text('{"d": 1, "k": [[')  # truncated
-    table, problems = read_table(path, Layer.DEFAULT)
+    table, problems, _ = read_table(path, Layer.DEFAULT)
     assert table == expected and problems == []
     rewritten = tablecache.read_entry(entry)
     assert rewritten is not None and rewritten["d"] == 1  # rewritten whole, with its checksum
     blocker = write(tmp_path / "not-a-dir", "")
     monkeypatch.setenv(tablecache.ENV, str(blocker))  # the cache "directory" is a file: cannot write
-    table, problems = read_table(path, Layer.DEFAULT)
+    table, problems, _ = read_table(path, Layer.DEFAULT)
     assert table == expected and problems == []
     monkeypatch.setenv(tablecache.ENV, "off")
     assert tablecache.directory() is None and tablecache.entry_path("x") is None

@@ -102,7 +102,7 @@ def test_rule_fields_and_locations(table: Callable[[str, str], Path]) -> None:
           - match: {model_type: "*"}
             method: vllm
     """)
-    tf, problems = read_table(path, Layer.RUN)
+    tf, problems, _ = read_table(path, Layer.RUN)
     assert problems == [] and tf is not None
     assert tf.strict is True and tf.layer is Layer.RUN and tf.path == str(path)
     first, second = tf.rules
@@ -121,21 +121,21 @@ def test_rule_fields_and_locations(table: Callable[[str, str], Path]) -> None:
 
 
 def test_null_match_and_null_options_are_empty() -> None:
-    tf, problems = parse_table("version: 1\nrules:\n  - match:\n    method: vllm\n    options:\n", "t", Layer.USER)
+    tf, problems, _ = parse_table("version: 1\nrules:\n  - match:\n    method: vllm\n    options:\n", "t", Layer.USER)
     assert problems == [] and tf is not None
     assert tf.rules[0].match == Match() and tf.rules[0].options == {}
 
 
 def test_a_file_with_any_problem_contributes_no_rules() -> None:
     text = "version: 1\nrules:\n  - {match: {}, method: vllm}\n  - {match: {}, method: vllm, priority: x}\n"
-    tf, problems = parse_table(text, "t.yaml", Layer.USER)
+    tf, problems, _ = parse_table(text, "t.yaml", Layer.USER)
     assert tf is None
     assert [(p.line, p.key) for p in problems] == [(4, "rules[1].priority")]
 
 
 def test_every_problem_of_a_file_is_reported_at_once() -> None:
     text = "version: 2\nrulez: []\nrules:\n  - {match: {devcie: hpu}, method: []}\n  - 5\n"
-    _, problems = parse_table(text, "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "t.yaml", Layer.USER)
     assert [(p.line, p.key) for p in problems] == [
         (2, "rulez"), (1, "version"), (4, "rules[0].match.devcie"), (4, "rules[0].method"), (5, "rules[1]")]
 
@@ -154,35 +154,35 @@ def test_every_problem_of_a_file_is_reported_at_once() -> None:
     ],
 )
 def test_rule_checks(snippet: str, key: str, fragment: str) -> None:
-    _, problems = parse_table(f"version: 1\nrules:\n  - {snippet}\n", "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(f"version: 1\nrules:\n  - {snippet}\n", "t.yaml", Layer.USER)
     assert any(p.key == key and fragment in p.message and p.line == 3 for p in problems), problems
 
 
 def test_names_must_match_entirely() -> None:
     """A trailing newline is not part of a valid name (the JSON Schema pattern agrees)."""
-    _, problems = parse_table('version: 1\nrules:\n  - {match: {device: "hpu\\n"}, method: vllm}\n', "t",
+    _, problems, _ = parse_table('version: 1\nrules:\n  - {match: {device: "hpu\\n"}, method: vllm}\n', "t",
                               Layer.USER)
     assert [p.key for p in problems] == ["rules[0].match.device"]
-    _, problems = parse_table('version: 1\nrules:\n  - {match: {}, method: "vllm\\n"}\n', "t", Layer.USER)
+    _, problems, _ = parse_table('version: 1\nrules:\n  - {match: {}, method: "vllm\\n"}\n', "t", Layer.USER)
     assert [p.key for p in problems] == ["rules[0].method"]
 
 
 def test_strict_must_be_a_boolean() -> None:
-    _, problems = parse_table("version: 1\nstrict: yes please\nrules: []\n", "t.yaml", Layer.USER)
+    _, problems, _ = parse_table("version: 1\nstrict: yes please\nrules: []\n", "t.yaml", Layer.USER)
     assert [(p.line, p.key) for p in problems] == [(2, "strict")]
 
 
 def test_read_table_missing_file_and_directory(tmp_path: Path) -> None:
-    _, problems = read_table(tmp_path / "nope.yaml", Layer.USER)
+    _, problems, _ = read_table(tmp_path / "nope.yaml", Layer.USER)
     assert [str(p) for p in problems] == [f"{tmp_path / 'nope.yaml'}: no such file"]
-    _, problems = read_table(tmp_path, Layer.USER)
+    _, problems, _ = read_table(tmp_path, Layer.USER)
     assert "is a directory" in str(problems[0])
 
 
 def test_read_table_non_utf8_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes("version: 1\nrules:\n  - match: {}\n    note: caf\xe9\n".encode("latin-1"))
-    _, problems = read_table(path, Layer.USER)
+    _, problems, _ = read_table(path, Layer.USER)
     assert [(p.line, p.key) for p in problems] == [(4, "")]
     assert "not UTF-8 (byte 0xe9" in problems[0].message
 
@@ -190,13 +190,13 @@ def test_read_table_non_utf8_names_the_line(tmp_path: Path) -> None:
 def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "bom.yaml"
     path.write_bytes(b"\xef\xbb\xbfversion: 1\nrules: []\n")
-    tf, problems = read_table(path, Layer.USER)
+    tf, problems, _ = read_table(path, Layer.USER)
     assert problems == [] and tf is not None and tf.rules == ()
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.name)
 def test_good_tables_load(path: Path) -> None:
-    tf, problems = read_table(path, Layer.USER)
+    tf, problems, _ = read_table(path, Layer.USER)
     assert problems == []
     assert tf is not None and tf.path == str(path)
 
@@ -207,6 +207,6 @@ def test_there_are_good_tables() -> None:
 
 
 def test_default_table_matches_everything_with_vllm() -> None:
-    tf, problems = read_table(ROOT / "registry.yaml", Layer.DEFAULT)
+    tf, problems, _ = read_table(ROOT / "registry.yaml", Layer.DEFAULT)
     assert problems == [] and tf is not None
     assert [(r.match, r.methods) for r in tf.rules] == [(Match(), ("vllm",))]

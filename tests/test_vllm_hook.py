@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,54 @@ def test_additional_config_is_checked() -> None:
         parse_run_settings({"confg": ["a.yaml"], "strict": "yes"})
     text = str(err.value)
     assert "quantreg.confg: unknown key" in text and "quantreg.strict: expected true or false" in text
+
+
+def test_seam_builds_plain_and_context_classes(tmp_path: Path) -> None:
+    """Through the real seam (real vLLM imports and FusedMoEMethodBase): both construction forms."""
+    table = tmp_path / "build.yaml"
+    table.write_text("version: 1\nrules:\n"
+                     "  - match: {quant_format: plain_fmt}\n    method: plain\n    options: {alpha: 2}\n"
+                     "  - match: {quant_format: ctx_fmt}\n    method: with_context\n    options: {alpha: 3}\n")
+    result = run_py("""
+        import json, os
+        from vllm.model_executor.layers.fused_moe import FusedMoEMethodBase
+        import quantreg
+        from quantreg.registry import Registry, set_registry
+        from quantreg.vllm.seam import Seam
+
+        class Base(FusedMoEMethodBase):
+            def create_weights(self, *a, **k): pass
+            def get_fused_moe_quant_config(self, *a, **k): pass
+
+        class Plain(Base):
+            def __init__(self, moe, **options):
+                self.moe, self.options = moe, options
+
+        class WithContext(Base):
+            def __init__(self, moe, quantreg_context=None, **options):
+                self.moe, self.context, self.options = moe, quantreg_context, options
+
+        class Plugin:
+            @quantreg.hookimpl
+            def register_methods(self, register):
+                register(quantreg.Method(name="plain", target="__main__:Plain"))
+                register(quantreg.Method(name="with_context", target="__main__:WithContext"))
+
+        class Config:
+            def __init__(self, name): self.name = name
+            def get_name(self): return self.name
+
+        set_registry(Registry.build(config=[os.environ["QRT_TABLE"]], env={}, entry_points=False,
+                                    plugins=[("qrt_build", Plugin())]))
+        seam, layer = Seam(), object()
+        plain = seam.route(lambda *a: "VLLM-OWN", layer, "model.layers.0.mlp.experts", Config("plain_fmt"), "MOE")
+        new = seam.route(lambda *a: "VLLM-OWN", layer, "model.layers.1.mlp.experts", Config("ctx_fmt"), "MOE")
+        c = new.context
+        print(json.dumps({"plain": [type(plain).__name__, plain.moe, plain.options],
+                          "new": [type(new).__name__, new.moe, new.options],
+                          "context": [list(c.key), c.method, c.rule, dict(c.options), c.prefix, c.layer is layer]}))
+    """, env={"QRT_TABLE": str(table)})
+    assert result["plain"] == ["Plain", "MOE", {"alpha": 2}]
+    assert result["new"] == ["WithContext", "MOE", {"alpha": 3}]
+    assert result["context"] == [["ctx_fmt", "unknown", "cpu"], "with_context", f"{table}:6", {"alpha": 3},
+                                 "model.layers.1.mlp.experts", True]

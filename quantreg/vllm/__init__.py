@@ -41,7 +41,8 @@ def register() -> None:
     if _registered:
         return
     registry = get_registry()
-    report_faults(registry, strict=registry.strict)
+    strict = registry.mode().strict
+    report_faults(registry, strict=strict)
     if not _vllm_has_seam_module():
         logger.warning("quantreg: this vLLM has no module %s; quantreg is inactive and vLLM chooses MoE "
                        "methods itself", MODULE)
@@ -52,7 +53,7 @@ def register() -> None:
     fingerprint = registry.fingerprint()
     logger.info("quantreg: registry loaded, %d rules from %d tables, %d methods, fingerprint %s (pid %d)",
                 len(registry.index.rules), len(registry.tables), len(registry.methods), fingerprint, os.getpid())
-    check_same_table(fingerprint, strict=registry.strict)
+    check_same_table(fingerprint, strict=strict)
 
 
 def check_same_table(fingerprint: str, strict: bool) -> None:

@@ -32,17 +32,28 @@ def _current_vllm_config() -> Any:
     return get_current_vllm_config_or_none()
 
 
+UNKNOWN_MODEL = "unknown"
+
+
+def current_model_type() -> str | None:
+    """``hf_config.model_type`` of the vLLM config being built, or ``None`` outside one.
+
+    The one reading of the model type: :func:`layer_key` puts it in the key, and a method built
+    outside the seam (no :class:`~quantreg.methods.BuildContext`) can ask the same question here.
+    """
+    vllm_config = _current_vllm_config()
+    model_config = getattr(vllm_config, "model_config", None)
+    hf_config = getattr(model_config, "hf_config", None)
+    model_type = getattr(hf_config, "model_type", None) if hf_config is not None else None
+    return str(model_type) if model_type else None
+
+
 def layer_key(quant_config: Any) -> Key:
     """(quant_config.get_name(), hf model_type, current_platform.device_type) for this layer."""
     from vllm.platforms import current_platform
 
     quant_format = str(quant_config.get_name()) if quant_config is not None else UNQUANTIZED
-    model_type = "unknown"
-    vllm_config = _current_vllm_config()
-    model_config = getattr(vllm_config, "model_config", None)
-    hf_config = getattr(model_config, "hf_config", None)
-    if hf_config is not None and getattr(hf_config, "model_type", None):
-        model_type = str(hf_config.model_type)
+    model_type = current_model_type() or UNKNOWN_MODEL
     return Key(quant_format, model_type, str(current_platform.device_type))
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from ..decision import Decision
 from ..keys import Key
+from ..methods import BuildContext
+from ..mode import Mode
 from ..problems import QuantregError
 from ..registry import Registry, get_registry, set_registry
 from .context import RunSettings, layer_key, run_settings
@@ -79,23 +81,31 @@ class Seam:
             self.settings = None
 
     # -- routing -------------------------------------------------------------------------
-    def registry_for_run(self) -> tuple[Registry, bool]:
-        """The registry with this run's ``additional_config`` tables, and whether to be strict."""
+    def registry_for_run(self) -> tuple[Registry, Mode]:
+        """The registry with this run's ``additional_config`` tables, and the mode in force.
+
+        The mode is :meth:`Registry.mode` with the run's own ``strict`` added, the same rule
+        ``register()`` applied without it. A rebuilt registry reports its faults once (warnings,
+        or the error if strict); in strict mode the faults ``register()`` only warned about (the
+        run asked for strict later) become the error too.
+        """
         settings = run_settings()
+        rebuilt = False
         with self.lock:
             registry = get_registry()
             if settings.config and settings != self.settings:
                 registry = Registry.build(config=settings.config)
-                report_faults(registry, strict=bool(settings.strict) or registry.strict)
                 set_registry(registry)
+                rebuilt = True
             self.settings = settings
-        strict = registry.strict if settings.strict is None else settings.strict
-        if strict:  # e.g. additional_config asked for strict after register() only warned about these
-            report_faults(registry, strict=True)
-        return registry, strict
+        mode = registry.mode(settings.strict)
+        if rebuilt or mode.strict:
+            report_faults(registry, strict=mode.strict)
+        return registry, mode
 
     def route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
-        registry, strict = self.registry_for_run()
+        registry, mode = self.registry_for_run()
+        strict = mode.strict
         key = layer_key(quant_config)
         decision = registry.resolve(key)
         self.log_once(decision)
@@ -103,9 +113,9 @@ class Seam:
             raise QuantregError(f"quantreg (strict): {decision.summary()}; " + chain_reasons(decision))
         if decision.keeps_vllm:
             return original(layer, prefix, quant_config, moe_config)
+        context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
         try:
-            cls = registry.methods[decision.method].load()
-            return cls(moe_config, **dict(decision.options))
+            return registry.methods[decision.method].build(moe_config, context)
         except Exception as exc:
             message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built: "
                        f"{type(exc).__name__}: {exc}")
@@ -132,7 +142,7 @@ def chain_reasons(decision: Decision) -> str:
 
 def report_faults(registry: Registry, strict: bool) -> None:
     """Strict: raise one error with every fault. Lenient: one WARNING line per fault."""
-    faults = [*registry.problems, *registry.failures]
+    faults = registry.faults
     if not faults:
         return
     if strict:

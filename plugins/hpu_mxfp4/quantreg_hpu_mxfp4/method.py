@@ -23,6 +23,7 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
 
 from quantreg.formats.mxfp4 import dequantize_mxfp4
+from quantreg.methods import BuildContext
 
 from . import routing
 from .hpu_op import ChunkPolicy, ExpertWeights, MoeOp, OpSet, hpu_ops, reference_ops, vllm_gaudi_chunk_policy
@@ -56,7 +57,8 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
     # vllm-gaudi's runner leaves the DP all-gather to the method; stock vLLM's runner does it itself.
     dispatch_across_dp: ClassVar[bool] = True
 
-    def __init__(self, moe: Any, **options: Any) -> None:
+    def __init__(self, moe: Any, quantreg_context: BuildContext | None = None, **options: Any) -> None:
+        """``cls(moe_config, **options)``; quantreg's seam also passes ``quantreg_context`` (the layer's key)."""
         self.method_options = MethodOptions.parse(self.quantreg_name, options)
         FusedMoEMethodBase.__init__(self, moe)  # skip GptOssMxfp4MoEMethod's CUDA backend selection
         self.weight_dtype = "gpt_oss_mxfp4"
@@ -67,7 +69,7 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         self._cache_permute_indices: dict[Any, Any] = {}
         self.w13_precision_config = None
         self.w2_precision_config = None
-        self.model_type = routing.current_model_type()
+        self.model_type = routing.model_type(quantreg_context)
         self._order = "vllm" if self.method_options.routing == "vllm" else "pending"
         self._activation = "silu"
         self._prepare_device()

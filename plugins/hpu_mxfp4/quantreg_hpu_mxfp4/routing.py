@@ -12,6 +12,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from quantreg.methods import BuildContext
+from quantreg.vllm.context import UNKNOWN_MODEL, current_model_type
+
 GPT_OSS = "gpt_oss"
 ACTIVATION_ALIASES = {"gelu_tanh": "gelu", "gelu_pytorch_tanh": "gelu", "gelu_new": "gelu", "quick_gelu": "gelu"}
 
@@ -22,18 +25,16 @@ def activation_name(activation: Any) -> str:
     return ACTIVATION_ALIASES.get(name, name)
 
 
-def current_model_type() -> str | None:
-    """``hf_config.model_type`` of the vLLM config being built, or None outside one."""
-    from vllm import config as vllm_config
+def model_type(context: BuildContext | None) -> str | None:
+    """The layer's ``hf_config.model_type``, or None when unknown.
 
-    getter = getattr(vllm_config, "get_current_vllm_config_or_none", None)
-    try:
-        config = getter() if getter is not None else vllm_config.get_current_vllm_config()
-    except AssertionError:  # vLLM 0.32 raises when no config is set
-        return None
-    hf_config = getattr(getattr(config, "model_config", None), "hf_config", None)
-    model_type = getattr(hf_config, "model_type", None)
-    return model_type if isinstance(model_type, str) else None
+    Built by quantreg's seam, the method gets it from the key the registry resolved
+    (``quantreg_context``); built directly (tests, other harnesses), it asks quantreg's one
+    reader of vLLM's current config, so this plugin never re-reads vLLM's globals itself.
+    """
+    if context is None:
+        return current_model_type()
+    return None if context.key.model_type == UNKNOWN_MODEL else context.key.model_type
 
 
 def uses_custom_routing(layer: Any) -> bool:

@@ -1,0 +1,157 @@
+"""The load loop: plugin registrations and table files → methods, tables, headers and problems.
+
+Everything a :class:`~quantreg.registry.Registry` is built from is gathered here, as values:
+nothing raises, every fault is a located :class:`Problem` or a :class:`PluginFailure`, and a
+file with any problem is left out whole (nothing half-applied). Headers are kept for every file
+whose YAML is a mapping, so the mode can honour ``strict: true`` in a file that was left out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .builtin import default_table_path
+from .index import Index, ambiguity_problems
+from .methods import Method, check_method
+from .plugins import PluginFailure, Plugins
+from .problems import Problem, did_you_mean, name_list
+from .tables import Layer, TableFile, TableHeader, file_identity, read_table
+
+CONFIG_ENV = "QUANTREG_CONFIG"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What one load produced: kept tables, every readable header, and what went wrong."""
+
+    methods: dict[str, Method]
+    tables: tuple[TableFile, ...]
+    headers: tuple[TableHeader, ...]
+    problems: tuple[Problem, ...]
+
+
+def config_paths(env: Mapping[str, str]) -> tuple[str, ...]:
+    """User table paths from ``QUANTREG_CONFIG`` (``os.pathsep``-separated, empty parts ignored)."""
+    return tuple(p for p in env.get(CONFIG_ENV, "").split(os.pathsep) if p.strip())
+
+
+def load(
+    plugins: Plugins,
+    env: Mapping[str, str],
+    config: Sequence[str | os.PathLike[str]] = (),
+    default_table: str | os.PathLike[str] | None = None,
+) -> Loaded:
+    """Methods from the plugins, then the default, plugin, user (env) and run (``config``) tables."""
+    methods = collect_methods(plugins.call_each("register_methods"), plugins.failures)
+    paths: list[tuple[str, Layer]] = [(str(default_table or default_table_path()), Layer.DEFAULT)]
+    for plugin, path in plugins.call_each("register_tables"):
+        if isinstance(path, (str, os.PathLike)):
+            paths.append((os.fspath(path), Layer.PLUGIN))
+        else:
+            plugins.failures.append(PluginFailure(plugin, "register_tables",
+                                                  f"register() expects a path, got {type(path).__name__}"))
+    paths += [(p, Layer.USER) for p in config_paths(env)]
+    paths += [(os.fspath(p), Layer.RUN) for p in config]
+    tables, headers, problems = load_tables(paths, methods)
+    for table in tables:
+        methods.update({m.name: m for m in table.methods})
+    return Loaded(methods, tuple(tables), tuple(headers), tuple(problems))
+
+
+def collect_methods(registered: Iterable[tuple[str, Any]], failures: list[PluginFailure]) -> dict[str, Method]:
+    """Plugin registrations → methods by name; the first registration of a name wins."""
+    methods: dict[str, Method] = {}
+    for plugin, method in registered:
+        problem = check_method(method)
+        if problem is None and method.name in methods:
+            problem = (f"method '{method.name}' is already registered by plugin "
+                       f"'{methods[method.name].plugin}'; the first one is kept")
+        if problem:
+            failures.append(PluginFailure(plugin, "register_methods", problem))
+            continue
+        methods[method.name] = Method(**{**method.__dict__, "plugin": plugin})
+    return methods
+
+
+def load_tables(
+    paths: Sequence[tuple[str, Layer]], methods: Mapping[str, Method]
+) -> tuple[list[TableFile], list[TableHeader], list[Problem]]:
+    """Read every table, check method names and options, then drop whole files involved in ties.
+
+    Methods defined in user tables count only while their table is valid, so dropping one
+    table can invalidate another that used its methods: repeat until nothing changes.
+    """
+    parsed: list[TableFile] = []
+    headers: list[TableHeader] = []
+    problems: list[Problem] = []
+    seen: set[tuple[object, Layer]] = set()
+    for path, layer in paths:
+        # One file reached by two paths (listed twice, a symlink, a hard link, a bind mount) is one
+        # table, not a tie with itself; a path that cannot be stat'ed is read and reported on its own.
+        ident: tuple[object, Layer] = (file_identity(path) or path, layer)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        table, found, header = read_table(path, layer)
+        problems += found
+        if header is not None:
+            headers.append(header)
+        if table is not None:
+            parsed.append(table)
+    tables = parsed
+    while True:
+        known = dict(methods)
+        for table in tables:
+            for m in table.methods:
+                if m.name in known:
+                    problems.append(Problem(table.path, None, f"methods.{m.name}",
+                                            f"method '{m.name}' is already registered by '{known[m.name].plugin}'"))
+                else:
+                    known[m.name] = m
+        bad = {t.path for t in tables if any(p.path == t.path for p in problems)}
+        for table in tables:
+            found = method_problems(table, known)
+            problems += found
+            if found:
+                bad.add(table.path)
+        if not bad:
+            break
+        tables = [t for t in tables if t.path not in bad]
+    # Reports are capped per pass (MAX_AMBIGUITIES), so look again until the kept files are free of ties.
+    while pairs := Index(r for t in tables for r in t.rules).ambiguous_pairs():
+        problems += ambiguity_problems(pairs)
+        bad = {r.path for pair in pairs for r in pair}
+        tables = [t for t in tables if t.path not in bad]
+    return tables, headers, problems
+
+
+def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:
+    """Methods a rule names must be registered, and its options accepted by each of them.
+
+    Options go to whichever method of the chain is chosen, so every method that declares its
+    options must accept all of them (``vllm`` takes none and ignores them).
+    """
+    problems = []
+    for i, rule in enumerate(table.rules):
+        for j, name in enumerate(rule.methods):
+            line = rule.method_lines[j] if j < len(rule.method_lines) else rule.line
+            method = methods.get(name)
+            if method is None:
+                problems.append(Problem(
+                    table.path, line, f"rules[{i}].method",
+                    f"unknown method '{name}'{did_you_mean(name, sorted(methods))} "
+                    f"(registered: {name_list(sorted(methods))})"))
+                continue
+            if method.options is None or method.keeps_vllm:
+                continue
+            for option in rule.options:
+                if option not in method.options:
+                    accepted = ", ".join(method.options) or "none"
+                    problems.append(Problem(
+                        table.path, rule.options_line or rule.line, f"rules[{i}].options.{option}",
+                        f"method '{name}' does not accept option '{option}'"
+                        f"{did_you_mean(option, method.options)} (accepted: {accepted})"))
+    return problems
