@@ -177,6 +177,7 @@ def test_checkpoint_has_the_real_gpt_oss_layout(tiny_model: Path, tiny_model_bf1
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
 def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, mxfp4_kernel_available: bool) -> None:
     result = _run(vllm_run, tiny_model, multiprocessing=False)
@@ -233,6 +234,7 @@ def test_vllm_mxfp4_kernel_matches_reference(vllm_run: VllmRun, tiny_model: Path
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
 def test_bf16_twin_single_process(vllm_run: VllmRun, tiny_model_bf16: Path) -> None:
     result = _run(vllm_run, tiny_model_bf16, multiprocessing=False)
@@ -245,6 +247,7 @@ def test_bf16_twin_single_process(vllm_run: VllmRun, tiny_model_bf16: Path) -> N
     assert_matches_reference(result, tiny_model_bf16)
 
 
+@pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
 def test_bf16_twin_multiprocessing_same_seed_same_tokens(vllm_run: VllmRun, tiny_model_bf16: Path) -> None:
     """Default multiprocessing (engine + worker processes) against the 1-process run: two
