@@ -17,8 +17,10 @@
 #                          (same run, so nothing is cached between CI runs)
 #   PYTHON                 the interpreter for new venvs (default python3)
 #
-# Prints a table (version, passed/failed/skipped, install and test seconds), writes the JSON,
-# and exits non-zero if any version fails (install failure, a failed test, or no test ran).
+# Each version's installed sources also go through scripts/vllm_compat_check.py (static check).
+# Prints a table (version, passed/failed/skipped, install and test seconds, static check), writes
+# the JSON, and exits non-zero if any version fails (install failure, a failed test, no test ran,
+# or a symbol quantreg relies on missing/changed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -86,7 +88,14 @@ for v in "${VERSIONS[@]}"; do
     echo "compat: installing vLLM $v failed, see $log" >&2
   fi
   t2=$(date +%s)
-  RESULTS+=("$v|$venv|$install_ok|$((t1 - t0))|$((t2 - t1))|$xml")
+  # The static check on the same release's installed sources (no import; ~1 s).
+  static=$DIR/$v.static.json
+  rm -f "$static"
+  if [ "$install_ok" = 1 ]; then
+    site=$("$venv/bin/python" -c 'import importlib.util as u; print(list(u.find_spec("vllm").submodule_search_locations)[0])')
+    "$PY" scripts/vllm_compat_check.py "$site" --json >"$static" 2>>"$log" || true
+  fi
+  RESULTS+=("$v|$venv|$install_ok|$((t1 - t0))|$((t2 - t1))|$xml|$static")
 done
 
 # Summary table + JSON; exit status 1 when any version failed.
@@ -95,7 +104,7 @@ import json, os, platform, sys, xml.etree.ElementTree as ET
 out, rows = sys.argv[1], sys.argv[2:]
 report, failed = [], False
 for row in rows:
-    v, venv, install_ok, t_install, t_test, xml = row.split("|")
+    v, venv, install_ok, t_install, t_test, xml, static = row.split("|")
     entry = {"vllm": v, "venv": venv, "installed": install_ok == "1",
              "install_seconds": int(t_install), "test_seconds": int(t_test),
              "passed": 0, "failed": 0, "skipped": 0, "tests": []}
@@ -110,17 +119,28 @@ for row in rows:
                 outcome = "passed"
             entry[outcome] += 1
             entry["tests"].append({"test": name, "outcome": outcome, "seconds": float(case.get("time", 0))})
-    entry["ok"] = entry["installed"] and entry["failed"] == 0 and entry["passed"] > 0
+    entry["static_check"] = None
+    if os.path.exists(static) and os.path.getsize(static):
+        with open(static) as f:
+            data = json.load(f)
+        entry["static_check"] = {"ok": data["ok"], "counts": data["counts"],
+                                 "overrides": [f"{o['class']} ({o['where']}, super: {o['calls_super']})"
+                                               for o in data["overrides"]]}
+    static_ok = entry["static_check"] is not None and entry["static_check"]["ok"]
+    entry["ok"] = entry["installed"] and entry["failed"] == 0 and entry["passed"] > 0 and static_ok
     failed |= not entry["ok"]
     report.append(entry)
 with open(out, "w") as f:
     json.dump({"machine": platform.machine(), "python": platform.python_version(), "versions": report}, f, indent=2)
     f.write("\n")
-print(f"{'vLLM':<9} {'result':<7} {'passed':>6} {'failed':>6} {'skipped':>7} {'install s':>9} {'tests s':>7}")
+print(f"{'vLLM':<9} {'result':<7} {'passed':>6} {'failed':>6} {'skipped':>7} {'install s':>9} {'tests s':>7}  static")
 for e in report:
     result = "ok" if e["ok"] else ("NO-INST" if not e["installed"] else "FAIL")
+    s = e["static_check"]
+    static_text = "-" if s is None else ("ok" if s["ok"] else "FAIL") + (
+        f" ({s['counts']['changed']} changed, {s['counts']['missing']} missing)")
     print(f"{e['vllm']:<9} {result:<7} {e['passed']:>6} {e['failed']:>6} {e['skipped']:>7} "
-          f"{e['install_seconds']:>9} {e['test_seconds']:>7}")
+          f"{e['install_seconds']:>9} {e['test_seconds']:>7}  {static_text}")
 print(f"compat: wrote {out}")
 sys.exit(1 if failed else 0)
 EOF

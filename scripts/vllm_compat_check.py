@@ -535,8 +535,10 @@ class Report:
         return [o for o in self.overrides if not o["calls_super"]]
 
     def as_dict(self) -> dict[str, object]:
-        counts = {status: sum(1 for s in self.symbols if s["status"] == status)
+        counts = {status: sum(1 for s in self.symbols if s["status"] == status and not s["optional"])
                   for status in ("present", "changed", "missing")}
+        counts["optional_present"] = sum(1 for s in self.symbols if s["status"] == "present" and s["optional"])
+        counts["optional_absent"] = sum(1 for s in self.symbols if s["status"] != "present" and s["optional"])
         return {"source": self.source, "vllm_version": self.version, "counts": counts,
                 "ok": not self.failures, "symbols": self.symbols, "overrides": self.overrides}
 
