@@ -7,6 +7,7 @@ import logging
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,29 @@ def test_installed_version_reads_metadata_without_importing_vllm() -> None:
         assert shown == "None"
     else:
         assert versions.release(shown) is not None, shown
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("0.28.0", versions.NO_MXFP4_BACKEND_V0_28), ("0.28.1.dev12+g14617c2b", versions.NO_MXFP4_BACKEND_V0_28),
+    ("0.31.0", versions.NO_MXFP4_BACKEND), ("0.32.0", versions.NO_MXFP4_BACKEND),
+    ("0.33.0", versions.NO_MXFP4_BACKEND), (None, versions.NO_MXFP4_BACKEND)])
+def test_no_mxfp4_backend_message_follows_the_release(version: str | None, expected: str) -> None:
+    assert versions.no_mxfp4_backend_message(version) == expected
+
+
+@pytest.mark.compat
+def test_no_mxfp4_backend_messages_match_the_installed_vllm_sources() -> None:
+    """The text for the installed release is literally in its MXFP4 backend oracle (read, not imported)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vLLM is not installed in this environment")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    oracle = (root / "model_executor/layers/fused_moe/oracle/mxfp4.py").read_text()
+    wanted = versions.no_mxfp4_backend_message(versions.installed_version())
+    if wanted == versions.NO_MXFP4_BACKEND_V0_28:  # built from an f-string template split over two lines
+        assert "Mxfp4 MoE backend '{backend.value}' does not support the " in oracle
+        assert "deployment configuration" in oracle
+        # ... and that is what a CPU platform gets: the CPU backend is picked outright, then refused
+        assert "if current_platform.is_cpu():\n        backend = Mxfp4MoeBackend.CPU" in oracle
+    else:
+        assert wanted in oracle

@@ -100,3 +100,24 @@ def warn_if_untested(version: str | None = None) -> str | None:
         _warned.add(message)
         logger.warning("%s", message)
     return message
+
+
+# -- version-gated helpers ---------------------------------------------------------------------
+
+#: How vLLM refuses GPT-OSS MXFP4 on a CPU without AMX (no MXFP4 MoE kernel for this device).
+#: 0.28's ``select_mxfp4_moe_backend`` picks the CPU backend outright on a CPU platform and
+#: raises for that one backend; from 0.31 on it tries every backend and raises this summary.
+NO_MXFP4_BACKEND = "No MXFP4 MoE backend supports the deployment configuration"
+NO_MXFP4_BACKEND_V0_28 = "Mxfp4 MoE backend 'CPU' does not support the deployment configuration"
+
+
+def no_mxfp4_backend_message(version: str | None) -> str:
+    """The text vLLM ``version`` logs when it has no MXFP4 MoE backend for the device (see above).
+
+    For the demo runner and the e2e tests, which tell "vLLM refused, as expected on this CPU"
+    from any other failure by this text. Unknown versions get the newest wording.
+    """
+    parsed = release(version) if version is not None else None
+    if parsed is not None and parsed < (0, 31):
+        return NO_MXFP4_BACKEND_V0_28
+    return NO_MXFP4_BACKEND
