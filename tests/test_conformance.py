@@ -268,6 +268,7 @@ def _broken_module() -> types.ModuleType:
 # -- with vLLM: the known good ----------------------------------------------------------------------
 
 
+@pytest.mark.compat
 @needs_vllm
 def test_mxfp4_reference_passes_check_method(capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:

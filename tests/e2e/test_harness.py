@@ -235,6 +235,7 @@ def test_vllm_mxfp4_kernel_matches_reference(vllm_run: VllmRun, tiny_model: Path
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
 def test_bf16_twin_single_process(vllm_run: VllmRun, tiny_model_bf16: Path) -> None:
     result = _run(vllm_run, tiny_model_bf16, multiprocessing=False)
@@ -247,6 +248,7 @@ def test_bf16_twin_single_process(vllm_run: VllmRun, tiny_model_bf16: Path) -> N
     assert_matches_reference(result, tiny_model_bf16)
 
 
+@pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
 def test_bf16_twin_multiprocessing_same_seed_same_tokens(vllm_run: VllmRun, tiny_model_bf16: Path) -> None:
     """Default multiprocessing (engine + worker processes) against the 1-process run: two

@@ -70,6 +70,7 @@ def compare(ref: RunResult, oracle: RunResult) -> None:
     assert compared >= len(ref.token_ids)  # at least the first token of every prompt agreed
 
 
+@pytest.mark.compat
 def test_reference_matches_vllms_kernel_on_exactly_dequantised_weights(
         vllm_run: VllmRun, tiny_model: Path, tiny_model_bf16: Path, reference_table: Path) -> None:
     oracle: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False, probe_tokens=PROBE, max_tokens=6,
@@ -79,6 +80,7 @@ def test_reference_matches_vllms_kernel_on_exactly_dequantised_weights(
     compare(reference_run(vllm_run, tiny_model, reference_table), oracle)
 
 
+@pytest.mark.compat
 def test_reference_matches_vllms_mxfp4_kernel(vllm_run: VllmRun, tiny_model: Path, reference_table: Path,
                                               mxfp4_kernel_available: bool) -> None:
     if not mxfp4_kernel_available:

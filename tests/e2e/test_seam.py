@@ -101,6 +101,7 @@ def decision_lines(result: RunResult, key: str) -> list[str]:
     return [line for line in result.log.splitlines() if f"quantreg: {key} ->" in line]
 
 
+@pytest.mark.compat
 def test_table_in_quantreg_config_selects_the_workers_class(vllm_run: VllmRun, tiny_model: Path,
                                                              tables: dict[str, Path], e2e_plugin: Path) -> None:
     result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"])))
@@ -145,6 +146,7 @@ def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRun,
     assert any("hpu_mxfp4: runs on hpu, not cpu" in line for line in result.log.splitlines()), result.log[-4000:]
 
 
+@pytest.mark.compat
 def test_decision_vllm_is_identical_to_vllm_alone(vllm_run: VllmRun, tiny_model_bf16: Path,
                                                   e2e_plugin: Path) -> None:
     with_quantreg: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8)
@@ -177,6 +179,7 @@ def test_bf16_chain_fallback_single_process(vllm_run: VllmRun, tiny_model_bf16: 
     assert "e2e_never: e2e probe: this method is never available" in result.log
 
 
+@pytest.mark.compat
 def test_every_process_saw_the_same_table(vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path],
                                           e2e_plugin: Path) -> None:
     result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"])))

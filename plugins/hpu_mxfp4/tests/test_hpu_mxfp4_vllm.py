@@ -75,6 +75,7 @@ def layer_lists(experts: Any) -> dict[str, tuple[torch.Tensor, ...]]:
             "d2": split("w2_weight_scale"), "b13": split("w13_bias"), "b2": split("w2_bias")}
 
 
+@pytest.mark.compat
 def test_reference_method_runs_gpt_oss_moe_in_vllm(monkeypatch: pytest.MonkeyPatch, gpt_oss_vllm_config: Any) -> None:
     runner = build_runner(monkeypatch, gpt_oss_vllm_config, methods.Mxfp4ReferenceMoEMethod, {"alpha": DEFAULT_ALPHA})
     experts = runner.routed_experts
@@ -104,6 +105,7 @@ def test_reference_method_runs_gpt_oss_moe_in_vllm(monkeypatch: pytest.MonkeyPat
     assert rel_error(out, oracle(x, ids, weights, packed, 0)) <= 1e-2
 
 
+@pytest.mark.compat
 def test_grouped_topk_layer_uses_vllms_router(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not GPT-OSS and grouped top-k: the method goes modular and vLLM's router picks the experts."""
     from vllm.config import VllmConfig
@@ -125,6 +127,7 @@ def test_grouped_topk_layer_uses_vllms_router(monkeypatch: pytest.MonkeyPatch) -
     assert torch.equal(out, want)
 
 
+@pytest.mark.compat
 def test_native_method_in_vllm_on_hpu_doubles(monkeypatch: pytest.MonkeyPatch, gpt_oss_vllm_config: Any,
                                               hpu: Any, vllm_gaudi: Any) -> None:
     native = build_runner(monkeypatch, gpt_oss_vllm_config, methods.HpuMxfp4MoEMethod, {})

