@@ -33,6 +33,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..vllm.versions import installed_version, no_mxfp4_backend_message
+
 if TYPE_CHECKING:
     import torch
 
@@ -58,9 +60,10 @@ DEMO_PROMPTS: list[list[int]] = [[1, 2, 3, 4, 5], [7, 8, 9], [(11 * i) % 1000 + 
 VLLM_MXFP4_METHOD = "vllm.model_executor.layers.quantization.mxfp4:GptOssMxfp4MoEMethod"
 #: ... and for the bf16 twin checkpoint.
 VLLM_UNQUANTIZED_METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method:UnquantizedFusedMoEMethod"
-#: The log line vLLM 0.32 dies with when no MXFP4 MoE backend fits the machine (e.g. a CPU
-#: without AMX, where its only CPU kernel, CPUExpertsMxfp4, declines).
-VLLM_NO_MXFP4_BACKEND = "No MXFP4 MoE backend supports the deployment configuration"
+#: The log line the installed vLLM dies with when no MXFP4 MoE backend fits the machine (e.g. a
+#: CPU without AMX, where its only CPU kernel declines); its wording changed in 0.31, so it is
+#: taken from the one place that knows vLLM versions (read from metadata: no vLLM import).
+VLLM_NO_MXFP4_BACKEND = no_mxfp4_backend_message(installed_version())
 
 RESULT_NAME = "result.json"
 MOE_OUTPUTS_NAME = "moe_outputs.pt"

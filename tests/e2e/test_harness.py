@@ -179,6 +179,7 @@ def test_checkpoint_has_the_real_gpt_oss_layout(tiny_model: Path, tiny_model_bf1
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
 def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, mxfp4_kernel_available: bool) -> None:
     result = _run(vllm_run, tiny_model, multiprocessing=False)
