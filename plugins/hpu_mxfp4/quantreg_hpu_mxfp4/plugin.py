@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import quantreg
 
@@ -53,3 +54,22 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
 @quantreg.hookimpl
 def register_tables(register: Callable[[Path | str], None]) -> None:
     register(rules_path())
+
+
+@quantreg.hookimpl
+def register_quant_config_keepers(register: Callable[[Any], None]) -> None:
+    """vllm-gaudi's GPT-OSS MXFP4 strip follows the table (see :mod:`quantreg_hpu_mxfp4.vllm_gaudi`)."""
+    from .vllm_gaudi import KEEPER
+
+    register(KEEPER)
+
+
+@quantreg.hookimpl
+def doctor_findings(register: Callable[[Any], None], registry: Any, device: str | None) -> None:
+    """What vllm-gaudi will do to each GPT-OSS key on this host."""
+    from quantreg.environment import guess_device
+
+    from .vllm_gaudi import findings
+
+    for finding in findings(registry, device or guess_device()):
+        register(finding)
