@@ -107,8 +107,12 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         layer.moe_op = MoeOp(
             self._op_set(), w13, w2, experts_min, experts_max, mxfp4=not self.dequantize_at_load,
             alpha=self.method_options.alpha, limit=self.method_options.limit,
-            chunks=self._chunk_policy(int(layer.global_num_experts)),
+            chunks=self._chunk_policy(int(layer.global_num_experts)), max_experts_per_slice=self._slice_limit(),
         )
+
+    def _slice_limit(self) -> int:
+        """The MXFP4 kernels are never sliced (vllm-gaudi's MXFP4 op does not slice either)."""
+        return 0
 
     def _biases(self, layer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The layer's biases; zeros for a bias-free SwiGLU-OAI layer (only the bias kernel has it)."""
@@ -193,6 +197,10 @@ class HpuMxfp4DequantMoEMethod(HpuMxfp4MoEMethod):
         w13 = ExpertWeights.from_layer(layer.w13_weight.data, None, w13_bias, num_local)
         w2 = ExpertWeights.from_layer(layer.w2_weight.data, None, w2_bias, num_local)
         return w13, w2
+
+    def _slice_limit(self) -> int:
+        """bf16 kernel calls take at most this many experts (0: all at once); see ``options``."""
+        return self.method_options.experts_per_slice()
 
     def get_fused_moe_quant_config(self, layer: Any) -> Any:
         """The weights are plain bf16 now; describe them as unquantized (with biases if any)."""

@@ -39,7 +39,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         devices=("hpu",),
         requires=("habana_frameworks",),
         probe=f"{PACKAGE}.probe:bf16_moe_available",
-        options=OPTIONS,
+        options=(*OPTIONS, "max_experts_per_slice"),
         description="MXFP4 dequantised to bf16 at load, Gaudi bf16 MoE kernel (bias_fused_weights / fused_weights)",
     ))
     register(quantreg.Method(

@@ -35,6 +35,7 @@ def register_ops():
 
 def register_models():
     import vllm_gaudi.models.gptoss_mxfp4  # noqa: F401
+
     from .models import register_model
 
     register_model()

@@ -8,14 +8,11 @@ so tests see which branch ran; the strip has no device check, exactly like the o
 """
 
 import logging
-from collections.abc import Iterable
 import os
+from collections.abc import Iterable
 
 import torch
 from transformers import PretrainedConfig
-from vllm.model_executor.models.gpt_oss import GptOssModel
-from vllm.utils.math_utils import cdiv
-from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
 from vllm.distributed import (
     get_dp_group,
     get_ep_group,
@@ -23,13 +20,16 @@ from vllm.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from vllm.model_executor.layers.quantization.utils.ocp_mx_utils import OCP_MX_BLOCK_SIZE
 from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
-from vllm.model_executor.models.utils import is_pp_missing_parameter
+from vllm.model_executor.layers.quantization.utils.ocp_mx_utils import OCP_MX_BLOCK_SIZE
 from vllm.model_executor.model_loader.weight_utils import (
     default_weight_loader,
     remap_moe_expert_weights,
 )
+from vllm.model_executor.models.gpt_oss import GptOssModel
+from vllm.model_executor.models.utils import is_pp_missing_parameter
+from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+from vllm.utils.math_utils import cdiv
 
 # HPU_MXFP4_NATIVE controls the MXFP4 execution strategy:
 #   True (HPU_MXFP4_NATIVE=1): If weights are packed, use native
