@@ -24,7 +24,7 @@ from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
 
 from quantreg.formats.mxfp4 import dequantize_mxfp4
 
-from . import routing
+from . import routing, sequence_parallel
 from .hpu_op import ChunkPolicy, ExpertWeights, MoeOp, OpSet, hpu_ops, reference_ops, vllm_gaudi_chunk_policy
 from .options import MethodOptions
 
@@ -166,6 +166,9 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         if gathered:
             x, topk_ids, topk_weights = routing.dispatch_across_dp(
                 x, topk_ids, topk_weights, layer.moe_config.is_sequence_parallel)
+        elif self.dispatch_across_dp and sequence_parallel.runner_skips_dispatch(layer.moe_config):
+            gathered = True  # TP + EP with one DP rank under vllm-gaudi's fast-path runner
+            x, topk_ids, topk_weights = sequence_parallel.gather(x, topk_ids, topk_weights)
         top_k = topk_ids.shape[-1]
         topk_ids = topk_ids.reshape(-1, top_k).to(torch.int32)
         topk_weights = topk_weights.reshape(-1, top_k)
