@@ -245,8 +245,8 @@ _explained: set[str] = set()
 
 def _explain_native_env(method: str) -> None:
     """Once per process and method: say what ``HPU_MXFP4_NATIVE`` would have chosen, and that the
-    table chose instead (the variable still matters to vllm-gaudi: unset or 0, it strips the MXFP4
-    quant config before quantreg is asked)."""
+    table chose instead. (vllm-gaudi's strip of the MXFP4 quant config follows the table too: the
+    keeper in :mod:`.vllm_gaudi` keeps the config whenever the table picks a method of ours.)"""
     value = os.environ.get(NATIVE_ENV)
     if value is None or method in _explained:
         return

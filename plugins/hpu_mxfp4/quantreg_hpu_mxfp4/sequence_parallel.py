@@ -37,7 +37,9 @@ def runner_skips_dispatch(moe_config: Any) -> bool:
     return fused_moe is not None and bool(getattr(fused_moe, "_MOE_COMPILE", False))
 
 
-def gather(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gather(x: torch.Tensor, ids: torch.Tensor,
+           weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All-gather over the EP group with vllm-gaudi's helper (it allocates the output itself)."""
-    utils = importlib.import_module(DP_UTILS)
-    return tuple(utils.dispatch_tensor(t, None, True) for t in (x, ids, weights))  # type: ignore[return-value]
+    utils: Any = importlib.import_module(DP_UTILS)
+    return (utils.dispatch_tensor(x, None, True), utils.dispatch_tensor(ids, None, True),
+            utils.dispatch_tensor(weights, None, True))
