@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,50 @@ def test_doctor_findings_are_attributed_and_faults_isolated() -> None:
     ]
     assert str(found[0]) == "(gpt_oss_mxfp4, gpt_oss, hpu): the table says vllm here [plugin a]"
     assert found[0].as_json()["key"] == ["gpt_oss_mxfp4", "gpt_oss", "hpu"]
+
+
+def test_config_stripped_despite_the_table_is_reported(
+        plugin_site: PluginSite, module_dir: Callable[[str, str], Path], tmp_path: Path,
+        guard: Callable[..., QuantConfigGuard], caplog: pytest.LogCaptureFixture) -> None:
+    """A keeper that attaches but no longer reaches the switch: vLLM's convertor check says so."""
+    pytest.importorskip("vllm")
+    plugin_site.add("qrt-stale", {"stale": "qrt_stale_keeper"}, modules={"qrt_stale_keeper": '''
+import quantreg
+from quantreg.keepers import QuantConfigKeeper
+
+def keep(module, should_keep):
+    return None  # a third party that changed: the switch it reads is no longer this one
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="qrt_method", target="qrt_stale_keeper:keep"))
+
+@quantreg.hookimpl
+def register_quant_config_keepers(register):
+    register(QuantConfigKeeper(name="stale", quant_method="mxfp4", quant_format="gpt_oss_mxfp4",
+                               model_type="gpt_oss", module="qrt_third_party", target="qrt_stale_keeper:keep"))
+'''})
+    module_dir("qrt_third_party", THIRD_PARTY)
+    import vllm.config  # noqa: F401  (imports the convertor module the way vLLM does; alone it is circular)
+    from vllm.transformers_utils import model_arch_config_convertor as convertor
+
+    original = convertor.ModelArchConfigConvertorBase.get_quantization_config
+    registry = Registry.build(config=[_table(tmp_path, "qrt_method")])
+    g = guard(registry)
+    g.arm(registry)
+    importlib.import_module("qrt_third_party")  # attaches the keeper, then arms the convertor check
+    assert convertor.ModelArchConfigConvertorBase.get_quantization_config is not original
+    hf_config = types.SimpleNamespace(model_type="gpt_oss", quantization_config={"quant_method": "mxfp4"})
+    stripped = types.SimpleNamespace(hf_config=hf_config, _normalize_quantization_config=lambda config: None)
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+        assert convertor.ModelArchConfigConvertorBase.get_quantization_config(stripped) is None
+    assert ("the table asked to keep the mxfp4 quant config of this gpt_oss checkpoint, but something still "
+            "stripped it") in caplog.text
+    assert "rule for (gpt_oss_mxfp4, gpt_oss, cpu) cannot apply" in caplog.text
+    caplog.clear()
+    kept = types.SimpleNamespace(hf_config=hf_config, _normalize_quantization_config=lambda config: {"x": 1})
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+        assert convertor.ModelArchConfigConvertorBase.get_quantization_config(kept) == {"x": 1}
+    assert "stripped" not in caplog.text
+    g.disarm()
+    assert convertor.ModelArchConfigConvertorBase.get_quantization_config is original

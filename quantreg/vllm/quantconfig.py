@@ -17,9 +17,10 @@ The mechanism (hook ``register_quant_config_keepers``, types in :mod:`quantreg.k
    ``(quant_format, model_type, vLLM's device)`` with the process registry and answers ``True``
    when the decision is a quantreg method. ``vllm`` (or a fallback to it) answers ``False``, so
    the third party behaves exactly as it does without quantreg.
-3. A check on ``ModelArchConfigConvertorBase.get_quantization_config`` (the only caller of
-   ``_normalize_quantization_config`` in vLLM 0.32, patched by nobody) warns when the table
-   asked to keep a config and it was stripped anyway (a third party changed how it strips).
+3. Once a keeper has attached, a check on ``ModelArchConfigConvertorBase.get_quantization_config``
+   (the only caller of ``_normalize_quantization_config`` in vLLM 0.32, patched by nobody) warns
+   when the table asked to keep a config and it was stripped anyway (a third party changed how
+   it strips). Without the third party nothing but the keepers' post-import hooks is armed.
 
 Why this seam: the strip and the loader are the third party's code, both read one switch, and
 the switch is read when they run. Acting on the switch's reader keeps the two consistent (a
@@ -96,10 +97,6 @@ class QuantConfigGuard:
                 hook = PostImportHook(keeper.module, functools.partial(self._attach, keeper))
                 self.hooks.append(hook)
                 hook.arm()
-            if self.keepers:
-                check = PostImportHook(CONVERTOR_MODULE, self._patch_convertor)
-                self.hooks.append(check)
-                check.arm()
 
     def disarm(self) -> None:
         """Undo everything (tests): hooks, keepers' changes, the convertor check."""
@@ -128,6 +125,11 @@ class QuantConfigGuard:
             return
         if callable(undo):
             self.undo.append(undo)
+        with self.lock:  # a third party is there: watch vLLM's convertor too (once)
+            if self.convertor is None and not any(h.module_name == CONVERTOR_MODULE for h in self.hooks):
+                check = PostImportHook(CONVERTOR_MODULE, self._patch_convertor)
+                self.hooks.append(check)
+                check.arm()
         logger.debug("quantreg: keeper '%s' attached to %s", keeper.name, keeper.module)
 
     # -- deciding --------------------------------------------------------------------------

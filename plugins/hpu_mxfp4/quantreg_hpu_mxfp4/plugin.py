@@ -12,10 +12,25 @@ from pathlib import Path
 from typing import Any
 
 import quantreg
+from quantreg.keepers import QuantConfigKeeper
 
 PACKAGE = "quantreg_hpu_mxfp4"
 OPTIONS = ("alpha", "limit", "routing")
 """Rule options every method here accepts (see :mod:`quantreg_hpu_mxfp4.options`)."""
+
+
+VLLM_GAUDI_MODULE = "vllm_gaudi.models.gptoss_mxfp4"
+KEEPER = QuantConfigKeeper(
+    name="vllm_gaudi_gpt_oss_mxfp4",
+    quant_method="mxfp4",
+    quant_format="gpt_oss_mxfp4",
+    model_type="gpt_oss",
+    module=VLLM_GAUDI_MODULE,
+    target=f"{PACKAGE}.vllm_gaudi:keep_native",
+    description="vllm-gaudi strips GPT-OSS MXFP4 quant configs (and dequantises in load_weights) unless "
+                "HPU_MXFP4_NATIVE=1; a table choosing a quantreg method for the key keeps them",
+)
+"""vllm-gaudi's GPT-OSS MXFP4 switch follows the table (see :mod:`quantreg_hpu_mxfp4.vllm_gaudi`)."""
 
 
 def rules_path() -> Path:
@@ -59,8 +74,6 @@ def register_tables(register: Callable[[Path | str], None]) -> None:
 @quantreg.hookimpl
 def register_quant_config_keepers(register: Callable[[Any], None]) -> None:
     """vllm-gaudi's GPT-OSS MXFP4 strip follows the table (see :mod:`quantreg_hpu_mxfp4.vllm_gaudi`)."""
-    from .vllm_gaudi import KEEPER
-
     register(KEEPER)
 
 

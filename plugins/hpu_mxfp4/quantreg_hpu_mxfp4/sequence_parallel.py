@@ -15,6 +15,11 @@ its MXFP4 method does not (a bug on vllm-gaudi main: the block's final reshape f
 Gaudi methods here gather exactly when that fast path will skip the dispatch, for both the
 native and the dequantised kernels; with ``HPU_FUSED_MOE=0`` the stock runner dispatches and
 they gather nothing (gathering then would double the tokens).
+
+vLLM 0.32 itself never builds this case: ``ParallelConfig.use_sequence_parallel_moe`` also needs
+``data_parallel_size > 1`` there, so ``is_sequence_parallel`` implies ``dp_size > 1`` and the
+existing DP gather applies. The rule above is for the vLLM versions vllm-gaudi's comment
+describes, where sequence-parallel MoE runs with one DP rank.
 """
 
 from __future__ import annotations

@@ -26,27 +26,20 @@ from types import ModuleType
 from typing import Any
 
 from quantreg.findings import Finding
-from quantreg.keepers import QuantConfigKeeper, keeps_quant_config
+from quantreg.keepers import keeps_quant_config
 from quantreg.keys import Key
 from quantreg.methods import module_available
 
-PACKAGE = "quantreg_hpu_mxfp4"
+from . import plugin
+
 VLLM_GAUDI = "vllm_gaudi"
-MODULE = "vllm_gaudi.models.gptoss_mxfp4"
+MODULE = plugin.VLLM_GAUDI_MODULE
 SWITCH = "HPU_MXFP4_NATIVE"
 QUANT_FORMAT = "gpt_oss_mxfp4"
 MODEL_TYPE = "gpt_oss"
 
-KEEPER = QuantConfigKeeper(
-    name="vllm_gaudi_gpt_oss_mxfp4",
-    quant_method="mxfp4",
-    quant_format=QUANT_FORMAT,
-    model_type=MODEL_TYPE,
-    module=MODULE,
-    target=f"{PACKAGE}.vllm_gaudi:keep_native",
-    description="vllm-gaudi strips GPT-OSS MXFP4 quant configs (and dequantises in load_weights) unless "
-                "HPU_MXFP4_NATIVE=1; a table choosing a quantreg method for the key keeps them",
-)
+# The keeper itself is declared in :mod:`.plugin` (strings only, so ``register()`` imports nothing more).
+KEEPER = plugin.KEEPER
 
 
 class TableSwitch:
