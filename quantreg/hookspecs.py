@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from .findings import Finding
+    from .keepers import QuantConfigKeeper
     from .methods import Method
+    from .registry import Registry
 
 PROJECT = "quantreg"
 
@@ -44,4 +47,25 @@ def register_tables(register: Callable[[Path | str], None]) -> None:
 
     Plugin tables form the ``plugin`` layer: they beat the default table and lose to user
     files. Two plugins claiming the same key with equal specificity and priority is an error.
+    """
+
+
+@hookspec
+def register_quant_config_keepers(register: Callable[[QuantConfigKeeper], None]) -> None:
+    """Declare quant configs a third party may strip before vLLM fixes them, and how to keep them.
+
+    Call ``register(QuantConfigKeeper(...))`` (see :mod:`quantreg.keepers`). In every vLLM
+    process quantreg calls the keeper's target right after the stripping module is imported,
+    handing it a ``should_keep()`` that answers from the table's decision for the keeper's key
+    on this device: a quantreg method keeps the config, ``vllm`` leaves the third party alone.
+    """
+
+
+@hookspec
+def doctor_findings(register: Callable[[Finding], None], registry: Registry, device: str | None) -> None:
+    """Contribute ``quantreg doctor`` findings: call ``register(Finding(level, message, key))``.
+
+    ``registry`` is the one doctor built (with its ``--config`` tables); ``device`` is vLLM's
+    device, or ``None`` when vLLM cannot be imported. Implementations may take any subset of
+    the three arguments. Keep it cheap: doctor runs it once, never inside vLLM.
     """

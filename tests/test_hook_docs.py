@@ -31,7 +31,8 @@ def signature_text(name: str) -> str:
 
 
 def test_there_are_hooks() -> None:
-    assert set(HOOKS) == {"register_methods", "register_tables"}
+    assert set(HOOKS) == {"register_methods", "register_tables", "register_quant_config_keepers",
+                          "doctor_findings"}
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -16,7 +16,12 @@ Contract with the kernels (what the HPU test doubles assert):
   ``is_fp4=True``; the bias kernel adds ``alpha``/``limit`` (SwiGLU-OAI), the plain one an
   activation name; the bf16 kernels take an int64 routing table (what vllm-gaudi feeds them);
 * ``chunk_size``/``total_experts`` come from vllm-gaudi's ``moe_chunk``/``moe_token_boundary``
-  tuning (0/0, the kernel's default, when there is none).
+  tuning (0/0, the kernel's default, when there is none);
+* bf16 kernels only: with ``max_experts_per_slice > 0`` and more local experts than that, the
+  experts are cut into consecutive slices of at most that many; each slice is one kernel call
+  with its own weights, biases and ``experts_min``/``experts_max`` (ids outside a slice
+  contribute nothing), and the slice outputs are summed. Some Gaudi software releases (1.20)
+  need at most 64 experts per call (vllm-gaudi's ``MAX_EXPERTS_PER_SLICE``).
 """
 
 from __future__ import annotations
@@ -124,6 +129,13 @@ class ExpertWeights:
         assert views is not None
         return cls(views, split(scale), split(bias))
 
+    def narrow(self, start: int, end: int) -> ExpertWeights:
+        """Local experts ``start..end-1`` (the same views)."""
+        def part(values: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:
+            return None if values is None else values[start:end]
+
+        return ExpertWeights(self.weight[start:end], part(self.scale), part(self.bias))
+
 
 @dataclass
 class MoeOp:
@@ -142,6 +154,7 @@ class MoeOp:
     alpha: float = DEFAULT_ALPHA
     limit: float = DEFAULT_LIMIT
     chunks: ChunkPolicy = field(default_factory=ChunkPolicy)
+    max_experts_per_slice: int = 0
     _forward: Kernel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -152,6 +165,8 @@ class MoeOp:
                 if values is not None and len(values) != local:
                     raise ValueError(f"{name}.{kind} has {len(values)} experts, expected {local} "
                                      f"(experts {self.experts_min}..{self.experts_max})")
+        if self.max_experts_per_slice < 0:
+            raise ValueError(f"max_experts_per_slice must be >= 0 (0: no slicing), got {self.max_experts_per_slice}")
         if self.mxfp4 and (self.w13.scale is None or self.w2.scale is None):
             raise ValueError("MXFP4 kernels need the E8M0 scales of both projections")
         if (self.w13.bias is None) != (self.w2.bias is None):
@@ -165,16 +180,36 @@ class MoeOp:
     def num_local_experts(self) -> int:
         return len(self.w13.weight)
 
+    def slices(self) -> list[tuple[int, int]]:
+        """Local expert ranges ``[start, end)`` of each bf16 kernel call (one range: no slicing)."""
+        local, most = self.num_local_experts, self.max_experts_per_slice
+        if self.mxfp4 or most <= 0 or local <= most:
+            return [(0, local)]
+        return [(start, min(start + most, local)) for start in range(0, local, most)]
+
     def __call__(self, hidden_states: torch.Tensor, expert_routing_table: torch.Tensor,
                  router_weights: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+        ranges = self.slices()
+        if len(ranges) == 1:
+            return self._call(self.w13, self.w2, self.experts_min, self.experts_max, hidden_states,
+                              expert_routing_table, router_weights, activation)
+        output: torch.Tensor | None = None
+        for start, end in ranges:
+            part = self._call(self.w13.narrow(start, end), self.w2.narrow(start, end), self.experts_min + start,
+                              self.experts_min + end - 1, hidden_states, expert_routing_table, router_weights,
+                              activation)
+            output = part if output is None else output.add_(part)
+        assert output is not None
+        return output
+
+    def _call(self, w13: ExpertWeights, w2: ExpertWeights, lo: int, hi: int, hidden_states: torch.Tensor,
+              expert_routing_table: torch.Tensor, router_weights: torch.Tensor, activation: str) -> torch.Tensor:
         chunk_size, total_experts = self.chunks.for_tokens(hidden_states.shape[0])
         ids_dtype = torch.int32 if self.mxfp4 else torch.int64
         if expert_routing_table.dtype != ids_dtype:
             expert_routing_table = expert_routing_table.to(ids_dtype)
         if self._forward is None:
             self._forward = self._build()
-        w13, w2 = self.w13, self.w2
-        lo, hi = self.experts_min, self.experts_max
         if self.mxfp4 and self.has_bias:
             return self._forward(hidden_states, expert_routing_table, router_weights, w13.weight, w2.weight,
                                  w13.bias, w2.bias, w13.scale, w2.scale, BLOCK_SIZE, lo, hi, chunk_size,

@@ -25,7 +25,7 @@ from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
 from quantreg.formats.mxfp4 import dequantize_mxfp4
 from quantreg.methods import BuildContext
 
-from . import routing
+from . import routing, sequence_parallel
 from .hpu_op import ChunkPolicy, ExpertWeights, MoeOp, OpSet, hpu_ops, reference_ops, vllm_gaudi_chunk_policy
 from .options import MethodOptions
 
@@ -109,8 +109,12 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         layer.moe_op = MoeOp(
             self._op_set(), w13, w2, experts_min, experts_max, mxfp4=not self.dequantize_at_load,
             alpha=self.method_options.alpha, limit=self.method_options.limit,
-            chunks=self._chunk_policy(int(layer.global_num_experts)),
+            chunks=self._chunk_policy(int(layer.global_num_experts)), max_experts_per_slice=self._slice_limit(),
         )
+
+    def _slice_limit(self) -> int:
+        """The MXFP4 kernels are never sliced (vllm-gaudi's MXFP4 op does not slice either)."""
+        return 0
 
     def _biases(self, layer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The layer's biases; zeros for a bias-free SwiGLU-OAI layer (only the bias kernel has it)."""
@@ -164,6 +168,9 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         if gathered:
             x, topk_ids, topk_weights = routing.dispatch_across_dp(
                 x, topk_ids, topk_weights, layer.moe_config.is_sequence_parallel)
+        elif self.dispatch_across_dp and sequence_parallel.runner_skips_dispatch(layer.moe_config):
+            gathered = True  # TP + EP with one DP rank under vllm-gaudi's fast-path runner
+            x, topk_ids, topk_weights = sequence_parallel.gather(x, topk_ids, topk_weights)
         top_k = topk_ids.shape[-1]
         topk_ids = topk_ids.reshape(-1, top_k).to(torch.int32)
         topk_weights = topk_weights.reshape(-1, top_k)
@@ -195,6 +202,10 @@ class HpuMxfp4DequantMoEMethod(HpuMxfp4MoEMethod):
         w13 = ExpertWeights.from_layer(layer.w13_weight.data, None, w13_bias, num_local)
         w2 = ExpertWeights.from_layer(layer.w2_weight.data, None, w2_bias, num_local)
         return w13, w2
+
+    def _slice_limit(self) -> int:
+        """bf16 kernel calls take at most this many experts (0: all at once); see ``options``."""
+        return self.method_options.experts_per_slice()
 
     def get_fused_moe_quant_config(self, layer: Any) -> Any:
         """The weights are plain bf16 now; describe them as unquantized (with biases if any)."""
@@ -236,8 +247,8 @@ _explained: set[str] = set()
 
 def _explain_native_env(method: str) -> None:
     """Once per process and method: say what ``HPU_MXFP4_NATIVE`` would have chosen, and that the
-    table chose instead (the variable still matters to vllm-gaudi: unset or 0, it strips the MXFP4
-    quant config before quantreg is asked)."""
+    table chose instead. (vllm-gaudi's strip of the MXFP4 quant config follows the table too: the
+    keeper in :mod:`.vllm_gaudi` keeps the config whenever the table picks a method of ours.)"""
     value = os.environ.get(NATIVE_ENV)
     if value is None or method in _explained:
         return

@@ -9,12 +9,34 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import quantreg
-
-from .options import NAMES as OPTIONS
+from quantreg.keepers import QuantConfigKeeper
 
 PACKAGE = "quantreg_hpu_mxfp4"
+
+#: Rule options every method of the plugin accepts: the one list (``options.MethodOptions`` has a
+#: field for each, which its tests check). Here, not in ``options``, so that registering the plugin
+#: in every vLLM process imports nothing but this module.
+OPTIONS = ("alpha", "limit", "routing")
+#: ... and those only the bf16 (dequantising) method accepts.
+SLICING_OPTIONS = ("max_experts_per_slice",)
+SLICING_METHODS = ("hpu_mxfp4_dequant",)
+
+
+VLLM_GAUDI_MODULE = "vllm_gaudi.models.gptoss_mxfp4"
+KEEPER = QuantConfigKeeper(
+    name="vllm_gaudi_gpt_oss_mxfp4",
+    quant_method="mxfp4",
+    quant_format="gpt_oss_mxfp4",
+    model_type="gpt_oss",
+    module=VLLM_GAUDI_MODULE,
+    target=f"{PACKAGE}.vllm_gaudi:keep_native",
+    description="vllm-gaudi strips GPT-OSS MXFP4 quant configs (and dequantises in load_weights) unless "
+                "HPU_MXFP4_NATIVE=1; a table choosing a quantreg method for the key keeps them",
+)
+"""vllm-gaudi's GPT-OSS MXFP4 switch follows the table (see :mod:`quantreg_hpu_mxfp4.vllm_gaudi`)."""
 
 
 def rules_path() -> Path:
@@ -38,7 +60,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         devices=("hpu",),
         requires=("habana_frameworks",),
         probe=f"{PACKAGE}.probe:bf16_moe_available",
-        options=OPTIONS,
+        options=(*OPTIONS, *SLICING_OPTIONS),
         description="MXFP4 dequantised to bf16 at load, Gaudi bf16 MoE kernel (bias_fused_weights / fused_weights)",
     ))
     register(quantreg.Method(
@@ -53,3 +75,20 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
 @quantreg.hookimpl
 def register_tables(register: Callable[[Path | str], None]) -> None:
     register(rules_path())
+
+
+@quantreg.hookimpl
+def register_quant_config_keepers(register: Callable[[Any], None]) -> None:
+    """vllm-gaudi's GPT-OSS MXFP4 strip follows the table (see :mod:`quantreg_hpu_mxfp4.vllm_gaudi`)."""
+    register(KEEPER)
+
+
+@quantreg.hookimpl
+def doctor_findings(register: Callable[[Any], None], registry: Any, device: str | None) -> None:
+    """What vllm-gaudi will do to each GPT-OSS key on this host."""
+    from quantreg.environment import guess_device
+
+    from .vllm_gaudi import findings
+
+    for finding in findings(registry, device or guess_device()):
+        register(finding)

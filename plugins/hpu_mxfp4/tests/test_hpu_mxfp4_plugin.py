@@ -82,3 +82,13 @@ def test_a_user_table_can_choose_the_reference_on_cpu(tmp_path: pytest.TempPathF
     assert decision.chain[0].reason == "runs on hpu, not cpu"
     cls = quantreg.Registry.build(env={}).methods[decision.method].load()
     assert cls.__name__ == "Mxfp4ReferenceMoEMethod"
+
+
+def test_registered_option_names_are_the_option_fields() -> None:
+    """plugin.py holds the one list of option names (so registering imports nothing else); every
+    name has a field in MethodOptions and every field is registered, per method."""
+    from quantreg_hpu_mxfp4 import options, plugin
+
+    assert options.FIELDS == plugin.OPTIONS + plugin.SLICING_OPTIONS
+    assert options.names("hpu_mxfp4") == plugin.OPTIONS
+    assert options.names("hpu_mxfp4_dequant") == plugin.OPTIONS + plugin.SLICING_OPTIONS

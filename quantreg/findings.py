@@ -1,0 +1,76 @@
+"""``quantreg doctor`` findings contributed by plugins (hook ``doctor_findings``).
+
+Core quantreg cannot know what every hardware stack does to a checkpoint (vllm-gaudi strips
+GPT-OSS MXFP4 quant configs unless ``HPU_MXFP4_NATIVE=1``; another plugin may need a driver
+version). The plugin that knows the stack says it: each finding is a level, a message and,
+when it is about one key, the key. The CLI prints them beside its own warnings.
+
+Hooks are called one plugin at a time; a plugin that raises becomes one ``error`` finding
+naming it, and the other plugins' findings are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .keys import Key
+
+if TYPE_CHECKING:
+    from .registry import Registry
+
+logger = logging.getLogger("vllm.quantreg")
+
+HOOK = "doctor_findings"
+LEVELS = ("info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing ``quantreg doctor`` reports: ``level`` is ``info``, ``warning`` or ``error``."""
+
+    level: str
+    message: str
+    key: Key | None = None
+    plugin: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.key}: " if self.key is not None else ""
+        by = f" [plugin {self.plugin}]" if self.plugin else ""
+        return f"{where}{self.message}{by}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"level": self.level, "message": self.message, "plugin": self.plugin,
+                "key": list(self.key) if self.key is not None else None}
+
+
+def collect_findings(registry: Registry, device: str | None) -> list[Finding]:
+    """Ask every plugin's ``doctor_findings(register, registry, device)`` (any subset of the
+    three arguments), in registration order. Bad registrations and raising hooks become
+    ``error`` findings attributed to the plugin."""
+    findings: list[Finding] = []
+    caller = getattr(registry.plugins.pm.hook, HOOK)
+    for impl in caller.get_hookimpls():
+        staged: list[Any] = []
+        given: dict[str, Any] = {"register": staged.append, "registry": registry, "device": device}
+        try:
+            impl.function(**{arg: given[arg] for arg in impl.argnames})
+        except Exception as exc:
+            findings.append(Finding("error", f"hook {HOOK} raised {type(exc).__name__}: {exc}",
+                                    plugin=impl.plugin_name))
+            continue
+        for item in staged:
+            if not isinstance(item, Finding):
+                findings.append(Finding("error", f"hook {HOOK} registered a {type(item).__name__}, not a "
+                                        "quantreg.findings.Finding", plugin=impl.plugin_name))
+            elif item.level not in LEVELS:
+                findings.append(Finding("error", f"hook {HOOK} registered level {item.level!r} (expected one of "
+                                        f"{', '.join(LEVELS)}): {item.message}", plugin=impl.plugin_name))
+            else:
+                findings.append(Finding(item.level, item.message, item.key, impl.plugin_name))
+    return findings
+
+
+RegisterFinding = Callable[[Finding], None]
