@@ -258,3 +258,17 @@ def test_too_large_tables_travel_as_digests_and_the_worker_says_so(tmp_path: Pat
         worker = multinode.build(env=env)
     assert worker.fingerprint() != registry.fingerprint()
     assert f"the driver's table {table} (sha256" in caplog.text and "too large to ship" in caplog.text
+
+
+def test_withdraw_restores_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    table = tmp_path / "t.yaml"
+    table.write_text(TABLE)
+    monkeypatch.setenv("QUANTREG_CONFIG", str(table))
+    monkeypatch.setenv(multinode.RAY_PREFIXES_ENV, "MYCO_")
+    monkeypatch.delenv("QUANTREG_TABLES", raising=False)
+    registry = Registry.build()
+    monkeypatch.setenv("QUANTREG_FINGERPRINT", registry.fingerprint())
+    assert multinode.publish(registry) is not None
+    assert os.environ[multinode.RAY_PREFIXES_ENV] == "MYCO_,QUANTREG_" and "QUANTREG_TABLES" in os.environ
+    multinode.withdraw()
+    assert os.environ[multinode.RAY_PREFIXES_ENV] == "MYCO_" and "QUANTREG_TABLES" not in os.environ

@@ -158,6 +158,10 @@ def _encoded_within_limit(shipment: Shipment) -> str:
                                                       for t in shipment.tables)).encode()
 
 
+#: What :func:`publish` changed in ``os.environ`` (name -> previous value or None), for :func:`withdraw`.
+_changed: dict[str, str | None] = {}
+
+
 def extend_ray_prefixes(env: MutableMapping[str, str]) -> bool:
     """Add ``QUANTREG_`` to ``VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY``, keeping the operator's entries.
 
@@ -179,13 +183,28 @@ def publish(registry: Registry, env: MutableMapping[str, str] | None = None) -> 
     published the fingerprint (the first to register) and only if nobody did yet: a worker must
     pass the driver's shipment on unchanged, never replace it with its own view.
     """
+    own = env is None
     env = os.environ if env is None else env
-    extend_ray_prefixes(env)
+    before = env.get(RAY_PREFIXES_ENV)
+    if extend_ray_prefixes(env) and own:
+        _changed.setdefault(RAY_PREFIXES_ENV, before)
     if TABLES_ENV in env or env.get(FINGERPRINT_ENV) != registry.fingerprint():
         return None
     shipment = shipment_for(registry, env)
     env[TABLES_ENV] = _encoded_within_limit(shipment)
+    if own:
+        _changed.setdefault(TABLES_ENV, None)
     return shipment
+
+
+def withdraw() -> None:
+    """Undo what :func:`publish` did to ``os.environ`` (``unregister()``, tests)."""
+    while _changed:
+        name, previous = _changed.popitem()
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
 
 
 def received(env: Mapping[str, str] | None = None) -> Shipment | None:
