@@ -110,6 +110,8 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     #: the effective-table fingerprint quantreg's hook published in the driver (None: hook not loaded)
     driver_fingerprint: str | None = None
+    #: ``worker_checks`` results: ``"module:function"`` -> one JSON value per worker
+    worker_checks: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -180,6 +182,8 @@ def run_vllm(
     probe_seed: int = 0,
     workdir: str | os.PathLike[str] | None = None,
     timeout: float = 300.0,
+    llm_kwargs: Mapping[str, Any] | None = None,
+    worker_checks: Sequence[str] = (),
 ) -> RunResult:
     """Run ``vllm.LLM`` on ``model_dir`` in a fresh ``python -m quantreg.testing.vllm_run`` process.
 
@@ -191,6 +195,12 @@ def run_vllm(
     worker in the child itself, ~3x faster to start). ``probe_tokens > 0`` additionally feeds
     every MoE block a fixed seeded ``[probe_tokens, hidden]`` input inside the worker and saves
     input and outputs to ``moe_outputs.pt`` (see :meth:`RunResult.load_moe_outputs`).
+
+    ``llm_kwargs`` is layered over :data:`LLM_KWARGS` (e.g. ``tensor_parallel_size=2``).
+    ``worker_checks`` names ``"module:function"`` callables run *inside every worker* through
+    ``LLM.apply_model`` right after the model is loaded: each gets the worker's model, returns a
+    JSON-serialisable value (kept in :attr:`RunResult.worker_checks`) and may raise to fail the
+    run from inside the worker (an ``AssertionError`` there becomes the run's ``error``).
 
     ``workdir`` keeps request/result files (a fresh temp dir if ``None``; it is not deleted so
     the ``.pt`` stays loadable). Raises :class:`RunnerTimeout` if the run exceeds ``timeout``;
@@ -204,6 +214,8 @@ def run_vllm(
         "max_tokens": max_tokens,
         "logprobs": logprobs,
         "additional_config": dict(additional_config) if additional_config is not None else None,
+        "llm_kwargs": dict(llm_kwargs) if llm_kwargs is not None else {},
+        "worker_checks": list(worker_checks),
         "seed": seed,
         "probe_tokens": probe_tokens,
         "probe_seed": probe_seed,
@@ -317,6 +329,7 @@ def _read_result(result_path: Path, returncode: int, log: str, elapsed: float) -
         moe_outputs_path=Path(moe_path) if moe_path else None,
         timings=data.get("timings", {}),
         driver_fingerprint=data.get("driver_fingerprint"),
+        worker_checks=data.get("worker_checks", {}),
     )
 
 
@@ -415,6 +428,18 @@ def probe_moe_layers(model: torch.nn.Module, *, tokens: int, seed: int) -> dict[
     return out
 
 
+def run_worker_check(spec: str, model: torch.nn.Module) -> Any:
+    """(Runs in the worker.) Import ``module:function`` there and call it on the model.
+
+    Importing by name in the worker (rather than pickling the function in the driver) lets a
+    check live in any module the worker can import, e.g. a test helper on ``PYTHONPATH``.
+    """
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)(model)
+
+
 def _child(request: dict[str, Any]) -> dict[str, Any]:
     timings: dict[str, float] = {}
     result: dict[str, Any] = {"runner_pid": os.getpid(), "timings": timings}
@@ -428,6 +453,7 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
         timings["import_vllm"] = time.monotonic() - t0
 
         kwargs = dict(LLM_KWARGS)
+        kwargs.update(request.get("llm_kwargs") or {})
         if request.get("additional_config") is not None:
             kwargs["additional_config"] = request["additional_config"]
         t1 = time.monotonic()
@@ -440,6 +466,10 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
         # What quantreg's hook published in this (driver) process for its children to compare against.
         result["driver_fingerprint"] = os.environ.get("QUANTREG_FINGERPRINT")
         result["worker_moe_layers"] = [w["layers"] for w in inspected]
+        checks: dict[str, list[Any]] = {}
+        result["worker_checks"] = checks
+        for spec in request.get("worker_checks") or []:
+            checks[spec] = llm.apply_model(partial(run_worker_check, spec))
 
         params = SamplingParams(
             max_tokens=request["max_tokens"],
