@@ -122,8 +122,8 @@ def run_ours(experts: int, hidden: int, inter: int) -> dict[str, float]:
     import torch
 
     sys.path.insert(0, str(SUPPORT))
-    from quantreg_hpu_mxfp4.testing import FakeLayer, moe_config
     from quantreg_hpu_mxfp4.method import HpuMxfp4DequantMoEMethod
+    from quantreg_hpu_mxfp4.testing import FakeLayer, moe_config
 
     install_gaudi_doubles()
     config = moe_config(num_global=experts, num_local=experts, top_k=4, hidden=hidden, intermediate=inter, bias=True)

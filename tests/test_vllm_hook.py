@@ -56,7 +56,7 @@ def test_register_is_cheap_lazy_and_idempotent() -> None:
     assert isinstance(added, list)
     assert not [m for m in added if m.startswith("vllm.model_executor")], added
     assert not [m for m in added if m.startswith("quantreg_hpu_mxfp4.") and not m.endswith(".plugin")], added
-    assert result["armed"] == 1  # registering twice arms one hook
+    assert result["armed"] == 2  # the seam's hook and plugin #1's keeper hook; registering twice arms each once
     assert result["installed_before"] is False  # nothing patched until vLLM imports the module itself
     assert result["wrapped"] is True
     assert result["restored"] is True

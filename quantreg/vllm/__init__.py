@@ -12,7 +12,9 @@ import os
 
 from ..problems import QuantregError
 from ..registry import get_registry, set_registry
+from . import multinode
 from .importhook import PostImportHook
+from .quantconfig import QuantConfigGuard
 from .seam import MODULE, Seam, report_faults
 
 logger = logging.getLogger("vllm.quantreg")
@@ -21,6 +23,7 @@ FINGERPRINT_ENV = "QUANTREG_FINGERPRINT"
 
 _seam = Seam()
 _hook = PostImportHook(MODULE, _seam.patch_module)
+_keepers = QuantConfigGuard()
 _registered = False
 _published: str | None = None
 
@@ -40,8 +43,9 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    multinode.adopt_shipped_tables()  # a worker missing the driver's table files decides from the shipped bytes
     registry = get_registry()
-    strict = registry.mode().strict
+    strict = registry.mode().strict or multinode.published_strict()
     report_faults(registry, strict=strict)
     if not _vllm_has_seam_module():
         logger.warning("quantreg: this vLLM has no module %s; quantreg is inactive and vLLM chooses MoE "
@@ -49,11 +53,13 @@ def register() -> None:
         _registered = True
         return
     _hook.arm()
+    _keepers.arm(registry)  # vllm-gaudi-like strips follow the table (never raises; post-import hooks only)
     _registered = True
     fingerprint = registry.fingerprint()
     logger.info("quantreg: registry loaded, %d rules from %d tables, %d methods, fingerprint %s (pid %d)",
                 len(registry.index.rules), len(registry.tables), len(registry.methods), fingerprint, os.getpid())
     check_same_table(fingerprint, strict=strict)
+    multinode.publish(registry)  # after check_same_table, which publishes the first process's fingerprint
 
 
 def check_same_table(fingerprint: str, strict: bool) -> None:
@@ -85,6 +91,8 @@ def unregister() -> None:
         del os.environ[FINGERPRINT_ENV]
     _published = None
     _hook.disarm()
+    _keepers.disarm()
+    multinode.withdraw()
     _seam.unpatch()
     set_registry(None)
     _registered = False

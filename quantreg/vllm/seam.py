@@ -28,6 +28,7 @@ from ..methods import BuildContext
 from ..mode import Mode
 from ..problems import QuantregError
 from ..registry import Registry, get_registry, set_registry
+from . import multinode
 from .context import RunSettings, layer_key, run_settings
 
 logger = logging.getLogger("vllm.quantreg")
@@ -94,7 +95,7 @@ class Seam:
         with self.lock:
             registry = get_registry()
             if settings.config and settings != self.settings:
-                registry = Registry.build(config=settings.config)
+                registry = multinode.build(config=settings.config)
                 set_registry(registry)
                 rebuilt = True
             self.settings = settings

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
-from quantreg_hpu_mxfp4.testing import FakeLayer, make_experts, make_tokens, moe_config
 from quantreg_hpu_mxfp4 import method as methods
+from quantreg_hpu_mxfp4.testing import FakeLayer, make_experts, make_tokens, moe_config
 
 pytestmark = pytest.mark.vllm
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
-from quantreg_hpu_mxfp4.testing import FakeLayer, make_experts, make_tokens, moe_config
 from quantreg_hpu_mxfp4 import method as methods
 from quantreg_hpu_mxfp4 import reference
 from quantreg_hpu_mxfp4.options import MethodOptions
+from quantreg_hpu_mxfp4.testing import FakeLayer, make_experts, make_tokens, moe_config
 
 pytestmark = pytest.mark.vllm
 
