@@ -64,8 +64,9 @@ import zlib
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
+from ..loading import CONFIG_ENV, config_paths
 from ..problems import Problem
-from ..registry import CONFIG_ENV, Registry, config_paths, set_registry
+from ..registry import Registry, set_registry
 from ..tables import TableFile
 
 logger = logging.getLogger("vllm.quantreg")
@@ -280,10 +281,9 @@ def renamed(registry: Registry, names: Mapping[str, str], env: Mapping[str, str]
         return dataclasses.replace(p, path=names.get(p.path, p.path))
 
     methods = {n: dataclasses.replace(m, plugin=_renamed_plugin(m.plugin, names)) for n, m in registry.methods.items()}
-    out = Registry(registry.plugins, methods, [table(t) for t in registry.tables],
-                   [problem(p) for p in registry.problems])
-    out.declared_strict = registry.declared_strict
-    return out
+    headers = [dataclasses.replace(h, path=names.get(h.path, h.path)) for h in registry.headers]
+    return Registry(registry.plugins, methods, [table(t) for t in registry.tables],
+                    [problem(p) for p in registry.problems], headers)
 
 
 def _renamed_plugin(plugin: str, names: Mapping[str, str]) -> str:
