@@ -65,6 +65,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from ..loading import CONFIG_ENV, config_paths
+from ..located import MAX_BYTES, ReadRefused, read_regular_file
 from ..problems import Problem
 from ..registry import Registry, set_registry
 from ..tables import TableFile
@@ -136,9 +137,9 @@ def shipment_for(registry: Registry, env: Mapping[str, str]) -> Shipment:
     """The user tables (``QUANTREG_CONFIG``) this process can read, with ``registry``'s fingerprint."""
     tables = []
     for path in dict.fromkeys(config_paths(env)):
-        try:
-            data = Path(path).read_bytes()
-        except OSError:  # the driver's own registry reports it; nothing to ship
+        try:  # read like any table (a regular file, bounded, never blocking on a FIFO)
+            data = read_regular_file(path, MAX_BYTES)
+        except ReadRefused:  # the driver's own registry reports it; nothing to ship
             continue
         try:
             text: str | None = data.decode("utf-8")
