@@ -27,7 +27,7 @@ from quantreg.vllm_limits import VllmLimitation, vllm_backend_note
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 ROOT = Path(__file__).resolve().parents[1]
-E, H, I = 4, 128, 64  # experts, hidden, intermediate: small but MXFP4-shaped (multiples of 32)
+E, H, INTER = 4, 128, 64  # experts, hidden, intermediate: small but MXFP4-shaped (multiples of 32)
 ST_BYTES = {"U8": 1, "BF16": 2, "F32": 4}
 
 ROUTE = """\
@@ -58,7 +58,7 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> 
 def gpt_oss_config(layers: int = 3, quant: bool = True) -> dict[str, Any]:
     config: dict[str, Any] = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
                               "num_hidden_layers": layers, "num_local_experts": E, "experts_per_token": 2,
-                              "hidden_size": H, "intermediate_size": I, "vocab_size": 256}
+                              "hidden_size": H, "intermediate_size": INTER, "vocab_size": 256}
     if quant:
         config["quantization_config"] = {"quant_method": "mxfp4"}
     return config
@@ -66,11 +66,11 @@ def gpt_oss_config(layers: int = 3, quant: bool = True) -> dict[str, Any]:
 
 def mxfp4_experts(layer: int) -> dict[str, tuple[str, list[int]]]:
     p = f"model.layers.{layer}.mlp.experts."
-    return {p + "gate_up_proj_blocks": ("U8", [E, 2 * I, H // 32, 16]),
-            p + "gate_up_proj_scales": ("U8", [E, 2 * I, H // 32]),
-            p + "gate_up_proj_bias": ("BF16", [E, 2 * I]),
-            p + "down_proj_blocks": ("U8", [E, H, I // 32, 16]),
-            p + "down_proj_scales": ("U8", [E, H, I // 32]),
+    return {p + "gate_up_proj_blocks": ("U8", [E, 2 * INTER, H // 32, 16]),
+            p + "gate_up_proj_scales": ("U8", [E, 2 * INTER, H // 32]),
+            p + "gate_up_proj_bias": ("BF16", [E, 2 * INTER]),
+            p + "down_proj_blocks": ("U8", [E, H, INTER // 32, 16]),
+            p + "down_proj_scales": ("U8", [E, H, INTER // 32]),
             p + "down_proj_bias": ("BF16", [E, H]),
             f"model.layers.{layer}.mlp.router.weight": ("BF16", [E, H])}
 
@@ -92,12 +92,12 @@ def checkpoint(tmp_path: Path) -> Path:
 
 
 def packed_bytes() -> int:
-    weights = E * (2 * I * H + H * I)
-    return weights // 2 + weights // 32 + E * (2 * I + H) * 2
+    weights = E * (2 * INTER * H + H * INTER)
+    return weights // 2 + weights // 32 + E * (2 * INTER + H) * 2
 
 
 def bf16_bytes() -> int:
-    return E * (2 * I * H + H * I) * 2 + E * (2 * I + H) * 2
+    return E * (2 * INTER * H + H * INTER) * 2 + E * (2 * INTER + H) * 2
 
 
 def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, tmp_path: Path) -> None:
@@ -111,9 +111,9 @@ def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, 
         data["quant_format_source"]
     assert data["moe_layers"] == 3 and data["problems"] == []
     ex = data["experts"]
-    assert (ex["count"], ex["per_token"], ex["hidden_size"], ex["intermediate_size"]) == (E, 2, H, I)
+    assert (ex["count"], ex["per_token"], ex["hidden_size"], ex["intermediate_size"]) == (E, 2, H, INTER)
     assert ex["moe_layer_indices"] == [0, 1, 2] and ex["source"] == "config.json + safetensors headers"
-    assert ex["tensors"]["gate_up_proj_blocks"] == {"shape": [E, 2 * I, H // 32, 16], "dtype": "U8"}
+    assert ex["tensors"]["gate_up_proj_blocks"] == {"shape": [E, 2 * INTER, H // 32, 16], "dtype": "U8"}
     assert "router.weight" not in " ".join(ex["tensors"])
     # The headers' sizes and the MXFP4 arithmetic agree.
     assert ex["checkpoint_bytes_per_layer"] == packed_bytes() == ex["bytes_per_layer"]["packed"]
@@ -134,7 +134,7 @@ def test_a_dequantising_method_holds_bf16(checkpoint: Path, tmp_path: Path) -> N
     stub = tmp_path / "qrt_plan_stub.py"
     stub.write_text("class Dequant:\n    def __init__(self, moe_config):\n        pass\n")
     table = tmp_path / "dequant.yaml"
-    table.write_text(f"""\
+    table.write_text("""\
 version: 1
 allow_import_targets: true
 methods:
@@ -142,7 +142,7 @@ methods:
     target: qrt_plan_stub:Dequant
     devices: [cpu]
 rules:
-  - match: {{quant_format: gpt_oss_mxfp4, device: cpu}}
+  - match: {quant_format: gpt_oss_mxfp4, device: cpu}
     method: hpu_mxfp4_dequant
 """)
     registry = Registry.build(config=[table], entry_points=False)
@@ -177,9 +177,9 @@ def test_bf16_checkpoint_is_unquantized_and_vllm_holds_bf16(tmp_path: Path) -> N
     p = "model.layers.{}.mlp.experts."
     tensors = {}
     for i in range(2):
-        tensors[p.format(i) + "gate_up_proj"] = ("BF16", [E, H, 2 * I])
-        tensors[p.format(i) + "gate_up_proj_bias"] = ("BF16", [E, 2 * I])
-        tensors[p.format(i) + "down_proj"] = ("BF16", [E, I, H])
+        tensors[p.format(i) + "gate_up_proj"] = ("BF16", [E, H, 2 * INTER])
+        tensors[p.format(i) + "gate_up_proj_bias"] = ("BF16", [E, 2 * INTER])
+        tensors[p.format(i) + "down_proj"] = ("BF16", [E, INTER, H])
         tensors[p.format(i) + "down_proj_bias"] = ("BF16", [E, H])
     write_safetensors(root / "model.safetensors", tensors)
     data = planmod.plan(root, ["cpu"], Registry.build(entry_points=False), use_vllm=False)
