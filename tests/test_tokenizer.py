@@ -77,3 +77,21 @@ def test_deterministic_and_refuses_a_too_small_vocabulary() -> None:
     assert build_tokenizer(512).to_str() == build_tokenizer(512).to_str()
     with pytest.raises(ValueError, match="no room"):
         build_tokenizer(200)
+
+
+def test_tiny_model_command_writes_checkpoint_and_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from quantreg.tiny_model import tiny_model_command
+
+    assert tiny_model_command(str(tmp_path / "m"), bf16=True) == 0
+    out = capsys.readouterr().out
+    assert "python -m vllm.entrypoints.openai.api_server --model" in out and "curl -s" in out
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert "quantization_config" not in config  # --bf16
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))
+    assert len(tok) == config["vocab_size"] and tok.eos_token_id == config["eos_token_id"]
+    assert tiny_model_command(str(tmp_path / "q"), as_json=True) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["quantization"] == "mxfp4"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(data["files"])
