@@ -183,12 +183,15 @@ def start_server(model: Path, workdir: Path, extra_args: Sequence[str] = (),
     return server
 
 
-#: A line quantreg wrote (a log message or an exception's text), not a path or config dump mentioning it.
-QUANTREG_LINE = re.compile(r"\bquantreg(?: \(strict\))?: ")
+#: vLLM's log prefix, e.g. ``(Worker pid=123) ERROR 12-01 08:27:23 [multiproc_executor.py:953] ``.
+VLLM_PREFIX = re.compile(r"^\([^)]*pid=\d+\) [A-Z]+ \S+ \S+ \[[^\]]*\] ")
+#: A message quantreg wrote: its log lines, or its exception's text closing a traceback. Not a
+#: source line quoted in a traceback, nor vLLM's dump of ``additional_config``.
+QUANTREG_MESSAGE = re.compile(r"^(?:quantreg(?: \(strict\))?: |(?:[\w.]+\.)?QuantregError: quantreg)")
 
 
 def quantreg_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if QUANTREG_LINE.search(line)]
+    return [line for line in log.splitlines() if QUANTREG_MESSAGE.match(VLLM_PREFIX.sub("", line, count=1))]
 
 
 @pytest.fixture(scope="module")
