@@ -408,12 +408,17 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
     return "\n".join(lines)
 
 
-def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool) -> int:
-    """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all."""
+def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool,
+                 use_vllm: bool | None = None) -> int:
+    """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all.
+
+    ``use_vllm=None`` asks vLLM's quant config classes when vLLM is installed (imports vLLM and
+    torch: a few seconds); ``False`` (a ``--no-vllm`` flag) uses the mapping table only.
+    """
     from .environment import guess_device
     from .registry import Registry
 
     registry = Registry.build(config=config)
-    data = plan(model_dir, list(devices) or [guess_device()], registry)
+    data = plan(model_dir, list(devices) or [guess_device()], registry, use_vllm=use_vllm)
     print(json.dumps(data, indent=2, default=str) if as_json else render(data, model_dir))
     return 1 if not data["key"]["model_type"] or data["key"]["model_type"] == "unknown" else 0
