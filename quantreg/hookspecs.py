@@ -20,6 +20,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .methods import Method
+    from .vllm_limits import VllmLimitation
 
 PROJECT = "quantreg"
 
@@ -44,4 +45,15 @@ def register_tables(register: Callable[[Path | str], None]) -> None:
 
     Plugin tables form the ``plugin`` layer: they beat the default table and lose to user
     files. Two plugins claiming the same key with equal specificity and priority is an error.
+    """
+
+
+@hookspec
+def register_vllm_limitations(register: Callable[[VllmLimitation], None]) -> None:
+    """Tell quantreg which keys vLLM's own method cannot run on your device: ``register(VllmLimitation(...))``.
+
+    ``explain`` and ``plan`` show the limitation's note when a key that matches it (and whose
+    ``applies`` check holds on this host) is decided ``vllm``, so the operator reads it before a
+    server fails at start-up. Checks must be cheap and must not import vLLM or torch; they are
+    called in the CLI, not inside vLLM (see :mod:`quantreg.vllm_limits`).
     """

@@ -9,7 +9,7 @@ source it was read from, and an optional cheap check of this host (``/proc/cpuin
 module's presence) that must never import vLLM or torch.
 
 Plugins add limitations for their devices through the ``register_vllm_limitations`` hook (see
-:func:`register_vllm_limitations` below and docs/plugins.md); the built-in ones are in
+:func:`quantreg.hookspecs.register_vllm_limitations` and docs/plugins.md); the built-in ones are in
 :data:`BUILTIN_LIMITATIONS`. :func:`vllm_backend_note` answers one key.
 """
 
@@ -20,8 +20,6 @@ import platform
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import pluggy
 
 from .keys import WILDCARD, Key
 
@@ -144,29 +142,14 @@ BUILTIN_LIMITATIONS: tuple[VllmLimitation, ...] = (
 )
 
 
-# -- the plugin hook (proposed for quantreg/hookspecs.py) ------------------------------------
-
-hookspec = pluggy.HookspecMarker("quantreg")
-
-
-@hookspec
-def register_vllm_limitations(register: Callable[[VllmLimitation], None]) -> None:
-    """Tell quantreg which keys vLLM's own method cannot run on your device: ``register(VllmLimitation(...))``.
-
-    ``explain`` and ``plan`` show the limitation's note when a key that matches it (and whose
-    ``applies`` check holds on this host) is decided ``vllm``. Checks must be cheap and must not
-    import vLLM or torch; they are called in the CLI, not inside vLLM.
-    """
-
+# -- the plugin hook (its spec is quantreg.hookspecs.register_vllm_limitations) --------------
 
 def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str]]:
     """Limitations registered by plugins through ``register_vllm_limitations``, and faults.
 
-    Works once the hookspec is part of :mod:`quantreg.hookspecs` (plugins implementing it are
-    rejected as "unknown hook" before that); until then, no plugin contributes any.
+    A hook that raises is recorded among the registry's plugin failures by
+    :meth:`Plugins.call_each`; a wrong item is returned here as a fault line.
     """
-    if not hasattr(plugins.pm.hook, "register_vllm_limitations"):
-        return [], []
     found: list[VllmLimitation] = []
     faults: list[str] = []
     for name, item in plugins.call_each("register_vllm_limitations"):

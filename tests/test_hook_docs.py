@@ -31,7 +31,7 @@ def signature_text(name: str) -> str:
 
 
 def test_there_are_hooks() -> None:
-    assert set(HOOKS) == {"register_methods", "register_tables"}
+    assert set(HOOKS) == {"register_methods", "register_tables", "register_vllm_limitations"}
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -295,8 +295,6 @@ def register_vllm_limitations(register: Callable[[VllmLimitation], None]) -> Non
 
 def _limits_plugins(*plugins: tuple[str, object]) -> Plugins:
     pl = Plugins({}, entry_points=False)
-    if not hasattr(pl.pm.hook, "register_vllm_limitations"):  # until hookspecs.py carries the spec
-        pl.pm.add_hookspecs(vllm_limits)
     for name, plugin in plugins:
         pl.add(plugin, name)
     return pl
