@@ -125,7 +125,8 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     venv, env = _fresh_venv(tmp_path, _site_view(tmp_path / "site-view"))
     script = ["set -euo pipefail"]
     for number, command in enumerate(commands):
-        script += [f"echo '{STEP}{number}'", re.sub(rf"\b{PORT}\b", port, command)]
+        # A newline first: curl's JSON has none, and the marker must start its own line.
+        script += [f"printf '\\n{STEP}{number}\\n'", re.sub(rf"\b{PORT}\b", port, command)]
     (tmp_path / "quickstart.sh").write_text("\n".join(script) + "\n")
     log = tmp_path / "quickstart.log"
     with log.open("wb") as out:
