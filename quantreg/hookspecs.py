@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .keepers import QuantConfigKeeper
     from .methods import Method
     from .registry import Registry
+    from .vllm_limits import VllmLimitation
 
 PROJECT = "quantreg"
 
@@ -68,4 +69,15 @@ def doctor_findings(register: Callable[[Finding], None], registry: Registry, dev
     ``registry`` is the one doctor built (with its ``--config`` tables); ``device`` is vLLM's
     device, or ``None`` when vLLM cannot be imported. Implementations may take any subset of
     the three arguments. Keep it cheap: doctor runs it once, never inside vLLM.
+    """
+
+
+@hookspec
+def register_vllm_limitations(register: Callable[[VllmLimitation], None]) -> None:
+    """Tell quantreg which keys vLLM's own method cannot run on your device: ``register(VllmLimitation(...))``.
+
+    ``explain`` and ``plan`` show the limitation's note when a key that matches it (and whose
+    ``applies`` check holds on this host) is decided ``vllm``, so the operator reads it before a
+    server fails at start-up. Checks must be cheap and must not import vLLM or torch; they are
+    called in the CLI, not inside vLLM (see :mod:`quantreg.vllm_limits`).
     """

@@ -147,7 +147,7 @@ class Plugins:
 def _validation_message(exc: Exception) -> str:
     text = str(exc)
     if "unknown hook" in text:
-        hooks = ", ".join(n for n in dir(hookspecs) if not n.startswith("_") and n.startswith("register_"))
+        hooks = ", ".join(sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{PROJECT}_spec")))
         return f"{text} (quantreg hooks are: {hooks})"
     return text
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import QUANTREG_VARS, run_cli
+from core_support import QUANTREG_VARS, PluginSite, run_cli
 
 from quantreg.builtin import default_table_path
 from quantreg.cli import main
@@ -164,6 +164,56 @@ def test_explain_warns_about_faults_on_stderr(cli: Run, table: Callable[[str, st
     assert "rule     " in out and "(default layer)" in out  # the broken file contributed nothing
 
 
+def test_explain_says_when_vllms_own_method_cannot_run_here(cli: Run) -> None:
+    """The built-in fact depends on this host's CPU: the note appears exactly when it holds."""
+    from quantreg.vllm_limits import cpu_mxfp4_unsupported
+
+    data = cli_json(cli, "explain", "gpt_oss_mxfp4", "gpt_oss", "cpu")
+    code, out, _ = cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu")
+    assert code == 0 and data["method"] == "vllm"
+    if cpu_mxfp4_unsupported():
+        assert data["vllm_limitation"].startswith("vLLM's own method will fail for this key here: vLLM 0.32's only "
+                                                  "CPU MXFP4 MoE kernel (CPUExpertsMxfp4) needs an x86 CPU with AMX")
+        assert out.rstrip("\n").splitlines()[-1] == f"warning  {data['vllm_limitation']}"
+    else:
+        assert data["vllm_limitation"] is None and "will fail for this key" not in out
+    assert cli_json(cli, "explain", "fp8", "llama", "cpu")["vllm_limitation"] is None
+
+
+def test_explain_shows_a_plugins_vllm_limitation_only_for_vllm_decisions(
+        cli: Run, plugin_site: PluginSite, table: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin_site.add("qrt-npuvendor", {"npuvendor": "qrt_npuvendor"}, modules={"qrt_npuvendor": """
+import quantreg
+from quantreg.vllm_limits import VllmLimitation
+
+
+class NpuMethod:
+    def __init__(self, moe_config):
+        self.moe_config = moe_config
+
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="npu_fp8", target="qrt_npuvendor:NpuMethod", devices=("npu",)))
+
+
+@quantreg.hookimpl
+def register_vllm_limitations(register):
+    register(VllmLimitation("the NPU runtime has no fp8 MoE kernel", quant_format="fp8", device="npu",
+                            source="npu_runtime/moe.py:7"))
+"""})
+    monkeypatch.setenv("QUANTREG_PLUGINS", "npuvendor")
+    code, out, _ = cli("explain", "fp8", "llama", "npu")
+    assert code == 0
+    assert out.rstrip("\n").splitlines()[-1] == ("warning  vLLM's own method will fail for this key here: the NPU "
+                                                 "runtime has no fp8 MoE kernel [npu_runtime/moe.py:7] (from plugin "
+                                                 "'npuvendor')")
+    assert cli_json(cli, "explain", "fp8", "llama", "cpu")["vllm_limitation"] is None  # the pattern names npu
+    route = table("route.yaml", "version: 1\nrules:\n  - {match: {quant_format: fp8, device: npu}, method: npu_fp8}\n")
+    data = cli_json(cli, "explain", "fp8", "llama", "npu", "--config", str(route))
+    assert data["method"] == "npu_fp8" and data["vllm_limitation"] is None
+
+
 # -- validate ------------------------------------------------------------------------------
 def test_validate_the_effective_stack(cli: Run, tables: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUANTREG_CONFIG", str(tables["user"]))
@@ -233,6 +283,78 @@ def test_doctor(tables: dict[str, Path]) -> None:
     for fragment in ("device:", "vLLM hook:", "plugins:", "tables:", f"  run     {tables['run1']} (1 rules)",
                      f"fingerprint: {data['fingerprint']}", "mode: lenient"):
         assert fragment in text
+
+
+TRAIL_WRITER = """
+import sys
+from quantreg import audit
+from quantreg.registry import Registry
+registry = Registry.build(config=sys.argv[2:])
+decision = registry.resolve(("fp8", "llama", "cpu"))
+assert audit.record(decision, role="Worker_TP0", layer_count=2, strict=False, fingerprint=registry.fingerprint(),
+                    path=sys.argv[1])
+"""
+
+
+@pytest.mark.vllm
+def test_doctor_decisions_summarises_a_trail_and_fails_on_disagreement(tables: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    """Real writer processes append to real trails; a process that read another table disagrees."""
+    env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+    env.update(QUANTREG_PLUGINS="")
+    agree, disagree = tmp_path / "agree.jsonl", tmp_path / "disagree.jsonl"
+    for trail, configs in ((agree, [[], []]), (disagree, [[], [str(tables["run1"])]])):
+        for config in configs:
+            subprocess.run([sys.executable, "-c", TRAIL_WRITER, str(trail), *config], env=env, check=True,
+                           timeout=120)
+    code = (f"from quantreg.cli import main\n"
+            f"assert main(['doctor', '--json', '--decisions', {str(agree)!r}]) == 0\nprint({SEPARATOR!r})\n"
+            f"assert main(['doctor', '--decisions', {str(disagree)!r}]) == 1\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    as_json, text = out.stdout.split(SEPARATOR + "\n")
+    data = json.loads(as_json)["decisions"]
+    assert (data["path"], data["lines"], data["processes"], data["ok"]) == (str(agree), 2, 2, True)
+    [(key, choices)] = data["keys"].items()
+    assert key == "(fp8, llama, cpu)" and [c["method"] for c in choices] == ["vllm", "vllm"]
+    assert len({c["pid"] for c in choices}) == 2 and {c["role"] for c in choices} == {"Worker_TP0"}
+    assert f"decisions {disagree}: 2 line(s), 1 key(s), 2 process(es)" in text
+    assert "DISAGREE: (fp8, llama, cpu): processes decided from different tables (fingerprints " in text
+    assert "all processes agree" not in text
+
+
+# -- plan and tiny-model ----------------------------------------------------------------------
+def test_tiny_model_then_plan(cli: Run, tmp_path: Path, table: Callable[[str, str], Path]) -> None:
+    """The operator's path without vLLM: write the tiny checkpoint, then ask what each device gets."""
+    from quantreg.vllm_limits import cpu_mxfp4_unsupported
+
+    model = tmp_path / "tiny"
+    code, out, _ = cli("tiny-model", str(model))
+    assert code == 0 and f"to {model}" in out and "python -m vllm.entrypoints.openai.api_server" in out
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (model / name).is_file(), name
+    route = table("route.yaml", "version: 1\nrules:\n  - {match: {quant_format: gpt_oss_mxfp4, device: hpu}, "
+                                "method: vllm, priority: 3}\n")
+    data = cli_json(cli, "plan", str(model), "--device", "cpu", "--device", "hpu", "--no-vllm",
+                    "--config", str(route))
+    assert data["key"] == {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss"}
+    assert data["moe_layers"] == 2 and data["experts"]["count"] == 4
+    assert list(data["devices"]) == ["cpu", "hpu"]
+    assert data["devices"]["hpu"]["rule"] == f"{route}:3"
+    assert data["devices"]["cpu"]["rule"].endswith("registry.yaml:5")
+    for device in ("cpu", "hpu"):
+        assert set(data["devices"][device]) >= {"method", "rule", "expert_bytes", "warnings"}
+        assert data["devices"][device]["method"] == "vllm" and data["devices"][device]["expert_bytes"] > 0
+    cpu_warned = any("vLLM's own method will fail" in w for w in data["devices"]["cpu"]["warnings"])
+    assert cpu_warned == cpu_mxfp4_unsupported()
+    code, out, _ = cli("plan", str(model), "--device", "cpu", "--no-vllm")
+    assert code == 0 and out.startswith(f"model     {model}\nkey       (gpt_oss_mxfp4, gpt_oss, <device>)")
+
+
+def test_plan_of_a_directory_without_config_is_a_located_problem(cli: Run, tmp_path: Path) -> None:
+    code, out, _ = cli("plan", str(tmp_path), "--device", "cpu", "--no-vllm", "--json")
+    assert code == 1
+    assert f"{tmp_path / 'config.json'}: missing" in " ".join(json.loads(out)["problems"])
 
 
 # -- the console script and argument errors ---------------------------------------------------

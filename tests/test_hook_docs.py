@@ -32,7 +32,7 @@ def signature_text(name: str) -> str:
 
 def test_there_are_hooks() -> None:
     assert set(HOOKS) == {"register_methods", "register_tables", "register_quant_config_keepers",
-                          "doctor_findings"}
+                          "doctor_findings", "register_vllm_limitations"}
 
 
 @pytest.mark.parametrize("hook", HOOKS)

@@ -160,7 +160,8 @@ def register_method(register):
     [failure] = registry.failures
     assert failure.plugin == "typo"
     assert "unknown hook 'register_method'" in failure.message
-    assert "quantreg hooks are: register_methods, register_quant_config_keepers, register_tables" in failure.message
+    assert ("quantreg hooks are: doctor_findings, register_methods, register_quant_config_keepers, "
+            "register_tables, register_vllm_limitations") in failure.message
     assert reason == failure.message
     assert str(failure).startswith("plugin 'typo': unknown hook 'register_method'")
     assert not registry.plugins.pm.has_plugin("typo")
@@ -329,7 +330,8 @@ def test_builtin_vllm_method_is_registered_through_the_hooks() -> None:
     assert vllm.plugin == "quantreg.builtin" and vllm.target == "quantreg.builtin:KeepVllm"
     assert registry.availability("vllm", "anything").ok
     assert sorted(n for n in dir(plugins.pm.hook) if not n.startswith("_")) == [
-        "doctor_findings", "register_methods", "register_quant_config_keepers", "register_tables"]
+        "doctor_findings", "register_methods", "register_quant_config_keepers", "register_tables",
+        "register_vllm_limitations"]
 
 
 def test_plugin_objects_can_be_added_directly() -> None:

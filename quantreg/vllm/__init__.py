@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from ..problems import QuantregError
 from ..registry import get_registry, set_registry
-from . import multinode
+from . import multinode, startup
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
 from .seam import MODULE, Seam, report_faults
@@ -39,14 +40,28 @@ def _vllm_has_seam_module() -> bool:
 
 
 def register() -> None:
-    """Entry point called by vLLM in every process. Cheap and idempotent."""
+    """Entry point called by vLLM in every process. Cheap and idempotent.
+
+    Where vLLM calls it holding its config (EngineCore, Worker), the run's ``additional_config``
+    tables are read here, before any Worker starts or any weight loads (:mod:`.startup`).
+    """
     global _registered
     if _registered:
         return
     multinode.adopt_shipped_tables()  # a worker missing the driver's table files decides from the shipped bytes
-    registry = get_registry()
-    strict = registry.mode().strict or multinode.published_strict()
-    report_faults(registry, strict=strict)
+    settings = None
+    try:
+        settings = startup.startup_settings(sys._getframe(1))
+        base = get_registry()
+        registry = base
+        if settings is not None and settings.config:
+            registry = multinode.build(config=settings.config)
+            set_registry(registry)
+        strict = registry.mode(settings.strict if settings else None).strict or multinode.published_strict()
+        report_faults(registry, strict=strict)
+    except QuantregError as exc:
+        startup.fail_strict(exc)
+    _seam.settings = settings
     if not _vllm_has_seam_module():
         logger.warning("quantreg: this vLLM has no module %s; quantreg is inactive and vLLM chooses MoE "
                        "methods itself", MODULE)
@@ -56,10 +71,17 @@ def register() -> None:
     _keepers.arm(registry)  # vllm-gaudi-like strips follow the table (never raises; post-import hooks only)
     _registered = True
     fingerprint = registry.fingerprint()
-    logger.info("quantreg: registry loaded, %d rules from %d tables, %d methods, fingerprint %s (pid %d)",
-                len(registry.index.rules), len(registry.tables), len(registry.methods), fingerprint, os.getpid())
-    check_same_table(fingerprint, strict=strict)
-    multinode.publish(registry)  # after check_same_table, which publishes the first process's fingerprint
+    runs = startup.run_table_count(registry) if registry is not base else 0
+    logger.info("quantreg: registry loaded, %d rules from %d tables%s, %d methods, fingerprint %s (pid %d)",
+                len(registry.index.rules), len(registry.tables),
+                f" ({runs} from additional_config)" if runs else "", len(registry.methods), fingerprint, os.getpid())
+    try:
+        check_same_table(base.fingerprint(), strict=strict)
+        if registry is not base:
+            startup.check_run_fingerprint(fingerprint, strict=strict)
+    except QuantregError as exc:
+        startup.fail_strict(exc)
+    multinode.publish(base)  # after check_same_table, which publishes the first process's fingerprint
 
 
 def check_same_table(fingerprint: str, strict: bool) -> None:
@@ -90,6 +112,7 @@ def unregister() -> None:
     if _published is not None and os.environ.get(FINGERPRINT_ENV) == _published:
         del os.environ[FINGERPRINT_ENV]
     _published = None
+    startup.forget()
     _hook.disarm()
     _keepers.disarm()
     multinode.withdraw()

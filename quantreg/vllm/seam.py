@@ -28,7 +28,7 @@ from ..methods import BuildContext
 from ..mode import Mode
 from ..problems import QuantregError
 from ..registry import Registry, get_registry, set_registry
-from . import multinode
+from . import multinode, startup
 from .context import RunSettings, layer_key, run_settings
 
 logger = logging.getLogger("vllm.quantreg")
@@ -129,6 +129,7 @@ class Seam:
         if decision.key in self.logged:
             return
         self.logged.add(decision.key)
+        startup.record_decision(decision, get_registry(), self.settings)  # QUANTREG_DECISIONS, once per key
         if decision.fallback:  # the table asked for something that cannot run here: an operator should see it
             logger.warning("quantreg: %s; chain: %s", decision.summary(), chain_reasons(decision))
             return

@@ -1,0 +1,189 @@
+"""Start-up in each vLLM process: the run's own tables, their fingerprint, a clean strict exit, the trail.
+
+**Where a run's tables can first be read.** ``additional_config`` is a field of vLLM's
+``VllmConfig``, and vLLM 0.32 hands that config to no plugin callback: ``load_general_plugins()``
+(``vllm/plugins/__init__.py:77``) calls every ``register()`` without arguments. The earliest
+moments quantreg's code runs while a process *holds* the complete config are those very
+``register()`` calls in the spawned processes, where the config is a local of the caller:
+
+* EngineCore: ``EngineCore.__init__(self, vllm_config, ...)`` calls ``load_general_plugins()``
+  first thing (``vllm/v1/engine/core.py:118-129``) -- before any Worker is spawned;
+* Worker: ``WorkerWrapperBase.init_worker`` stores ``vllm_config`` and then calls
+  ``load_general_plugins()`` (``vllm/v1/worker/worker_base.py:260-276``) -- before device
+  init and before the model (hence any weight) is built.
+
+:func:`caller_vllm_config` finds that local a few frames up (by type name, without importing
+vLLM). Nothing earlier exists: the API server's ``register()`` runs inside
+``AsyncEngineArgs.add_cli_args`` before argv is parsed (``engine/arg_utils.py:3202``), so the
+driver has no config to read; ``VllmConfig.__post_init__`` only calls the *platform's*
+``check_and_update_config`` (quantreg is not a platform plugin, vllm-gaudi is); and
+``set_current_vllm_config`` is first entered around model construction. When no config is
+found (the driver, children started by ``fork`` that inherit a registered state, a vLLM that
+renames the local), the seam reads ``additional_config`` at the first MoE layer as before
+(:meth:`quantreg.vllm.seam.Seam.registry_for_run`).
+
+**Fingerprints.** The driver publishes ``QUANTREG_FINGERPRINT`` before any config exists, so
+that one covers the environment's and plugins' tables (the *base*, compared by
+:func:`quantreg.vllm.check_same_table`). The first process that reads run tables (EngineCore)
+publishes the fingerprint of the *whole* registry as ``QUANTREG_RUN_FINGERPRINT`` before it
+spawns the Workers (spawned children copy ``os.environ``); each Worker compares its own with it.
+
+**Strict failures end the process with one line.** Raised in a vLLM child, a ``QuantregError``
+is printed inside vLLM's 80-line "WorkerProc failed to start." traceback (which also quotes
+quantreg's ``raise`` line) and vLLM's generic "Engine core initialization failed" follows it.
+:func:`fail_strict` instead logs ONE ``quantreg (strict): ...`` ERROR line and raises
+``SystemExit(1)``: ``run_engine_core`` handles ``SystemExit`` without a traceback
+(``v1/engine/core.py:1498``) and ``WorkerProc.worker_main`` catches only ``Exception``. In the
+driver or in-process use (``LLM(...)`` without multiprocessing, tests) it raises the
+``QuantregError`` ``from None``: a library must not exit its caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+from types import FrameType
+from typing import Any, NoReturn
+
+from .. import audit
+from ..decision import Decision
+from ..problems import QuantregError
+from ..registry import Registry
+from ..tables import Layer
+from .context import ADDITIONAL_CONFIG_KEY, RunSettings, _current_vllm_config, parse_run_settings
+
+logger = logging.getLogger("vllm.quantreg")
+
+RUN_FINGERPRINT_ENV = "QUANTREG_RUN_FINGERPRINT"
+#: The name of the local that holds the config in ``EngineCore.__init__`` and ``init_worker``.
+VLLM_CONFIG_LOCAL = "vllm_config"
+#: Frames searched above ``register()``: load_general_plugins, then its caller (plus decorators).
+MAX_DEPTH = 6
+#: Process names of vLLM's children: multiprocessing's (``EngineCore``, ``EngineCore_DP0``,
+#: ``VllmWorker-0``: ``v1/engine/utils.py:284``, ``v1/executor/multiproc_executor.py:747``) and
+#: the log prefix's (``Worker_TP0``, set once the Worker decorates its logs).
+CHILD_PREFIXES = ("EngineCore", "VllmWorker", "Worker")
+STRICT_PREFIX = "quantreg (strict): "
+
+_published_run: str | None = None
+
+
+# -- reading the run's settings from the caller's config --------------------------------------
+
+def _is_vllm_config(value: Any) -> bool:
+    cls = type(value)
+    return cls.__name__ == "VllmConfig" and cls.__module__.startswith("vllm.config")
+
+
+def caller_vllm_config(frame: FrameType | None, max_depth: int = MAX_DEPTH) -> Any | None:
+    """The ``VllmConfig`` held as ``vllm_config`` by ``frame`` or one of its callers, else ``None``."""
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get(VLLM_CONFIG_LOCAL)
+        if _is_vllm_config(candidate):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def settings_of(vllm_config: Any) -> RunSettings:
+    """``additional_config["quantreg"]`` of a ``VllmConfig`` (empty settings when absent)."""
+    extra = getattr(vllm_config, "additional_config", None)
+    if not isinstance(extra, dict) or ADDITIONAL_CONFIG_KEY not in extra:
+        return RunSettings()
+    return parse_run_settings(extra[ADDITIONAL_CONFIG_KEY])
+
+
+def startup_settings(frame: FrameType | None) -> RunSettings | None:
+    """The run's settings if vLLM's config is visible from ``frame`` (``register()``'s caller), else ``None``."""
+    vllm_config = caller_vllm_config(frame)
+    return None if vllm_config is None else settings_of(vllm_config)
+
+
+def run_table_count(registry: Registry) -> int:
+    """How many of the registry's tables came from the run (``additional_config`` / ``--config``)."""
+    return sum(1 for t in registry.tables if t.layer == Layer.RUN)
+
+
+def check_run_fingerprint(fingerprint: str, strict: bool) -> None:
+    """Every process that read the run's tables must hold the same registry (see the module doc)."""
+    global _published_run
+    parent = os.environ.get(RUN_FINGERPRINT_ENV)
+    if not parent:
+        os.environ[RUN_FINGERPRINT_ENV] = _published_run = fingerprint
+        return
+    if parent == fingerprint:
+        return
+    message = (f"quantreg: this process (pid {os.getpid()}) loaded a different table with the run's "
+               f"additional_config (fingerprint {fingerprint}) than the process that read it first "
+               f"({parent}): a table file changed between process starts, so processes may decide differently")
+    if strict:
+        fail_strict(QuantregError(message))
+    logger.warning(message)
+
+
+def forget() -> None:
+    """Undo :func:`check_run_fingerprint`'s publication (tests, ``unregister()``)."""
+    global _published_run
+    if _published_run is not None and os.environ.get(RUN_FINGERPRINT_ENV) == _published_run:
+        del os.environ[RUN_FINGERPRINT_ENV]
+    _published_run = None
+
+
+# -- failing strict ------------------------------------------------------------------------------
+
+def in_vllm_child() -> bool:
+    """True in vLLM's EngineCore and Worker processes (not the driver, not an in-process engine)."""
+    if multiprocessing.parent_process() is None:
+        return False
+    names = (audit.process_role(), multiprocessing.current_process().name)
+    return any(name.startswith(CHILD_PREFIXES) for name in names)
+
+
+def strict_text(error: QuantregError) -> str:
+    """The error as one ``quantreg (strict): ...`` line (several problems joined by ``; ``)."""
+    text = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    if text.startswith(STRICT_PREFIX):
+        return text
+    return STRICT_PREFIX + text.removeprefix("quantreg: ")
+
+
+def fail_strict(error: QuantregError) -> NoReturn:
+    """End start-up for ``error``: one ERROR line and ``SystemExit(1)`` in a vLLM child, else raise it."""
+    if in_vllm_child():
+        logger.error("%s", strict_text(error))
+        for handler in logging.getLogger("vllm").handlers:
+            handler.flush()
+        sys.stderr.flush()
+        raise SystemExit(1)
+    raise error from None
+
+
+# -- the audit trail ---------------------------------------------------------------------------
+
+def moe_layer_count() -> int:
+    """MoE layers the model config declares (the seam sees layers one at a time; vLLM has no
+    "model built" callback), so a trail line says how many layers its decision covers; 1 outside
+    a model config."""
+    from ..plan import moe_layer_indices
+
+    hf_config = getattr(getattr(_current_vllm_config(), "model_config", None), "hf_config", None)
+    try:
+        config = hf_config.to_dict() if hf_config is not None else None
+        return len(moe_layer_indices(config)) if isinstance(config, dict) else 1
+    except Exception:  # a config this reader does not know must not stop the layer
+        return 1
+
+
+def record_decision(decision: Decision, registry: Registry, settings: RunSettings | None) -> None:
+    """Append ``decision`` to ``QUANTREG_DECISIONS`` (a no-op without it; never raises)."""
+    if audit.decisions_path() is None:
+        return
+    try:
+        strict = registry.mode(settings.strict if settings else None).strict
+        audit.record(decision, layer_count=moe_layer_count(), strict=strict, fingerprint=registry.fingerprint())
+    except Exception as exc:  # the trail is best effort by contract: never take a layer down
+        logger.warning("quantreg: decisions trail not recorded: %s: %s", type(exc).__name__, exc)

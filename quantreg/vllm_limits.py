@@ -1,0 +1,186 @@
+"""What quantreg knows, without building a layer, about keys vLLM's own method cannot run here.
+
+Why: ``explain`` and ``plan`` answer ``vllm`` ("keep vLLM's own method") for a key, but on some
+hosts vLLM has no kernel for that key at all and fails at start-up; e.g. vLLM 0.32 on a CPU
+without AMX refuses GPT-OSS MXFP4 ("No MXFP4 MoE backend supports the deployment
+configuration"). The operator should read that before starting a server, so such knowledge is
+kept here as declarative :class:`VllmLimitation` values: a key pattern, the reason, the vLLM
+source it was read from, and an optional cheap check of this host (``/proc/cpuinfo`` flags, a
+module's presence) that must never import vLLM or torch.
+
+Plugins add limitations for their devices through the ``register_vllm_limitations`` hook (see
+:func:`quantreg.hookspecs.register_vllm_limitations` and docs/plugins.md); the built-in ones are in
+:data:`BUILTIN_LIMITATIONS`. :func:`vllm_backend_note` answers one key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .keys import WILDCARD, Key
+
+if TYPE_CHECKING:
+    from .plugins import Plugins
+
+Check = Callable[[], bool]
+PatternValue = str | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VllmLimitation:
+    """vLLM's own method cannot run keys matching this pattern (when ``applies`` says so).
+
+    ``quant_format``/``model_type``/``device`` are a value, a tuple of values or ``"*"``.
+    ``applies`` is a callable (or ``"module:function"``) telling whether the limitation holds on
+    this host; ``None`` means always. It must be cheap and must not import vLLM; one that raises
+    counts as "does not apply" (a wrong warning is worse than a missing one).
+    ``source`` says where in vLLM the fact was read, so it can be re-checked on upgrades.
+    """
+
+    reason: str
+    quant_format: PatternValue = WILDCARD
+    model_type: PatternValue = WILDCARD
+    device: PatternValue = WILDCARD
+    applies: Check | str | None = None
+    source: str = ""
+    plugin: str = ""
+
+    def matches(self, key: Key) -> bool:
+        return all(_field_matches(p, v) for p, v in
+                   zip((self.quant_format, self.model_type, self.device), key))
+
+    def holds(self) -> bool:
+        if self.applies is None:
+            return True
+        try:
+            check = _load(self.applies) if isinstance(self.applies, str) else self.applies
+            return bool(check())
+        except Exception:
+            return False
+
+    def note(self) -> str:
+        text = f"vLLM's own method will fail for this key here: {self.reason}"
+        if self.source:
+            text += f" [{self.source}]"
+        if self.plugin:
+            text += f" (from plugin '{self.plugin}')"
+        return text
+
+
+def _field_matches(pattern: PatternValue, value: str) -> bool:
+    if isinstance(pattern, str):
+        return pattern == WILDCARD or pattern == value
+    return WILDCARD in pattern or value in pattern
+
+
+def _load(ref: str) -> Check:
+    module, _, attr = ref.partition(":")
+    mod = importlib.import_module(module)
+    fn: Check = getattr(mod, attr)
+    return fn
+
+
+# -- host facts (no vLLM, no torch) ----------------------------------------------------------
+
+CPUINFO = "/proc/cpuinfo"
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (empty if unreadable, e.g. not Linux)."""
+    text = cpuinfo
+    if text is None:
+        try:
+            with open(CPUINFO, encoding="utf-8", errors="replace") as f:
+                text = f.read(1 << 20)
+        except OSError:
+            return frozenset()
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def has_amx(cpuinfo: str | None = None) -> bool:
+    """AMX tiles and bf16 (``amx_tile`` and ``amx_bf16``), what vLLM's CPU MXFP4 kernel needs.
+
+    vLLM asks ``torch.cpu._is_amx_tile_supported()``; the kernel computes in bf16, so both flags.
+    """
+    flags = cpu_flags(cpuinfo)
+    return "amx_tile" in flags and "amx_bf16" in flags
+
+
+def cpu_mxfp4_unsupported(cpuinfo: str | None = None) -> bool:
+    """vLLM 0.32 has no CPU MXFP4 MoE backend here: no x86 AMX kernel and no ``amd-quark`` emulation."""
+    if importlib.util.find_spec("quark") is not None:
+        return False
+    return not (is_x86() and has_amx(cpuinfo))
+
+
+BUILTIN_LIMITATIONS: tuple[VllmLimitation, ...] = (
+    VllmLimitation(
+        reason=("vLLM 0.32's only CPU MXFP4 MoE kernel (CPUExpertsMxfp4) needs an x86 CPU with AMX "
+                "(amx_tile/amx_bf16 in /proc/cpuinfo), and its emulation backend needs the amd-quark "
+                "package; neither is here, so vLLM stops with 'No MXFP4 MoE backend supports the "
+                "deployment configuration'. Route the key to a quantreg method (e.g. mxfp4_reference) "
+                "or serve a bf16 checkpoint"),
+        quant_format=("gpt_oss_mxfp4", "mxfp4"),
+        device="cpu",
+        applies=cpu_mxfp4_unsupported,
+        source=("vllm/model_executor/layers/fused_moe/experts/cpu_moe.py:624 "
+                "CPUExpertsMxfp4._supports_current_device; ocp_mx_emulation_moe.py:130; "
+                "fused_moe/oracle/mxfp4.py:734"),
+    ),
+)
+
+
+# -- the plugin hook (its spec is quantreg.hookspecs.register_vllm_limitations) --------------
+
+def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str]]:
+    """Limitations registered by plugins through ``register_vllm_limitations``, and faults.
+
+    A hook that raises is recorded among the registry's plugin failures by
+    :meth:`Plugins.call_each`; a wrong item is returned here as a fault line.
+    """
+    found: list[VllmLimitation] = []
+    faults: list[str] = []
+    for name, item in plugins.call_each("register_vllm_limitations"):
+        if isinstance(item, VllmLimitation):
+            found.append(VllmLimitation(**{**item.__dict__, "plugin": name}))
+        else:
+            faults.append(f"plugin '{name}', hook 'register_vllm_limitations': register() expects a "
+                          f"quantreg.vllm_limits.VllmLimitation, got {type(item).__name__}")
+    return found, faults
+
+
+def vllm_backend_note(key: Key | tuple[str, str, str],
+                      limitations: Iterable[VllmLimitation] | None = None) -> str | None:
+    """The note for ``key`` if vLLM's own method is known to fail for it on this host, else ``None``.
+
+    ``limitations`` defaults to :data:`BUILTIN_LIMITATIONS`; pass those of
+    :func:`plugin_limitations` as well to include plugins' knowledge. Several notes are joined.
+    """
+    key = Key(*key)
+    pool: Sequence[VllmLimitation] = tuple(BUILTIN_LIMITATIONS if limitations is None else limitations)
+    notes = [lim.note() for lim in pool if lim.matches(key) and lim.holds()]
+    return "; ".join(notes) if notes else None
+
+
+def all_limitations(plugins: Plugins | None) -> tuple[list[VllmLimitation], list[str]]:
+    """Built-in limitations plus those of ``plugins`` (if given), and plugin faults."""
+    extra, faults = plugin_limitations(plugins) if plugins is not None else ([], [])
+    return [*BUILTIN_LIMITATIONS, *extra], faults
+
+
+def describe(limitations: Iterable[VllmLimitation]) -> list[dict[str, Any]]:
+    """JSON form (for ``--json`` outputs)."""
+    return [{"reason": lim.reason, "quant_format": lim.quant_format, "model_type": lim.model_type,
+             "device": lim.device, "source": lim.source, "plugin": lim.plugin} for lim in limitations]

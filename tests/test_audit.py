@@ -1,0 +1,169 @@
+"""The decisions trail (QUANTREG_DECISIONS): real files, real concurrent writer processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from quantreg import audit
+from quantreg.keys import Key
+from quantreg.registry import Registry
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_TABLE = """\
+version: 1
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}
+    method: vllm
+    note: the audit test's table
+"""
+
+WRITER = textwrap.dedent("""
+    import sys
+    from quantreg import audit
+    from quantreg.registry import Registry
+    table, trail, role, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    registry = Registry.build(config=[table], entry_points=False)
+    decision = registry.resolve(("gpt_oss_mxfp4", "gpt_oss", "cpu"))
+    fp = registry.fingerprint()
+    for i in range(count):
+        assert audit.record(decision, role=role, layer_count=i + 1, strict=False, fingerprint=fp, path=trail)
+""")
+
+
+def _decision(tmp_path: Path) -> tuple[Registry, Path]:
+    table = tmp_path / "user.yaml"
+    table.write_text(USER_TABLE)
+    return Registry.build(config=[table], entry_points=False), table
+
+
+def test_line_has_every_field_and_the_rule(tmp_path: Path) -> None:
+    registry, table = _decision(tmp_path)
+    decision = registry.resolve(Key("gpt_oss_mxfp4", "gpt_oss", "cpu"))
+    trail = tmp_path / "d.jsonl"
+    assert audit.record(decision, role="Worker_TP0", layer_count=24, strict=True, fingerprint="abc", path=trail)
+    line = json.loads(trail.read_text())
+    assert tuple(line) == audit.FIELDS
+    assert line["pid"] == os.getpid() and line["role"] == "Worker_TP0"
+    assert line["key"] == {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss", "device": "cpu"}
+    assert line["method"] == "vllm" and line["rule"] == f"{table}:3"
+    assert (line["layers"], line["strict"], line["fingerprint"]) == (24, True, "abc")
+    assert line["time"].endswith("Z")
+
+
+def test_env_variable_names_the_file_and_unset_means_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry, _ = _decision(tmp_path)
+    decision = registry.resolve(Key("gpt_oss_mxfp4", "gpt_oss", "cpu"))
+    monkeypatch.delenv(audit.DECISIONS_ENV, raising=False)
+    assert audit.record(decision) is False
+    trail = tmp_path / "env.jsonl"
+    monkeypatch.setenv(audit.DECISIONS_ENV, str(trail))
+    assert audit.record(decision, fingerprint="f") is True
+    assert json.loads(trail.read_text())["role"] == "MainProcess"  # no vLLM in this process
+
+
+def test_role_is_the_name_vllm_logs_under(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_logger = type(sys)("vllm.logger")
+    fake_logger._vllm_process_info = ("Worker_TP1_EP1", os.getpid())  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.logger", fake_logger)
+    assert audit.process_role() == "Worker_TP1_EP1"
+    fake_logger._vllm_process_info = ("EngineCore", os.getpid() + 1)  # type: ignore[attr-defined]  # a parent's
+    assert audit.process_role() == "MainProcess"
+
+
+def test_unwritable_file_warns_once_and_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    registry, _ = _decision(tmp_path)
+    decision = registry.resolve(Key("gpt_oss_mxfp4", "gpt_oss", "cpu"))
+    target = tmp_path / "no-such-dir" / "d.jsonl"
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg.audit"):
+        for _ in range(3):
+            assert audit.record(decision, fingerprint="f", path=target) is False
+    warnings = [r for r in caplog.records if r.name == "vllm.quantreg.audit"]
+    assert len(warnings) == 1
+    assert str(target) in warnings[0].getMessage() and "cannot open" in warnings[0].getMessage()
+
+
+def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:
+    """Six real processes append 300 lines each (roles padded to ~1.5 KB lines) at the same time."""
+    _, table = _decision(tmp_path)
+    trail = tmp_path / "concurrent.jsonl"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    roles = [f"Worker_TP{i}_" + chr(ord("a") + i) * 1500 for i in range(6)]
+    procs = [subprocess.Popen([sys.executable, str(script), str(table), str(trail), role, "300"], env=env)
+             for role in roles]
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert codes == [0] * 6
+    data = trail.read_bytes()
+    assert data.endswith(b"\n")
+    lines = data.split(b"\n")[:-1]
+    assert len(lines) == 6 * 300
+    seen: dict[str, list[int]] = {}
+    for raw in lines:
+        item = json.loads(raw)  # an interleaved line would not parse
+        assert item["role"] in roles
+        seen.setdefault(item["role"], []).append(item["layers"])
+    assert {r: sorted(v) for r, v in seen.items()} == {r: list(range(1, 301)) for r in roles}
+    summary = audit.summarise(trail)
+    assert summary.ok and summary.lines == 1800
+    assert [len(v) for v in summary.keys.values()] == [6]  # one choice per process
+
+
+def _write_lines(path: Path, items: list[dict[str, object]], tail: bytes = b"") -> None:
+    path.write_bytes(b"".join(json.dumps(i).encode() + b"\n" for i in items) + tail)
+
+
+def _item(pid: int, role: str, method: str, fingerprint: str = "f1") -> dict[str, object]:
+    return {"time": "2026-12-01T00:00:00.000Z", "pid": pid, "role": role,
+            "key": {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss", "device": "cpu"},
+            "method": method, "rule": "my.yaml:3", "layers": 2, "strict": False, "fingerprint": fingerprint,
+            "fallback": None}
+
+
+def test_summarise_flags_processes_that_disagree(tmp_path: Path) -> None:
+    trail = tmp_path / "d.jsonl"
+    _write_lines(trail, [_item(10, "EngineCore", "mxfp4_reference"), _item(11, "Worker_TP0", "mxfp4_reference"),
+                         _item(12, "Worker_TP1", "vllm", fingerprint="f2")])
+    summary = audit.summarise(trail)
+    assert not summary.ok
+    assert len(summary.disagreements) == 2
+    methods, tables = summary.disagreements
+    assert "different methods" in methods and "vllm: Worker_TP1 pid 12" in methods
+    assert "mxfp4_reference: EngineCore pid 10, Worker_TP0 pid 11" in methods
+    assert "different tables" in tables and "f2: Worker_TP1 pid 12" in tables
+    text = summary.render()
+    assert "DISAGREE" in text and "(gpt_oss_mxfp4, gpt_oss, cpu)" in text
+    assert summary.to_json()["processes"] == 3
+
+
+def test_summarise_tolerates_a_truncated_last_line(tmp_path: Path) -> None:
+    trail = tmp_path / "d.jsonl"
+    _write_lines(trail, [_item(10, "EngineCore", "vllm"), _item(11, "Worker", "vllm")], tail=b'{"time": "2026-')
+    summary = audit.summarise(trail)
+    assert summary.lines == 2 and not summary.disagreements
+    assert summary.problems == [f"{trail}:3: last line is cut short (a writer was stopped mid-line or is still "
+                                "writing); ignored"]
+    garbage = tmp_path / "g.jsonl"
+    garbage.write_bytes(b"not json\n" + json.dumps(_item(1, "Worker", "vllm")).encode() + b"\n")
+    found = audit.summarise(garbage)
+    assert found.lines == 1 and found.problems[0].startswith(f"{garbage}:1: not a decision line")
+
+
+def test_summarise_missing_file_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    summary = audit.summarise(tmp_path / "missing.jsonl")
+    assert summary.problems and "cannot read" in summary.problems[0] and not summary.keys

@@ -1,0 +1,357 @@
+"""`quantreg plan`: real checkpoint directories (config.json + safetensors files) and real tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import quantreg
+from quantreg import plan as planmod
+from quantreg import vllm_limits
+from quantreg.keys import Key
+from quantreg.methods import Method
+from quantreg.plugins import Plugins
+from quantreg.registry import Registry
+from quantreg.vllm_limits import VllmLimitation, vllm_backend_note
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+ROOT = Path(__file__).resolve().parents[1]
+E, H, INTER = 4, 128, 64  # experts, hidden, intermediate: small but MXFP4-shaped (multiples of 32)
+ST_BYTES = {"U8": 1, "BF16": 2, "F32": 4}
+
+ROUTE = """\
+version: 1
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}
+    method: mxfp4_reference
+"""
+NO_AMX = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
+WITH_AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """A real safetensors file by hand: 8-byte LE header length, JSON header, zero-filled data."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (dtype, shape) in tensors.items():
+        size = ST_BYTES[dtype]
+        for d in shape:
+            size *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(offset))
+
+
+def gpt_oss_config(layers: int = 3, quant: bool = True) -> dict[str, Any]:
+    config: dict[str, Any] = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+                              "num_hidden_layers": layers, "num_local_experts": E, "experts_per_token": 2,
+                              "hidden_size": H, "intermediate_size": INTER, "vocab_size": 256}
+    if quant:
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+    return config
+
+
+def mxfp4_experts(layer: int) -> dict[str, tuple[str, list[int]]]:
+    p = f"model.layers.{layer}.mlp.experts."
+    return {p + "gate_up_proj_blocks": ("U8", [E, 2 * INTER, H // 32, 16]),
+            p + "gate_up_proj_scales": ("U8", [E, 2 * INTER, H // 32]),
+            p + "gate_up_proj_bias": ("BF16", [E, 2 * INTER]),
+            p + "down_proj_blocks": ("U8", [E, H, INTER // 32, 16]),
+            p + "down_proj_scales": ("U8", [E, H, INTER // 32]),
+            p + "down_proj_bias": ("BF16", [E, H]),
+            f"model.layers.{layer}.mlp.router.weight": ("BF16", [E, H])}
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    """A 3-layer GPT-OSS MXFP4 checkpoint, experts split over two shards with an index."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(gpt_oss_config()))
+    shards = {"model-00001-of-00002.safetensors": [0, 1], "model-00002-of-00002.safetensors": [2]}
+    weight_map = {}
+    for shard, layers in shards.items():
+        tensors = {k: v for layer in layers for k, v in mxfp4_experts(layer).items()}
+        write_safetensors(root / shard, tensors)
+        weight_map.update({k: shard for k in tensors})
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return root
+
+
+def packed_bytes() -> int:
+    weights = E * (2 * INTER * H + H * INTER)
+    return weights // 2 + weights // 32 + E * (2 * INTER + H) * 2
+
+
+def bf16_bytes() -> int:
+    return E * (2 * INTER * H + H * INTER) * 2 + E * (2 * INTER + H) * 2
+
+
+def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, tmp_path: Path) -> None:
+    table = tmp_path / "route.yaml"
+    table.write_text(ROUTE)
+    registry = Registry.build(config=[table])  # the installed hpu_mxfp4 plugin registers mxfp4_reference
+    data = planmod.plan(checkpoint, ["cpu", "cuda"], registry, use_vllm=False)
+    assert set(data) == {"key", "moe_layers", "experts", "devices", "quant_format_source", "problems"}
+    assert data["key"] == {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss"}
+    assert "QUANT_FORMAT_MAP" in data["quant_format_source"] and "'mxfp4' -> 'gpt_oss_mxfp4'" in \
+        data["quant_format_source"]
+    assert data["moe_layers"] == 3 and data["problems"] == []
+    ex = data["experts"]
+    assert (ex["count"], ex["per_token"], ex["hidden_size"], ex["intermediate_size"]) == (E, 2, H, INTER)
+    assert ex["moe_layer_indices"] == [0, 1, 2] and ex["source"] == "config.json + safetensors headers"
+    assert ex["tensors"]["gate_up_proj_blocks"] == {"shape": [E, 2 * INTER, H // 32, 16], "dtype": "U8"}
+    assert "router.weight" not in " ".join(ex["tensors"])
+    # The headers' sizes and the MXFP4 arithmetic agree.
+    assert ex["checkpoint_bytes_per_layer"] == packed_bytes() == ex["bytes_per_layer"]["packed"]
+    assert ex["bytes_per_layer"]["bf16"] == bf16_bytes()
+    cpu = data["devices"]["cpu"]
+    assert set(cpu) == {"method", "rule", "expert_bytes", "warnings"}
+    assert (cpu["method"], cpu["rule"]) == ("mxfp4_reference", f"{table}:3")
+    assert cpu["expert_bytes"] == 3 * packed_bytes() and cpu["warnings"] == []
+    cuda = data["devices"]["cuda"]
+    assert cuda["method"] == "vllm" and cuda["rule"].endswith("registry.yaml:5")
+    assert cuda["expert_bytes"] == 3 * packed_bytes()  # vLLM keeps the checkpoint's packed layout
+    text = planmod.render(data, str(checkpoint))
+    assert "cpu       mxfp4_reference" in text and "3 MoE layer(s) [0..2]" in text
+
+
+def test_a_dequantising_method_holds_bf16(checkpoint: Path, tmp_path: Path) -> None:
+    """Named layouts: a chosen `hpu_mxfp4_dequant` holds bf16 experts (method defined by a user table)."""
+    stub = tmp_path / "qrt_plan_stub.py"
+    stub.write_text("class Dequant:\n    def __init__(self, moe_config):\n        pass\n")
+    table = tmp_path / "dequant.yaml"
+    table.write_text("""\
+version: 1
+allow_import_targets: true
+methods:
+  hpu_mxfp4_dequant:
+    target: qrt_plan_stub:Dequant
+    devices: [cpu]
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, device: cpu}
+    method: hpu_mxfp4_dequant
+""")
+    registry = Registry.build(config=[table], entry_points=False)
+    assert not registry.problems, registry.problems
+    data = planmod.plan(checkpoint, ["cpu"], registry, use_vllm=False)
+    assert data["devices"]["cpu"]["method"] == "hpu_mxfp4_dequant"
+    assert data["devices"]["cpu"]["expert_bytes"] == 3 * bf16_bytes()
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutMethod(Method):
+    """A Method with the proposed `expert_layout` field."""
+
+    expert_layout: str = ""
+
+
+def test_declared_layout_and_undeclared_methods(checkpoint: Path, tmp_path: Path) -> None:
+    table = tmp_path / "t.yaml"
+    table.write_text(ROUTE.replace("mxfp4_reference", "vllm"))
+    registry = Registry.build(config=[table], entry_points=False)
+    registry.methods["mine"] = LayoutMethod("mine", "x:Y", expert_layout="bf16")
+    registry.methods["other"] = Method("other", "x:Z")
+    assert planmod.layout_of("mine", registry) == "bf16"  # the declaration wins over the table
+    assert planmod.layout_of("other", registry) is None
+    assert planmod.layout_of("hpu_mxfp4", registry) == "packed"
+
+
+def test_bf16_checkpoint_is_unquantized_and_vllm_holds_bf16(tmp_path: Path) -> None:
+    root = tmp_path / "bf16"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps(gpt_oss_config(layers=2, quant=False)))
+    p = "model.layers.{}.mlp.experts."
+    tensors = {}
+    for i in range(2):
+        tensors[p.format(i) + "gate_up_proj"] = ("BF16", [E, H, 2 * INTER])
+        tensors[p.format(i) + "gate_up_proj_bias"] = ("BF16", [E, 2 * INTER])
+        tensors[p.format(i) + "down_proj"] = ("BF16", [E, INTER, H])
+        tensors[p.format(i) + "down_proj_bias"] = ("BF16", [E, H])
+    write_safetensors(root / "model.safetensors", tensors)
+    data = planmod.plan(root, ["cpu"], Registry.build(entry_points=False), use_vllm=False)
+    assert data["key"]["quant_format"] == "unquantized"
+    assert data["devices"]["cpu"]["expert_bytes"] == 2 * bf16_bytes()
+    assert data["devices"]["cpu"]["warnings"] == []  # vLLM has a bf16 CPU MoE kernel
+
+
+@pytest.mark.parametrize(("extra", "layers", "moe"), [
+    ({"model_type": "deepseek_v3", "n_routed_experts": 8, "first_k_dense_replace": 2, "moe_layer_freq": 1}, 5,
+     [2, 3, 4]),
+    ({"model_type": "qwen3_moe", "num_experts": 8, "decoder_sparse_step": 2, "mlp_only_layers": [3]}, 6, [1, 5]),
+    ({"model_type": "llama4_text", "num_local_experts": 8, "interleave_moe_layer_step": 2}, 4, [1, 3]),
+    ({"model_type": "mixtral", "num_local_experts": 8}, 3, [0, 1, 2]),
+    ({"model_type": "llama"}, 3, []),
+])
+def test_which_layers_are_moe(extra: dict[str, Any], layers: int, moe: list[int]) -> None:
+    assert planmod.moe_layer_indices({"num_hidden_layers": layers, **extra}) == moe
+
+
+def test_multimodal_text_config_and_no_moe_is_a_problem(tmp_path: Path) -> None:
+    root = tmp_path / "mm"
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"model_type": "llama4", "text_config": {
+        "num_hidden_layers": 4, "num_local_experts": 16, "interleave_moe_layer_step": 1,
+        "hidden_size": 64, "intermediate_size": 64}}))
+    data = planmod.plan(root, ["cpu"], Registry.build(entry_points=False), use_vllm=False)
+    assert data["moe_layers"] == 4 and data["experts"]["count"] == 16 and data["key"]["model_type"] == "llama4"
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    found = planmod.plan(dense, ["cpu"], Registry.build(entry_points=False), use_vllm=False)
+    assert found["moe_layers"] == 0 and "no routed experts" in found["problems"][0]
+
+
+def test_bad_inputs_are_located_problems(tmp_path: Path, checkpoint: Path) -> None:
+    registry = Registry.build(entry_points=False)
+    missing = planmod.plan(tmp_path / "nowhere", ["cpu"], registry, use_vllm=False)
+    assert missing["problems"] == [f"{tmp_path / 'nowhere' / 'config.json'}: missing (a Hugging Face checkpoint "
+                                   "directory has a config.json)"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{\n  "model_type": "gpt_oss",\n  oops\n}')
+    data = planmod.plan(broken, ["cpu"], registry, use_vllm=False)
+    assert data["problems"][0].startswith(f"{broken / 'config.json'}:3: not valid JSON")
+    shard = checkpoint / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:20])  # header cut short
+    data = planmod.plan(checkpoint, ["cpu"], registry, use_vllm=False)
+    assert any(p.startswith(f"{shard}: not a readable safetensors header: header cut short") for p in data["problems"])
+    assert any("implies MoE layers 0..2 but the safetensors files hold expert tensors for layers 0..1" in p
+               for p in data["problems"])
+
+
+def test_header_reader_matches_the_safetensors_package(tmp_path: Path) -> None:
+    numpy = pytest.importorskip("numpy")
+    st = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "x.safetensors"
+    st.save_file({"model.layers.0.mlp.experts.down_proj_blocks": numpy.zeros((2, 8, 1, 16), numpy.uint8),
+                  "w": numpy.zeros((3,), numpy.float32)}, str(path))
+    header = planmod.read_safetensors_header(path)
+    assert header["w"]["dtype"] == "F32" and header["w"]["shape"] == [3]
+    assert planmod.expert_tensors(tmp_path, [])[0]["down_proj_blocks"] == {"shape": [2, 8, 1, 16], "dtype": "U8",
+                                                                          "bytes": 256}
+
+
+def test_cpu_without_amx_gets_the_vllm_cannot_note(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
+    assert vllm_limits.has_amx(WITH_AMX) and not vllm_limits.has_amx(NO_AMX)
+    monkeypatch.setattr(vllm_limits, "is_x86", lambda: True)
+    real_flags = vllm_limits.cpu_flags
+    monkeypatch.setattr(vllm_limits, "cpu_flags", lambda cpuinfo=None: real_flags(NO_AMX))
+    note = vllm_backend_note(key)
+    assert note is not None and note.startswith("vLLM's own method will fail for this key here")
+    assert "cpu_moe.py:624" in note and "amx_tile" in note
+    assert vllm_backend_note(Key("unquantized", "gpt_oss", "cpu")) is None
+    assert vllm_backend_note(Key("gpt_oss_mxfp4", "gpt_oss", "cuda")) is None
+    data = planmod.plan(checkpoint, ["cpu"], Registry.build(entry_points=False), use_vllm=False)
+    assert data["devices"]["cpu"]["method"] == "vllm"
+    assert any("No MXFP4 MoE backend" in w for w in data["devices"]["cpu"]["warnings"])
+    monkeypatch.setattr(vllm_limits, "cpu_flags", lambda cpuinfo=None: real_flags(WITH_AMX))
+    assert vllm_backend_note(key) is None
+
+
+def test_cpu_flags_reads_proc_cpuinfo_format() -> None:
+    assert vllm_limits.cpu_flags(WITH_AMX) >= {"amx_tile", "amx_bf16"}
+    assert vllm_limits.cpu_flags("garbage") == frozenset()
+    here = vllm_limits.cpu_flags(None)
+    if Path("/proc/cpuinfo").exists():
+        assert here  # this Linux host's real flags
+
+
+def test_custom_limitations_and_checks_that_raise() -> None:
+    def boom() -> bool:
+        raise RuntimeError("no")
+
+    lims = [VllmLimitation("needs X", quant_format="fp8", device=("xpu", "hpu"), source="a.py:1"),
+            VllmLimitation("never shown", applies=boom),
+            VllmLimitation("shown", model_type="m", applies="os.path:isdir", source="")]
+    assert vllm_backend_note(Key("fp8", "any", "hpu"), lims) == "vLLM's own method will fail for this key here: " \
+        "needs X [a.py:1]"
+    assert vllm_backend_note(Key("fp8", "any", "cpu"), lims) is None
+    assert vllm_backend_note(Key("q", "m", "cpu"), lims) is None  # isdir() without argument raises: not applied
+
+
+LIMIT = VllmLimitation("the accelerator's runtime has no MXFP4 kernel before v9", quant_format="gpt_oss_mxfp4",
+                       device="npu", source="vendor docs")
+
+
+@quantreg.hookimpl
+def register_vllm_limitations(register: Callable[[VllmLimitation], None]) -> None:
+    register(LIMIT)
+
+
+def _limits_plugins(*plugins: tuple[str, object]) -> Plugins:
+    pl = Plugins({}, entry_points=False)
+    for name, plugin in plugins:
+        pl.add(plugin, name)
+    return pl
+
+
+def test_plugins_add_limitations_through_the_hook() -> None:
+    pl = _limits_plugins(("npu_vendor", SimpleNamespace(register_vllm_limitations=register_vllm_limitations)))
+    found, faults = vllm_limits.plugin_limitations(pl)
+    assert faults == [] and [f.plugin for f in found] == ["npu_vendor"]
+    note = vllm_backend_note(Key("gpt_oss_mxfp4", "gpt_oss", "npu"), [*vllm_limits.BUILTIN_LIMITATIONS, *found])
+    assert note == ("vLLM's own method will fail for this key here: the accelerator's runtime has no MXFP4 kernel "
+                    "before v9 [vendor docs] (from plugin 'npu_vendor')")
+
+
+def test_a_bad_limitation_registration_is_a_fault_naming_the_plugin() -> None:
+    @quantreg.hookimpl
+    def register_vllm_limitations(register: Callable[[object], None]) -> None:
+        register("not a limitation")
+
+    pl = _limits_plugins(("sloppy", SimpleNamespace(register_vllm_limitations=register_vllm_limitations)))
+    found, faults = vllm_limits.plugin_limitations(pl)
+    assert found == [] and faults == ["plugin 'sloppy', hook 'register_vllm_limitations': register() expects a "
+                                      "quantreg.vllm_limits.VllmLimitation, got str"]
+
+
+def test_vllm_gaudi_without_native_mode_warns_that_the_key_changes(checkpoint: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-gaudi cannot be installed here: an importable stand-in package is what the check looks for."""
+    site = tmp_path / "site"
+    (site / "vllm_gaudi").mkdir(parents=True)
+    (site / "vllm_gaudi" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    registry = Registry.build(entry_points=False)
+    data = planmod.plan(checkpoint, ["hpu", "cpu"], registry, use_vllm=False, env={})
+    hpu = data["devices"]["hpu"]["warnings"]
+    assert len(hpu) == 1 and "HPU_MXFP4_NATIVE is not 1" in hpu[0]
+    assert "forms the key (unquantized, gpt_oss, hpu) instead (decided vllm" in hpu[0]
+    assert not any("vllm-gaudi" in w for w in data["devices"]["cpu"]["warnings"])
+    native = planmod.plan(checkpoint, ["hpu"], registry, use_vllm=False, env={"HPU_MXFP4_NATIVE": "1"})
+    assert native["devices"]["hpu"]["warnings"] == []
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_with_vllm_the_name_comes_from_vllms_quant_config_classes(checkpoint: Path, tmp_path: Path) -> None:
+    """A fresh process (vLLM imports stay out of this one); the plan command's JSON output."""
+    table = tmp_path / "route.yaml"
+    table.write_text(ROUTE)
+    code = ("import sys; from quantreg.plan import plan_command; "
+            "sys.exit(plan_command(sys.argv[1], ['cpu'], [sys.argv[2]], True))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code, str(checkpoint), str(table)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    assert data["key"] == {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss"}
+    assert data["quant_format_source"].startswith("vLLM 0.")
+    assert "GptOssMxfp4Config.override_quantization_method maps 'mxfp4' to 'gpt_oss_mxfp4'" in \
+        data["quant_format_source"]
+    assert data["devices"]["cpu"]["method"] == "mxfp4_reference"
+    assert data["devices"]["cpu"]["rule"] == f"{table}:3"
