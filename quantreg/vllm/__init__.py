@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import os
 
-from ..problems import QuantregError
-from ..registry import get_registry, set_registry
+from ..mode import decide_mode
+from ..plugins import describe
+from ..problems import QuantregError, printable
+from ..registry import Registry, get_registry, set_registry
 from .importhook import PostImportHook
 from .seam import MODULE, Seam, report_faults
 
@@ -36,11 +38,40 @@ def _vllm_has_seam_module() -> bool:
 
 
 def register() -> None:
-    """Entry point called by vLLM in every process. Cheap and idempotent."""
+    """Entry point called by vLLM in every process. Cheap and idempotent.
+
+    vLLM calls it with no ``try`` around it, so this is quantreg's one boundary at start-up:
+    lenient, anything unexpected (whatever its class, ``SystemExit`` included) is logged as a
+    WARNING and quantreg stays out of the way, so vLLM keeps choosing its own methods; strict,
+    it becomes one ``QuantregError`` line. Only ``KeyboardInterrupt`` passes unchanged.
+    """
+    built: list[Registry] = []
+    try:
+        _register(built)
+    except (KeyboardInterrupt, QuantregError):  # Ctrl-C, or strict mode's own error: already one line
+        raise
+    except BaseException as exc:
+        strict = _strict_now(built)
+        message = f"quantreg: register() failed unexpectedly: {printable(describe(exc))}"
+        if strict:
+            raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from None
+        logger.warning("%s; quantreg is inactive in this process and vLLM keeps its own MoE methods", message)
+
+
+def _strict_now(built: list[Registry]) -> bool:
+    """The mode for an unexpected fault: the registry's if one was built, else the environment's alone."""
+    try:
+        return built[0].mode().strict if built else decide_mode(os.environ, ()).strict
+    except Exception:  # deciding must not fail the boundary; an unreadable mode counts as the env's
+        return decide_mode(os.environ, ()).strict
+
+
+def _register(built: list[Registry]) -> None:
     global _registered
     if _registered:
         return
     registry = get_registry()
+    built.append(registry)
     strict = registry.mode().strict
     report_faults(registry, strict=strict)
     if not _vllm_has_seam_module():
