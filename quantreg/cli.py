@@ -4,21 +4,32 @@ check-method, demo.
 Every command takes ``--json`` and ``--config FILE`` (repeatable, the ``run`` layer). Faults
 are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a traceback
 reaching the user is a bug.
+
+The commands that answer from the registry say what a vLLM start-up with the same environment
+would do (:func:`_answer`): in strict mode a fault means vLLM would refuse to start, so they
+print their answer, then one ``vLLM would refuse to start: ...`` line on stderr, and exit 1;
+in lenient mode a left-out file is shown inline (``user broken.yaml LEFT OUT: 1 problem``).
+Every ``--json`` answer is an object with a ``problems`` list, and stdout stays JSON even when
+a plugin or probe prints (their output goes to stderr while they run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import environment, tablecache
+from .builtin import default_table_path
 from .decision import Decision, rule_json
 from .keys import Key
-from .loading import load_tables
+from .loading import config_paths, load_tables
+from .problems import printable
 from .registry import Registry
 from .schema import table_schema
 from .tables import Layer
@@ -36,8 +47,67 @@ def _warn_faults(registry: Registry) -> None:
         print(f"warning: {fault}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _plugin_output_to_stderr() -> Iterator[None]:
+    """While plugin code (imports, hooks, probes) runs, its prints go to stderr: stdout is the answer."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
 def _registry(args: argparse.Namespace) -> Registry:
-    return Registry.build(config=args.config)
+    with _plugin_output_to_stderr():
+        return Registry.build(config=args.config)
+
+
+def _left_out(registry: Registry, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Table files a start-up would leave out whole, with their layer and how many problems each has."""
+    counts = Counter(p.path for p in registry.problems if p.path != environment.ENVIRONMENT)
+    layers = {h.path: str(h.layer) for h in registry.headers}
+    layers.setdefault(str(default_table_path()), str(Layer.DEFAULT))
+    for path in config_paths(os.environ):
+        layers.setdefault(path, str(Layer.USER))
+    for path in args.config:
+        layers.setdefault(os.fspath(path), str(Layer.RUN))
+    return [{"path": path, "layer": layers.get(path, str(Layer.PLUGIN)), "problems": n} for path, n in counts.items()]
+
+
+def _left_out_lines(left_out: list[dict[str, Any]]) -> list[str]:
+    return [f"  {f['layer']:<7} {printable(f['path'])} LEFT OUT: {f['problems']} problem"
+            + ("s" if f["problems"] != 1 else "") for f in left_out]
+
+
+def _refusal(registry: Registry, decision: Decision | None = None) -> str | None:
+    """``vLLM would refuse to start: ...`` when strict mode is in force and something is wrong, else ``None``."""
+    mode = registry.mode()
+    if not mode.strict:
+        return None
+    faults = [str(f) for f in registry.faults]
+    if decision is not None and decision.fallback:
+        faults.append(f"{decision.summary()} (at the first layer with this key)")
+    if not faults:
+        return None
+    more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
+    return f"vLLM would refuse to start ({'; '.join(mode.because)}): {faults[0]}{more}"
+
+
+def _answer(args: argparse.Namespace, registry: Registry, data: dict[str, Any], lines: list[str],
+            decision: Decision | None = None, left_out_shown: bool = False) -> int:
+    """Print ``data`` (with ``problems``) or ``lines`` (with left-out files), then the start-up verdict.
+
+    Exit 1 when strict mode is in force and vLLM would refuse to start, 0 otherwise: the CLI
+    must not answer "fine" where vLLM with the same environment stops.
+    """
+    left_out = _left_out(registry, args)
+    refusal = _refusal(registry, decision)
+    data = {**data, "problems": [str(f) for f in registry.faults], "left_out": left_out,
+            "vllm_would_refuse": refusal}
+    if left_out and not args.json and not left_out_shown:
+        lines = [*lines, "left out (every rule of these files is ignored):", *_left_out_lines(left_out)]
+    _emit(args, data, "\n".join(lines))
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -46,7 +116,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     device = args.device or environment.guess_device()
     rows: list[dict[str, Any]] = []
     for m in sorted(registry.methods.values(), key=lambda m: m.name):
-        avail = registry.availability(m.name, device)
+        with _plugin_output_to_stderr():  # probes are plugin code too
+            avail = registry.availability(m.name, device)
         rows.append({"name": m.name, "plugin": m.plugin, "target": m.target, "devices": list(m.devices),
                      "device": device, "available": avail.ok, "reason": avail.reason, "description": m.description})
     width = max([len(r["name"]) for r in rows] + [4])
@@ -55,8 +126,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         mark = "yes" if r["available"] else "no "
         lines.append(f"  {mark} {r['name']:<{width}}  {r['plugin']}  {r['target']}  devices={','.join(r['devices'])}"
                      f"  ({r['reason']})")
-    _emit(args, rows, "\n".join(lines))
-    return 0
+    return _answer(args, registry, {"methods": rows}, lines)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -66,8 +136,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     lines = [f"  {p['status']:<8} {p['name']}  ({p['distribution']} {p['version']}) {p['reason']}".rstrip()
              for p in rows]
     lines += [f"  fault    {f}" for f in failures]
-    _emit(args, {"plugins": rows, "faults": failures}, "plugins:\n" + "\n".join(lines))
-    return 0
+    return _answer(args, registry, {"plugins": rows, "faults": failures}, ["plugins:", *lines])
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
@@ -78,17 +147,16 @@ def cmd_rules(args: argparse.Namespace) -> int:
     for r in rules:
         lines.append(f"  {r.location}  [{r.layer}, specificity {r.match.specificity}, priority {r.priority}]  "
                      f"{r.match} -> {' | '.join(r.methods)}" + (f"  options={dict(r.options)}" if r.options else ""))
-    _emit(args, [rule_json(r) for r in rules], "\n".join(lines))
-    return 0
+    return _answer(args, registry, {"rules": [rule_json(r) for r in rules]}, lines)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     registry = _registry(args)
     _warn_faults(registry)
-    decision = registry.resolve(Key(args.quant_format, args.model_type, args.device))
+    with _plugin_output_to_stderr():  # resolving runs probes
+        decision = registry.resolve(Key(args.quant_format, args.model_type, args.device))
     data, text = _with_vllm_limitation(registry, decision, decision.to_json(), decision.render())
-    _emit(args, data, text)
-    return 0
+    return _answer(args, registry, data, [text], decision)
 
 
 def _with_vllm_limitation(registry: Registry, decision: Decision, data: dict[str, Any], text: str
@@ -171,11 +239,11 @@ def _doctor(args: argparse.Namespace) -> int:
     lines += [f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}".rstrip()
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
-    lines += [f"fingerprint: {data['fingerprint']}", f"mode: {'strict' if mode.strict else 'lenient'}"]
+    lines += _left_out_lines(_left_out(registry, args))
+    lines += [f"fingerprint: {data['fingerprint']}", f"mode: {mode}"]
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
-    _emit(args, data, "\n".join(lines))
-    return status
+    return max(status, _answer(args, registry, data, lines, left_out_shown=True))
 
 
 def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> int:

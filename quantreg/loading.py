@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .builtin import default_table_path
+from .environment import setting_problems
 from .index import Index, ambiguity_problems
 from .methods import Method, check_method
-from .plugins import PluginFailure, Plugins
+from .mode import strict_problem
+from .plugins import PluginFailure, Plugins, describe
 from .problems import Problem, did_you_mean, name_list
 from .tables import Layer, TableFile, TableHeader, file_identity, read_table
 
@@ -48,32 +50,68 @@ def load(
     methods = collect_methods(plugins.call_each("register_methods"), plugins.failures)
     paths: list[tuple[str, Layer]] = [(str(default_table or default_table_path()), Layer.DEFAULT)]
     for plugin, path in plugins.call_each("register_tables"):
+        problem = f"register() expects a path, got {type(path).__name__}"
         if isinstance(path, (str, os.PathLike)):
-            paths.append((os.fspath(path), Layer.PLUGIN))
-        else:
-            plugins.failures.append(PluginFailure(plugin, "register_tables",
-                                                  f"register() expects a path, got {type(path).__name__}"))
+            try:
+                fspath = os.fspath(path)
+                if isinstance(fspath, str):
+                    paths.append((str.__str__(fspath), Layer.PLUGIN))
+                    continue
+                problem = f"register() expects a str path, got {type(fspath).__name__}"
+            except Exception as exc:  # a PathLike whose __fspath__ raises is this plugin's fault
+                problem = f"the registered path cannot be read: {describe(exc)}"
+        plugins.failures.append(PluginFailure(plugin, "register_tables", problem))
     paths += [(p, Layer.USER) for p in config_paths(env)]
     paths += [(os.fspath(p), Layer.RUN) for p in config]
     tables, headers, problems = load_tables(paths, methods)
     for table in tables:
         methods.update({m.name: m for m in table.methods})
+    strict = strict_problem(env)
+    problems = [*([strict] if strict else []), *setting_problems(env), *problems]
     return Loaded(methods, tuple(tables), tuple(headers), tuple(problems))
 
 
 def collect_methods(registered: Iterable[tuple[str, Any]], failures: list[PluginFailure]) -> dict[str, Method]:
-    """Plugin registrations → methods by name; the first registration of a name wins."""
+    """Plugin registrations → methods by name; the first registration of a name wins.
+
+    Each registration is checked on its own (:func:`check_method`, the one validation point):
+    a bad one is a fault naming plugin and hook and is dropped alone, the plugin's good ones stay.
+    Sequences are stored as tuples, so a registered ``Method`` is a plain, hashable value.
+    """
     methods: dict[str, Method] = {}
     for plugin, method in registered:
-        problem = check_method(method)
-        if problem is None and method.name in methods:
-            problem = (f"method '{method.name}' is already registered by plugin "
-                       f"'{methods[method.name].plugin}'; the first one is kept")
+        try:
+            problem = check_method(method)
+            if problem is None and method.name in methods:
+                problem = (f"method '{method.name}' is already registered by plugin "
+                           f"'{methods[method.name].plugin}'; the first one is kept")
+            if problem is None:
+                kept = _plain_method(method, plugin)
+        except Exception as exc:  # a Method subclass whose attributes raise is that plugin's fault too
+            problem = f"registered a method that cannot be read: {describe(exc)}"
         if problem:
             failures.append(PluginFailure(plugin, "register_methods", problem))
             continue
-        methods[method.name] = Method(**{**method.__dict__, "plugin": plugin})
+        methods[kept.name] = kept
     return methods
+
+
+def _plain_method(method: Method, plugin: str) -> Method:
+    """A copy of a checked registration made of exact ``str`` and ``tuple`` values.
+
+    Why: a plugin may pass ``str`` subclasses (whose ``__eq__``/``__lt__`` could raise later,
+    in sorting or fingerprinting inside vLLM) or lists; ``str.__str__`` copies the text
+    without calling any override.
+    """
+    def text(value: Any) -> Any:
+        return str.__str__(value) if isinstance(value, str) else value
+
+    def texts(values: Any) -> Any:
+        return None if values is None else tuple(text(v) for v in values)
+
+    return Method(name=text(method.name), target=text(method.target), devices=texts(method.devices),
+                  requires=texts(method.requires), vllm_version=text(method.vllm_version), probe=text(method.probe),
+                  description=text(method.description), options=texts(method.options), plugin=plugin)
 
 
 def load_tables(
@@ -107,7 +145,7 @@ def load_tables(
         for table in tables:
             for m in table.methods:
                 if m.name in known:
-                    problems.append(Problem(table.path, None, f"methods.{m.name}",
+                    problems.append(Problem(table.path, table.method_lines.get(m.name), f"methods.{m.name}",
                                             f"method '{m.name}' is already registered by '{known[m.name].plugin}'"))
                 else:
                     known[m.name] = m

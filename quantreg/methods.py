@@ -9,9 +9,10 @@ construction contract: how the seam calls a method class (:class:`BuildContext`)
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-import os
+import io
 import re
 import sys
 import threading
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
-from .environment import installed_vllm_version, module_available
+from .environment import PROBE_TIMEOUT_ENV, installed_vllm_version, module_available, probe_timeout
 from .keys import WILDCARD, Key
 
 Probe = Callable[[], "tuple[bool, str]"]
@@ -125,18 +126,64 @@ class Method:
 
 
 def check_method(method: Any) -> str | None:
-    """What is wrong with something a plugin passed to ``register()``, or ``None``."""
+    """What is wrong with something a plugin passed to ``register()``, or ``None``.
+
+    The one validation point for plugin registrations: every field is type-checked here, so a
+    ``Method(name=None)``, ``devices="hpu"`` (a string would match device ``pu`` by substring) or
+    a target of the wrong shape is a fault at load time instead of a crash in every command.
+    """
     if not isinstance(method, Method):
         return f"register() expects a quantreg.Method, got {type(method).__name__}"
     if not valid_name(method.name):
-        return f"method name {method.name!r} is not valid (letters, digits, '_', '.', '-')"
+        return f"method name {_shown(method.name)} is not valid (letters, digits, '_', '.', '-')"
+    name = method.name
     if not valid_target(method.target):
-        return f"method '{method.name}': target {method.target!r} is not of the form 'package.module:Class'"
-    if method.vllm_version:
-        bad = check_specifier(method.vllm_version)
+        return f"method '{name}': target {_shown(method.target)} is not of the form 'package.module:Class'"
+    bad = (_names_problem(method.devices, "devices", "device names", ("hpu",), WILDCARD)
+           or _names_problem(method.requires, "requires", "module names", ("my_runtime",), None, _MODULE_MATCH)
+           or (None if method.options is None
+               else _names_problem(method.options, "options", "option names", ("chunk",), None)))
+    if bad:
+        return f"method '{name}': {bad}"
+    if method.vllm_version is not None:
+        if not isinstance(method.vllm_version, str):
+            return f"method '{name}': vllm_version must be a string such as '>=0.30,<0.40' or None, " \
+                   f"got {type(method.vllm_version).__name__}"
+        bad = check_specifier(method.vllm_version) if method.vllm_version else None
         if bad:
-            return f"method '{method.name}': vllm_version {bad}"
+            return f"method '{name}': vllm_version {bad}"
+    probe = method.probe
+    if probe is not None and not callable(probe) and not valid_target(probe):
+        return (f"method '{name}': probe must be a callable or 'package.module:function', "
+                f"got {_shown(probe)}")
+    if not isinstance(method.description, str):
+        return f"method '{name}': description must be a string, got {type(method.description).__name__}"
     return None
+
+
+_MODULE_MATCH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*").fullmatch
+
+
+def _names_problem(value: Any, field_name: str, what: str, example: tuple[str, ...], also: str | None,
+                   match: Callable[[str], Any] | None = None) -> str | None:
+    """``None`` if ``value`` is a tuple or list of valid names (or ``also``), else what is wrong."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        return (f"{field_name} must be a tuple of {what} such as {example!r}, got {type(value).__name__} "
+                f"{_shown(value)}")
+    for item in value:
+        ok = isinstance(item, str) and (item == also or (match(item) is not None if match else valid_name(item)))
+        if not ok:
+            return f"{field_name} holds {_shown(item)}, which is not one of the {what}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a registered value for a message, bounded (a plugin may pass anything)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 # -- the construction contract ----------------------------------------------------------------
@@ -192,17 +239,6 @@ def _vllm_base_class() -> type[Any] | None:
     return fused_moe_method_base()
 
 
-PROBE_TIMEOUT_ENV = "QUANTREG_PROBE_TIMEOUT"
-DEFAULT_PROBE_TIMEOUT = 10.0
-
-
-def probe_timeout() -> float:
-    try:
-        return max(0.01, float(os.environ.get(PROBE_TIMEOUT_ENV, DEFAULT_PROBE_TIMEOUT)))
-    except ValueError:
-        return DEFAULT_PROBE_TIMEOUT
-
-
 def run_probe(probe: Probe | str, timeout: float) -> Availability:
     """Run a third-party probe in a daemon thread: it may raise or hang, resolution may not.
 
@@ -221,8 +257,10 @@ def run_probe(probe: Probe | str, timeout: float) -> Availability:
             outcome.append(Availability(False, f"probe raised {type(exc).__name__}: {exc}"))
 
     worker = threading.Thread(target=call, name="quantreg-probe", daemon=True)
-    worker.start()
-    worker.join(timeout)
+    # A probe is plugin code: what it prints goes to stderr (stdout may be a --json answer).
+    with contextlib.redirect_stdout(sys.stderr if sys.stderr is not None else io.StringIO()):
+        worker.start()
+        worker.join(min(max(timeout, 0.0), threading.TIMEOUT_MAX))  # larger waits raise OverflowError
     if not outcome:
         return Availability(False, f"probe did not answer within {timeout:g}s ({PROBE_TIMEOUT_ENV})")
     return outcome[0]

@@ -3,10 +3,14 @@
 Strict mode makes every fault fatal at vLLM start-up; lenient logs it and carries on without the
 faulty file or plugin. Any one of these asks for strict, and nothing switches it back off:
 
-- ``QUANTREG_STRICT`` set to 1/true/yes/on in the environment;
+- ``QUANTREG_STRICT`` set to 1/true/yes/on (any case) in the environment; 0/false/no/off or
+  empty is lenient, and any other value is a problem (``environment: QUANTREG_STRICT: ...``)
+  that counts as strict, so a misspelt value fails loudly instead of silently losing strict;
 - ``strict: true`` at the top of a user or run table, read from the table's header, so it is
   honoured even when that table's rules are rejected and whatever order the files were listed
-  in (plugin and default tables cannot set the mode);
+  in (plugin and default tables cannot set the mode); when the file's YAML cannot be read at
+  all, a top-level ``strict: true`` line in its raw text still counts
+  (:func:`quantreg.tables.raw_strict`);
 - vLLM's ``additional_config={"quantreg": {"strict": true}}`` for one run.
 
 The CLI, ``register()`` and the seam all call :func:`decide_mode`, so they cannot disagree.
@@ -17,10 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .environment import ENVIRONMENT
+from .problems import Problem
 from .tables import Layer, TableHeader
 
 STRICT_ENV = "QUANTREG_STRICT"
 TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -35,14 +42,26 @@ class Mode:
 
 
 def env_strict(env: Mapping[str, str]) -> bool:
-    return env.get(STRICT_ENV, "").strip().lower() in TRUE_WORDS
+    """Does ``QUANTREG_STRICT`` ask for strict? Anything but a false word does (see the module doc)."""
+    return env.get(STRICT_ENV, "").strip().lower() not in FALSE_WORDS
+
+
+def strict_problem(env: Mapping[str, str]) -> Problem | None:
+    """A problem for a ``QUANTREG_STRICT`` value that is neither a true nor a false word."""
+    raw = env.get(STRICT_ENV, "")
+    if raw.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+        return None
+    shown = raw if len(raw) <= 40 else raw[:37] + "..."
+    lenient = ", ".join(w for w in FALSE_WORDS if w)
+    return Problem(ENVIRONMENT, None, STRICT_ENV, f"{shown!r} is not one of {', '.join(TRUE_WORDS)} (strict) or "
+                                                  f"{lenient} (lenient); counted as strict")
 
 
 def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_strict: bool | None = None) -> Mode:
     """Strict if the environment, a user/run table header or the run's settings ask for it."""
     because: list[str] = []
     if env_strict(env):
-        because.append(f"{STRICT_ENV}={env[STRICT_ENV].strip()}")
+        because.append(f"{STRICT_ENV}={env[STRICT_ENV].strip()[:40]}")
     because += [f"strict: true in {h.path}" for h in headers if h.layer >= Layer.USER and h.strict is True]
     if run_strict:
         because.append('vLLM additional_config {"quantreg": {"strict": true}}')

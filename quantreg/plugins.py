@@ -3,13 +3,26 @@
 Each entry point is loaded and validated on its own, and each hook implementation is called on
 its own, so a plugin that fails to import, misspells a hook or raises becomes a
 :class:`PluginFailure` naming the plugin and the hook, and the other plugins keep working.
+
+Plugin code runs inside every vLLM process, so everything it can do is contained here: any
+exception, ``SystemExit`` and other ``BaseException`` subclasses too (only ``KeyboardInterrupt``
+passes, so Ctrl-C still stops a stuck start-up), exceptions whose ``__str__`` raises, values a
+hook returns instead of registering, and output it prints (sent to stderr, so ``--json`` stays
+JSON and vLLM's stdout stays clean). Each import and hook call is timed: one that takes more
+than :data:`SLOW_SECONDS` is logged by name while it is still running, so a plugin stuck in a
+device runtime is findable from the log.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
-from collections.abc import Mapping
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -19,12 +32,15 @@ import pluggy
 
 from . import builtin, hookspecs
 from .hookspecs import PROJECT
+from .problems import printable
 
 logger = logging.getLogger("vllm.quantreg")
 
 ENTRY_POINT_GROUP = "quantreg"
 ALLOW_ENV = "QUANTREG_PLUGINS"
 DENY_ENV = "QUANTREG_DISABLE_PLUGINS"
+SLOW_SECONDS = 1.0
+"""An import or hook call taking longer than this is logged (WARNING) while it runs and when it ends."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +64,62 @@ class PluginFailure:
     message: str
 
     def __str__(self) -> str:
-        where = f"plugin '{self.plugin}'" + (f", hook '{self.hook}'" if self.hook else "")
-        return f"{where}: {self.message}"
+        """One line whatever the plugin put in its name or message (see :func:`printable`)."""
+        where = f"plugin '{printable(self.plugin)}'" + (f", hook '{printable(self.hook)}'" if self.hook else "")
+        return f"{where}: {printable(self.message)}"
+
+
+def describe(exc: BaseException) -> str:
+    """``TypeName: text`` of anything a plugin raised, even when its ``__str__`` raises or is huge."""
+    try:
+        name = type(exc).__name__
+    except Exception:  # pragma: no cover - a type without a name is beyond odd
+        name = "exception"
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<its message could not be read>"
+    if not isinstance(text, str):  # pragma: no cover - str() always returns str
+        text = ""
+    text = text[:300] + ("..." if len(text) > 300 else "")
+    return f"{name}: {text}" if text else name
+
+
+@contextlib.contextmanager
+def plugin_code(doing: str) -> Iterator[None]:
+    """Around every call into plugin code: its stdout goes to stderr, and slowness is logged.
+
+    ``doing`` names the call (``loading plugin 'x' (entry point x.mod)``). A ``threading.Timer``
+    logs ``still <doing>`` once the call has run :data:`SLOW_SECONDS`, so a plugin that blocks
+    (a device runtime waiting for hardware) is named in the log while it blocks; a call that
+    finished late is logged again with its duration.
+    """
+    def still_running() -> None:
+        logger.warning("quantreg: still %s after %g s", doing, SLOW_SECONDS)
+
+    timer = threading.Timer(SLOW_SECONDS, still_running)
+    timer.daemon = True
+    start = time.monotonic()
+    timer.start()
+    try:
+        with contextlib.redirect_stdout(sys.stderr if sys.stderr is not None else io.StringIO()):
+            yield
+    finally:
+        timer.cancel()
+        elapsed = time.monotonic() - start
+        if elapsed > SLOW_SECONDS:
+            logger.warning("quantreg: %s took %.1f s", doing, elapsed)
+
+
+def contained(doing: str, call: Callable[[], Any]) -> tuple[Any, str | None]:
+    """``(result, None)`` or ``(None, "X: text")``: nothing plugin code raises escapes but Ctrl-C."""
+    try:
+        with plugin_code(doing):
+            return call(), None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit, GeneratorExit, custom BaseException subclasses: all plugin faults
+        return None, describe(exc)
 
 
 def _names(env: Mapping[str, str], var: str) -> set[str] | None:
@@ -77,28 +147,33 @@ class Plugins:
         allow = _names(self.env, ALLOW_ENV)
         deny = _names(self.env, DENY_ENV) or set()
         eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
-        seen: set[str] = set()
+        seen: dict[str, tuple[str, str]] = {}  # entry-point name -> (distribution, value) kept
         for ep in eps:
-            dist = ep.dist.name if ep.dist is not None else "?"
-            version = ep.dist.version if ep.dist is not None else "?"
+            dist, version = _dist_of(ep)
             if ep.name in seen:
-                # The same distribution visible twice on sys.path; the first one wins, like Python imports.
+                first_dist, first_value = seen[ep.name]
+                if first_dist != dist:  # two distributions claim one name: only one can be loaded, say so
+                    self.failures.append(PluginFailure(
+                        ep.name, "", f"entry point name '{ep.name}' is provided by two distributions: "
+                        f"'{first_dist}' ({first_value}) is loaded, '{dist}' ({ep.value}) is not; "
+                        "uninstall one or rename its entry point"))
+                # else the same distribution visible twice on sys.path; the first one wins, like Python imports.
                 continue
-            seen.add(ep.name)
+            seen[ep.name] = (dist, ep.value)
             if allow is not None and ep.name not in allow:
                 self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", f"not in {ALLOW_ENV}"))
                 continue
             if ep.name in deny:
                 self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", f"listed in {DENY_ENV}"))
                 continue
-            try:
-                plugin = ep.load()
-            except Exception as exc:
+            plugin, error = contained(f"loading plugin '{printable(ep.name)}' (entry point {printable(ep.value)})",
+                                      ep.load)
+            if error is not None:
                 self._fail(PluginInfo(ep.name, dist, version, ep.value, "failed"), "",
-                           f"entry point {ep.value} failed to import: {type(exc).__name__}: {exc}")
+                           f"entry point {ep.value} failed to import: {error}")
                 continue
             self._add(plugin, ep.name, PluginInfo(ep.name, dist, version, ep.value, "loaded"))
-        for name in sorted((allow or set()) - seen - {builtin.NAME}):
+        for name in sorted((allow or set()) - set(seen) - {builtin.NAME}):
             self.failures.append(PluginFailure(name, "", f"named in {ALLOW_ENV} but no such entry point is installed"))
 
     def add(self, plugin: ModuleType | object, name: str) -> None:
@@ -110,6 +185,11 @@ class Plugins:
             self.pm.register(plugin, name=name)
         except (pluggy.PluginValidationError, ValueError) as exc:  # bad hookimpl, or already registered
             self._fail(info, "", _validation_message(exc))
+            return
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # pluggy reads every attribute: a module __getattr__ may raise anything
+            self._fail(info, "", f"cannot be inspected for hooks: {describe(exc)}")
             return
         try:
             self.pm.check_pending()
@@ -128,20 +208,48 @@ class Plugins:
         """Call ``hook`` on every plugin separately, in registration order, isolating faults.
 
         Each plugin gets its own ``register`` callback; what it registers is returned as
-        ``(plugin name, item)`` pairs. A hook that raises contributes nothing at all (its earlier
-        ``register`` calls are discarded), so a half-run hook never leaves half its methods behind.
+        ``(plugin name, item)`` pairs. All or nothing per (plugin, hook) call: a hook that raises
+        (anything, ``SystemExit`` included) contributes nothing from that call (its earlier
+        ``register`` calls are discarded), so a half-run hook never leaves half its methods behind;
+        that plugin's other hooks are kept. A hook that *returns* something (pluggy would collect
+        it; quantreg does not) is a fault too, since what it meant to register would otherwise
+        vanish silently; its ``register`` calls are kept.
         """
         registered: list[tuple[str, Any]] = []
         caller = getattr(self.pm.hook, hook)
         for impl in caller.get_hookimpls():  # registration order: the built-in first, then entry points by name
             staged: list[Any] = []
-            try:
-                impl.function(**{arg: staged.append for arg in impl.argnames})
-            except Exception as exc:
-                self.failures.append(PluginFailure(impl.plugin_name, hook, f"raised {type(exc).__name__}: {exc}"))
+
+            def call(impl: Any = impl, staged: list[Any] = staged) -> Any:
+                return impl.function(**{arg: staged.append for arg in impl.argnames})
+
+            returned, error = contained(f"calling hook '{hook}' of plugin '{printable(impl.plugin_name)}'", call)
+            if error is not None:
+                self.failures.append(PluginFailure(impl.plugin_name, hook, f"raised {error}"))
                 continue
+            if returned is not None:
+                self.failures.append(PluginFailure(
+                    impl.plugin_name, hook, f"returned a value ({_type_name(returned)}); call register(...) instead"))
             registered += [(impl.plugin_name, item) for item in staged]
         return registered
+
+
+def _type_name(value: object) -> str:
+    try:
+        return type(value).__name__
+    except Exception:  # pragma: no cover
+        return "object"
+
+
+def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
+    """(distribution name, version) of an entry point; ``?`` where metadata is missing or unreadable."""
+    try:
+        dist = ep.dist
+        if dist is None:
+            return "?", "?"
+        return str(dist.name or "?"), str(dist.version or "?")
+    except Exception:  # broken METADATA must not stop discovery of the other plugins
+        return "?", "?"
 
 
 def _validation_message(exc: Exception) -> str:

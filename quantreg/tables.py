@@ -94,6 +94,8 @@ class TableFile:
     strict: bool | None = None
     methods: tuple[Method, ...] = ()
     allow_import_targets: bool = False
+    method_lines: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Line of each ``methods:`` entry's name, so a clash between two tables can be located."""
 
 
 def _type_name(value: object) -> str:
@@ -176,7 +178,8 @@ class _Checker:
         header = TableHeader(self.path, self.layer, version if readable else None, strict, allow)
         if self.problems:
             return None, header
-        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow), header
+        method_lines = MappingProxyType(dict(getattr(doc.get("methods"), "key_lines", {})))
+        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow, method_lines), header
 
     def rule(self, item: Any, where: str, line: int) -> Rule | None:
         if not isinstance(item, dict):
@@ -336,6 +339,29 @@ def _fault(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
 
 
+_RAW_STRICT = re.compile(rb"^strict[ \t]*:[ \t]*(true|True|TRUE)[ \t]*(#[^\r\n]*)?\r?$", re.MULTILINE)
+
+
+def raw_strict(data: bytes) -> bool:
+    """Does the raw text hold a top-level ``strict: true`` line (column 0, optional comment)?
+
+    The fallback for a file whose YAML cannot be read (a syntax error, a duplicate key, a
+    timestamp, a non-UTF-8 byte, a control character), which has no header: its request for
+    strict mode must still be honoured, or a broken table would start a server leniently. A
+    file is read at most :data:`MAX_BYTES` + 1 bytes, so the scan is bounded; erring towards
+    strict is the safe side (a spurious match fails start-up loudly, a missed one would not).
+    """
+    return _RAW_STRICT.search(data) is not None
+
+
+def _with_raw_header(read: TableRead, data: bytes, path: str, layer: Layer) -> TableRead:
+    """``read`` with a header from :func:`raw_strict` when parsing gave none (see there)."""
+    table, problems, header = read
+    if header is None and problems and layer >= Layer.USER and raw_strict(data):
+        header = TableHeader(path, layer, strict=True)
+    return table, problems, header
+
+
 def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
     """Read and check one file; unreadable, non-UTF-8, missing and non-regular files are problems too.
 
@@ -355,8 +381,9 @@ def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        return None, [Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")], None
-    return parse_table(text, shown, layer)
+        problem = Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")
+        return _with_raw_header((None, [problem], None), data, shown, layer)
+    return _with_raw_header(parse_table(text, shown, layer), data, shown, layer)
 
 
 def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:

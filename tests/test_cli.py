@@ -80,12 +80,14 @@ def test_list(cli: Run) -> None:
     assert code == 0
     assert out.splitlines()[0] == "methods available on hpu:"
     assert "yes vllm  quantreg.builtin  quantreg.builtin:KeepVllm  devices=*  (vLLM's own method)" in out
-    rows = cli_json(cli, "list", "--device", "hpu")
+    data = cli_json(cli, "list", "--device", "hpu")
+    assert data["problems"] == [] and data["vllm_would_refuse"] is None  # every --json answer says (issue 12)
+    rows = data["methods"]
     assert rows == [{"name": "vllm", "plugin": "quantreg.builtin", "target": "quantreg.builtin:KeepVllm",
                      "devices": ["*"], "device": "hpu", "available": True, "reason": "vLLM's own method",
                      "description": "keep the method vLLM itself would build"}]
     # without --device the device is guessed without importing vLLM
-    rows = cli_json(cli, "list")
+    rows = cli_json(cli, "list")["methods"]
     assert rows[0]["device"] in {"cpu", "cuda", "hpu"}
 
 
@@ -106,7 +108,7 @@ def test_rules_with_repeated_config_and_quantreg_config(cli: Run, tables: dict[s
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUANTREG_CONFIG", str(tables["user"]))
     args = ("rules", "--config", str(tables["run1"]), "--config", str(tables["run2"]))
-    rules = cli_json(cli, *args)
+    rules = cli_json(cli, *args)["rules"]
     assert [(r["path"], r["line"], r["layer"]) for r in rules] == [
         (str(tables["run2"]), 3, "run"),  # specificity 2, priority 5
         (str(tables["run1"]), 3, "run"),  # specificity 2, priority 0
@@ -269,7 +271,7 @@ def test_doctor(tables: dict[str, Path]) -> None:
     as_json, text = out.stdout.split(SEPARATOR + "\n")
     data = json.loads(as_json)
     assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
-                         "strict", "warnings"}
+                         "strict", "warnings", "problems", "left_out", "vllm_would_refuse"}
     assert set(data["versions"]) == {"quantreg", "pluggy", "PyYAML", "torch", "vllm"}
     assert data["versions"]["quantreg"] and data["versions"]["pluggy"]
     assert [(t["path"], t["layer"], t["rules"]) for t in data["tables"]][1:] == [

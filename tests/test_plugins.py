@@ -371,7 +371,7 @@ def register_tables_(register):
     assert "loaded   alpha  (qrt-alpha 0.1)" in text and "failed   typo" in text
 
     out = run_cli("list", "--json", "--device", "cpu", env=env)
-    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    rows = {r["name"]: r for r in json.loads(out.stdout)["methods"]}
     assert rows["alpha_fast"]["plugin"] == "alpha" and rows["alpha_fast"]["available"] is True
     assert rows["vllm"]["plugin"] == "quantreg.builtin"
     assert "register_tables_" in out.stderr  # faults are warned about on stderr

@@ -557,8 +557,8 @@ def test_strict_mode_is_one_decision_from_every_source(table: Callable[[str, str
         assert [t.layer for t in registry.tables] == [Layer.DEFAULT] and registry.problems
         mode = registry.mode()
         assert mode.strict and mode.because == (f"strict: true in {tied_strict}",), user
-    run_strict = table("run.yaml", "version: 1\nstrict: true\nrules: [}\n")  # not YAML: no header to read
-    assert not build(run=[run_strict]).strict
+    run_strict = table("run.yaml", "version: 1\nstrict: true\nrules: [}\n")  # not YAML: its raw text still asks
+    assert build(run=[run_strict]).mode().because == (f"strict: true in {run_strict}",)  # issue 12 class 7
     broken_run = table("run2.yaml", "version: 1\nstrict: true\nrules: 5\n")
     assert build(run=[broken_run]).mode().because == (f"strict: true in {broken_run}",)
     lenient = build()

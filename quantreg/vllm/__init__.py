@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from types import FrameType
 
-from ..problems import QuantregError
-from ..registry import get_registry, set_registry
+from ..mode import decide_mode
+from ..plugins import describe
+from ..problems import QuantregError, printable
+from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
@@ -44,23 +47,53 @@ def register() -> None:
 
     Where vLLM calls it holding its config (EngineCore, Worker), the run's ``additional_config``
     tables are read here, before any Worker starts or any weight loads (:mod:`.startup`).
+
+    vLLM calls it with no ``try`` around it, so this is quantreg's one boundary at start-up:
+    lenient, anything unexpected (whatever its class, ``SystemExit`` included) is logged as a
+    WARNING and quantreg stays out of the way, so vLLM keeps choosing its own methods; strict,
+    it becomes one ``quantreg (strict): ...`` line (:func:`.startup.fail_strict`: an ERROR line and
+    a clean exit in vLLM's child processes, one ``QuantregError`` elsewhere). Only
+    ``KeyboardInterrupt`` passes unchanged.
     """
+    built: list[Registry] = []
+    caller = sys._getframe(1)  # vLLM's frame: where its config is visible (startup.startup_settings)
+    try:
+        _register(built, caller)
+    except KeyboardInterrupt:
+        raise
+    except QuantregError as exc:  # strict mode's own error: already one line
+        startup.fail_strict(exc)
+    except BaseException as exc:
+        strict = _strict_now(built)
+        message = f"quantreg: register() failed unexpectedly: {printable(describe(exc))}"
+        if strict:
+            startup.fail_strict(QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}"))
+        logger.warning("%s; quantreg is inactive in this process and vLLM keeps its own MoE methods", message)
+
+
+def _strict_now(built: list[Registry]) -> bool:
+    """The mode for an unexpected fault: the registry's if one was built, else the environment's alone."""
+    try:
+        return built[0].mode().strict if built else decide_mode(os.environ, ()).strict
+    except Exception:  # deciding must not fail the boundary; an unreadable mode counts as the env's
+        return decide_mode(os.environ, ()).strict
+
+
+def _register(built: list[Registry], caller: FrameType | None) -> None:
     global _registered
     if _registered:
         return
     multinode.adopt_shipped_tables()  # a worker missing the driver's table files decides from the shipped bytes
-    settings = None
-    try:
-        settings = startup.startup_settings(sys._getframe(1))
-        base = get_registry()
-        registry = base
-        if settings is not None and settings.config:
-            registry = multinode.build(config=settings.config)
-            set_registry(registry)
-        strict = registry.mode(settings.strict if settings else None).strict or multinode.published_strict()
-        report_faults(registry, strict=strict)
-    except QuantregError as exc:
-        startup.fail_strict(exc)
+    settings = startup.startup_settings(caller)
+    base = get_registry()
+    built.append(base)
+    registry = base
+    if settings is not None and settings.config:
+        registry = multinode.build(config=settings.config)
+        set_registry(registry)
+        built[0] = registry
+    strict = registry.mode(settings.strict if settings else None).strict or multinode.published_strict()
+    report_faults(registry, strict=strict)
     _seam.settings = settings
     if not _vllm_has_seam_module():
         logger.warning("quantreg: this vLLM has no module %s; quantreg is inactive and vLLM chooses MoE "
@@ -75,12 +108,9 @@ def register() -> None:
     logger.info("quantreg: registry loaded, %d rules from %d tables%s, %d methods, fingerprint %s (pid %d)",
                 len(registry.index.rules), len(registry.tables),
                 f" ({runs} from additional_config)" if runs else "", len(registry.methods), fingerprint, os.getpid())
-    try:
-        check_same_table(base.fingerprint(), strict=strict)
-        if registry is not base:
-            startup.check_run_fingerprint(fingerprint, strict=strict)
-    except QuantregError as exc:
-        startup.fail_strict(exc)
+    check_same_table(base.fingerprint(), strict=strict)
+    if registry is not base:
+        startup.check_run_fingerprint(fingerprint, strict=strict)
     multinode.publish(base)  # after check_same_table, which publishes the first process's fingerprint
 
 

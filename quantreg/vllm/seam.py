@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from ..decision import Decision
+from ..environment import ENVIRONMENT
 from ..keys import Key
 from ..methods import BuildContext
-from ..mode import Mode
-from ..problems import QuantregError
+from ..mode import Mode, decide_mode
+from ..plugins import PluginFailure, describe
+from ..problems import Problem, QuantregError, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
 from .context import RunSettings, layer_key, run_settings
@@ -105,6 +108,42 @@ class Seam:
         return registry, mode
 
     def route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
+        """The seam's one boundary around :meth:`_route`: quantreg's faults never stop a layer build unasked.
+
+        Lenient, anything unexpected in quantreg's part (whatever its class) is a WARNING and vLLM
+        builds its own method for the layer; strict, it is one ``QuantregError`` line. What vLLM's
+        own method raises is vLLM's and passes through untouched, as does ``KeyboardInterrupt``.
+        """
+        from_vllm: list[BaseException] = []
+
+        def vllms_own(*args: Any) -> Any:
+            try:
+                return original(*args)
+            except BaseException as exc:
+                from_vllm.append(exc)
+                raise
+
+        try:
+            return self._route(vllms_own, layer, prefix, quant_config, moe_config)
+        except (KeyboardInterrupt, QuantregError):
+            raise
+        except BaseException as exc:
+            if any(exc is e for e in from_vllm):
+                raise
+            message = f"quantreg: routing {printable(str(prefix))} failed unexpectedly: {printable(describe(exc))}"
+            if self._strict_now():
+                raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from None
+            logger.warning("%s; using vLLM's own method", message)
+        return original(layer, prefix, quant_config, moe_config)
+
+    def _strict_now(self) -> bool:
+        """The mode for an unexpected fault: the run's if it can still be decided, else the environment's."""
+        try:
+            return get_registry().mode(run_settings().strict).strict
+        except Exception:
+            return decide_mode(os.environ, ()).strict
+
+    def _route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
         registry, mode = self.registry_for_run()
         strict = mode.strict
         key = layer_key(quant_config)
@@ -143,11 +182,25 @@ def chain_reasons(decision: Decision) -> str:
 
 
 def report_faults(registry: Registry, strict: bool) -> None:
-    """Strict: raise one error with every fault. Lenient: one WARNING line per fault."""
+    """Strict: raise one error with every fault. Lenient: one WARNING line per fault, saying what was left out.
+
+    A table problem leaves its whole file out (not just the rule it names), a plugin failure
+    leaves out what that plugin's hook registered, an environment problem falls back to the
+    setting's default; the warning says which, so nobody reads it as "only this rule was dropped".
+    """
     faults = registry.faults
     if not faults:
         return
     if strict:
         raise QuantregError("quantreg (strict): " + "; ".join(map(str, faults)))
     for fault in faults:
-        logger.warning("quantreg: %s (ignored; the rest of the table stays in force)", fault)
+        logger.warning("quantreg: %s (%s)", fault, consequence(fault))
+
+
+def consequence(fault: Problem | PluginFailure) -> str:
+    """What a lenient start-up does about ``fault``, for its warning line."""
+    if isinstance(fault, PluginFailure):
+        return "left out; the other plugins and tables stay in force"
+    if fault.path == ENVIRONMENT:
+        return "the default is used"
+    return "this file is left out whole; the other tables stay in force"
