@@ -17,6 +17,7 @@ from ..plugins import describe
 from ..problems import QuantregError, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
+from .fingerprint import PublishedFingerprint
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
 from .seam import MODULE, Seam, report_faults
@@ -29,7 +30,8 @@ _seam = Seam()
 _hook = PostImportHook(MODULE, _seam.patch_module)
 _keepers = QuantConfigGuard()
 _registered = False
-_published: str | None = None
+_table_fingerprint = PublishedFingerprint(FINGERPRINT_ENV, "effective table", "its parent process",
+                                         "a table file or plugin changed")
 
 
 def _vllm_has_seam_module() -> bool:
@@ -115,33 +117,14 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
 
 
 def check_same_table(fingerprint: str, strict: bool) -> None:
-    """Every vLLM process must decide from the same table.
-
-    The first process to register (the driver) publishes its fingerprint in the environment,
-    which vLLM's EngineCore and Worker processes inherit; a child that loads a different table
-    (a file edited between process starts, a plugin upgraded) fails in strict mode, warns otherwise.
-    """
-    global _published
-    parent = os.environ.get(FINGERPRINT_ENV)
-    if not parent:
-        os.environ[FINGERPRINT_ENV] = _published = fingerprint
-        return
-    if parent == fingerprint:
-        return
-    message = (f"quantreg: this process (pid {os.getpid()}) loaded a different effective table (fingerprint "
-               f"{fingerprint}) than its parent process ({parent}): a table file or plugin changed between "
-               "process starts, so processes may decide differently")
-    if strict:
-        raise QuantregError(message)
-    logger.warning(message)
+    """Every vLLM process must decide from the same table (see :mod:`.fingerprint`)."""
+    _table_fingerprint.check(fingerprint, strict)
 
 
 def unregister() -> None:
     """Undo ``register()`` (tests): restore vLLM's function and forget the registry."""
-    global _registered, _published
-    if _published is not None and os.environ.get(FINGERPRINT_ENV) == _published:
-        del os.environ[FINGERPRINT_ENV]
-    _published = None
+    global _registered
+    _table_fingerprint.withdraw()
     startup.forget()
     _hook.disarm()
     _keepers.disarm()

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import sys
 from types import FrameType
 from typing import Any, NoReturn
@@ -53,6 +52,7 @@ from ..problems import QuantregError
 from ..registry import Registry
 from ..tables import Layer
 from .context import ADDITIONAL_CONFIG_KEY, RunSettings, _current_vllm_config, parse_run_settings
+from .fingerprint import PublishedFingerprint
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -67,7 +67,8 @@ MAX_DEPTH = 6
 CHILD_PREFIXES = ("EngineCore", "VllmWorker", "Worker")
 STRICT_PREFIX = "quantreg (strict): "
 
-_published_run: str | None = None
+_run_fingerprint = PublishedFingerprint(RUN_FINGERPRINT_ENV, "table with the run's additional_config",
+                                       "the process that read it first", "a table file changed")
 
 
 # -- reading the run's settings from the caller's config --------------------------------------
@@ -110,27 +111,12 @@ def run_table_count(registry: Registry) -> int:
 
 def check_run_fingerprint(fingerprint: str, strict: bool) -> None:
     """Every process that read the run's tables must hold the same registry (see the module doc)."""
-    global _published_run
-    parent = os.environ.get(RUN_FINGERPRINT_ENV)
-    if not parent:
-        os.environ[RUN_FINGERPRINT_ENV] = _published_run = fingerprint
-        return
-    if parent == fingerprint:
-        return
-    message = (f"quantreg: this process (pid {os.getpid()}) loaded a different table with the run's "
-               f"additional_config (fingerprint {fingerprint}) than the process that read it first "
-               f"({parent}): a table file changed between process starts, so processes may decide differently")
-    if strict:
-        raise QuantregError(message)  # register()'s boundary makes it the one strict line
-    logger.warning(message)
+    _run_fingerprint.check(fingerprint, strict)
 
 
 def forget() -> None:
     """Undo :func:`check_run_fingerprint`'s publication (tests, ``unregister()``)."""
-    global _published_run
-    if _published_run is not None and os.environ.get(RUN_FINGERPRINT_ENV) == _published_run:
-        del os.environ[RUN_FINGERPRINT_ENV]
-    _published_run = None
+    _run_fingerprint.withdraw()
 
 
 # -- failing strict ------------------------------------------------------------------------------
