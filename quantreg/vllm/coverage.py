@@ -75,7 +75,7 @@ def signature_problem(fn: Any) -> str | None:
     positional = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
     if names == EXPECTED and positional:
         return None
-    return f"({', '.join(str(p) for p in params)})"
+    return f"({', '.join(str(p.replace(annotation=p.empty)) for p in params)})"
 
 
 def calls_base(fn: Any) -> bool:
@@ -223,8 +223,9 @@ class Coverage:
             @functools.wraps(override)
             def passthrough(layer: Any, *args: Any, **kwargs: Any) -> Any:
                 self.warn_once(name, self.key_of(layer),
-                               f"{name}.{METHOD} takes {problem}, not {EXPECTED}: quantreg cannot route it and "
-                               "could not decide this key for its layers (vLLM's subclass chooses)")
+                               f"{name}.{METHOD} takes {problem}, not ({', '.join(EXPECTED)}): quantreg cannot "
+                               f"route it and could not decide {self.key_of(layer)} for its layers (the subclass "
+                               "chooses)")
                 return override(layer, *args, **kwargs)
             return passthrough
 
