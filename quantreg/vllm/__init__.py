@@ -12,7 +12,7 @@ import os
 
 from ..problems import QuantregError
 from ..registry import get_registry, set_registry
-from . import multinode
+from . import multinode, versions
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
 from .seam import MODULE, Seam, report_faults
@@ -55,6 +55,7 @@ def register() -> None:
     _hook.arm()
     _keepers.arm(registry)  # vllm-gaudi-like strips follow the table (never raises; post-import hooks only)
     _registered = True
+    versions.warn_if_untested()
     fingerprint = registry.fingerprint()
     logger.info("quantreg: registry loaded, %d rules from %d tables, %d methods, fingerprint %s (pid %d)",
                 len(registry.index.rules), len(registry.tables), len(registry.methods), fingerprint, os.getpid())
