@@ -49,6 +49,7 @@ class Seam:
         self.logged: set[Key] = set()
         self.settings: RunSettings | None = None
         self.coverage = Coverage(self)
+        self.signature_warned = False
 
     # -- installing ----------------------------------------------------------------------
     def patch_module(self, module: ModuleType) -> None:
@@ -72,9 +73,11 @@ class Seam:
                 return
             problem = signature_problem(original)
             if problem is not None:
-                logger.warning(
-                    "quantreg: this vLLM's %s.%s.%s takes %s, not (self, prefix, quant_config, moe_config); "
-                    "quantreg is inactive and vLLM chooses MoE methods itself", MODULE, CLASS, METHOD, problem)
+                if not self.signature_warned:  # once per process, however often the hook fires
+                    self.signature_warned = True
+                    logger.warning(
+                        "quantreg: this vLLM's %s.%s.%s takes %s, not (self, prefix, quant_config, moe_config); "
+                        "quantreg is inactive and vLLM chooses MoE methods itself", MODULE, CLASS, METHOD, problem)
                 return
             coverage = self.coverage
 
