@@ -205,6 +205,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from .vllm import versions  # pure Python, imports no vLLM
+
     registry = _registry(args)
     vllm = environment.vllm_distribution()
     if vllm:
@@ -221,6 +223,8 @@ def _doctor(args: argparse.Namespace) -> int:
                         "MXFP4 quant config, so no MXFP4 method (quantreg's or vLLM's) is built")
     if vllm and not hook_ok:
         warnings.append(f"vLLM start-up hook: {hook_reason}")
+    untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
+    warnings += [untested] if untested else []
     data: dict[str, Any] = {
         "versions": {n: environment.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
         | {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None},
@@ -231,6 +235,8 @@ def _doctor(args: argparse.Namespace) -> int:
         "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
         "fingerprint": registry.fingerprint(),
         "strict": mode.strict,
+        "vllm_tested_range": {"range": versions.TESTED, "releases": list(versions.TESTED_RELEASES),
+                              "inside": None if not vllm else untested is None},
         "warnings": warnings,
     }
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
@@ -241,6 +247,9 @@ def _doctor(args: argparse.Namespace) -> int:
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += _left_out_lines(_left_out(registry, args))
     lines += [f"fingerprint: {data['fingerprint']}", f"mode: {mode}"]
+    if vllm and not untested:
+        lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
+                     f"(tested: {', '.join(versions.TESTED_RELEASES)})")
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
     return max(status, _answer(args, registry, data, lines, left_out_shown=True))

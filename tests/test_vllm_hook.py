@@ -87,6 +87,29 @@ def test_registration_logs_fingerprint_through_vllm_logger() -> None:
     assert line.startswith("vllm.quantreg|INFO|") and "fingerprint" in line
 
 
+def test_register_warns_once_when_vllm_is_outside_the_tested_range() -> None:
+    """The start-up log names an untested vLLM once per process (the version read from metadata)."""
+    result = run_py("""
+        import json, logging
+        logging.basicConfig(level=logging.INFO, format="%(name)s|%(levelname)s|%(message)s")
+        import quantreg.vllm as qv
+        from quantreg.vllm import versions
+        installed = versions.installed_version()
+        qv.register()
+        qv.unregister()
+        versions.installed_version = lambda: "0.33.0"  # what register() reads, as a newer vLLM would report
+        qv.register(); qv.unregister(); qv.register()
+        print(json.dumps(dict(installed=installed, inside=versions.check_tested(installed) is None,
+                              expected=versions.check_tested("0.33.0"))))
+    """)
+    stderr = str(result["stderr"])
+    untested = [x for x in stderr.splitlines() if "outside the tested range" in x]
+    assert untested == [f"vllm.quantreg|WARNING|{result['expected']}"]  # once, for the fake version only
+    assert "vLLM 0.33.0 is outside the tested range" in untested[0]
+    if result["inside"]:
+        assert f"vLLM {result['installed']} is" not in untested[0]
+
+
 def test_seam_missing_in_this_vllm_warns_and_leaves_module_alone(caplog: pytest.LogCaptureFixture) -> None:
     from quantreg.vllm.seam import Seam
 

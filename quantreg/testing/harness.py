@@ -243,6 +243,26 @@ class VllmMoeHarness:
             runner = fused_moe_layer.FusedMoEFactory(**self._factory_kwargs(shape, top_k, bias, ep_size))
         return MoeLayer(self, runner, shape, top_k, bias, ep_size, ep_rank)
 
+    def build_routed(self, *, routed_experts_cls: type[Any] | None = None, quant_config: Any = "gpt_oss_mxfp4",
+                     shape: MoeShape = MoeShape(), top_k: int = 2, bias: bool = True,
+                     **factory_kwargs: Any) -> MoeLayer:
+        """A layer whose method ``RoutedExperts._get_quant_method`` chooses, unreplaced: vLLM's own, or
+        quantreg's seam when it is installed (the seam's coverage tests build layers this way).
+
+        ``routed_experts_cls`` is handed to ``FusedMoEFactory`` as a model does for its own
+        ``RoutedExperts`` subclass; ``quant_config`` is vLLM's ``GptOssMxfp4Config`` by default
+        (``None``: an unquantized layer); ``factory_kwargs`` override what GPT-OSS's block passes
+        (e.g. ``scoring_func``, ``e_score_correction_bias``, ``routed_scaling_factor``).
+        """
+        kwargs = self._factory_kwargs(shape, top_k, bias, 1)
+        kwargs["quant_config"] = GptOssMxfp4Config() if quant_config == "gpt_oss_mxfp4" else quant_config
+        kwargs.update(factory_kwargs)
+        if routed_experts_cls is not None:
+            kwargs["routed_experts_cls"] = routed_experts_cls
+        with self.context(), torch.device(self.device):
+            runner = fused_moe_layer.FusedMoEFactory(**kwargs)
+        return MoeLayer(self, runner, shape, top_k, bias, 1, 0)
+
     def ready(self, factory: MethodFactory, experts: GptOssMxfp4Experts, *, top_k: int,
               ep_size: int = 1, ep_rank: int = 0) -> MoeLayer:
         """build -> load ``experts`` -> ``process_weights_after_loading``: a layer ready to run."""

@@ -16,7 +16,7 @@ from ..mode import decide_mode
 from ..plugins import describe
 from ..problems import QuantregError, printable
 from ..registry import Registry, get_registry, set_registry
-from . import multinode, startup
+from . import multinode, startup, versions
 from .fingerprint import PublishedFingerprint
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
@@ -105,6 +105,7 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
     _hook.arm()
     _keepers.arm(registry)  # vllm-gaudi-like strips follow the table (never raises; post-import hooks only)
     _registered = True
+    versions.warn_if_untested()
     fingerprint = registry.fingerprint()
     runs = startup.run_table_count(registry) if registry is not base else 0
     logger.info("quantreg: registry loaded, %d rules from %d tables%s, %d methods, fingerprint %s (pid %d)",

