@@ -193,7 +193,7 @@ def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, mx
         assert not result.ok
         assert result.returncode != 0
         assert VLLM_NO_MXFP4_BACKEND in result.log, result.log[-6000:]
-        assert "backend: CPU, reason: kernel does not support current device cpu" in result.log
+        assert "kernel does not support current device cpu" in result.log  # the CPU kernel's own reason
         assert "GptOssMxfp4MoEMethod" in result.log  # the method vLLM was constructing when it gave up
 
 
