@@ -170,12 +170,12 @@ def test_validate_locates_an_unknown_against_method(table: Callable[[str, str], 
 
 
 def test_explain_shows_the_verify_plan(table: Callable[[str, str], Path]) -> None:
-    path = table("t.yaml", HEAD + "    verify: {against: float64, every: 500, first: 4, tolerance: 0.01, layers: [0, 2]}\n")
+    verify = "    verify: {against: float64, every: 500, first: 4, tolerance: 0.01, layers: [0, 2]}\n"
+    path = table("t.yaml", HEAD + verify)
     out = run_cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--config", str(path))
     assert out.returncode == 0, out.stderr
-    assert ("verify   vllm" not in out.stdout)  # the rule chose vLLM's own method: nothing to verify
-    chosen = table("c.yaml", HEAD.replace("method: vllm", "method: e2e_x")
-                   + "    verify: {against: float64, every: 500, first: 4, tolerance: 0.01, layers: [0, 2]}\n"
+    assert "verify " not in out.stdout  # the rule chose vLLM's own method: nothing to verify
+    chosen = table("c.yaml", HEAD.replace("method: vllm", "method: e2e_x") + verify
                    + "methods:\n  e2e_x: {target: 'json:JSONDecoder'}\nallow_import_targets: true\n")
     out = run_cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--config", str(chosen))
     assert out.returncode == 0, out.stderr
