@@ -17,6 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 
+from quantreg_hpu_mxfp4.method import Mxfp4ReferenceMoEMethod  # noqa: E402
+
 from quantreg.decision import Decision  # noqa: E402
 from quantreg.keys import Key, Match  # noqa: E402
 from quantreg.mode import Mode  # noqa: E402
@@ -31,7 +33,6 @@ from quantreg.tables import Layer, Rule  # noqa: E402
 from quantreg.testing.harness import VllmMoeHarness  # noqa: E402
 from quantreg.verify import VerifySpec  # noqa: E402
 from quantreg.vllm.verify import VerifyingMethod, maybe_verify  # noqa: E402
-from quantreg_hpu_mxfp4.method import Mxfp4ReferenceMoEMethod  # noqa: E402
 
 KEY = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
 PREFIX = "model.layers.0.mlp.experts"
@@ -138,7 +139,7 @@ def test_an_against_method_that_cannot_run_here(harness: Any, audit: Callable[[]
     method = Mxfp4ReferenceMoEMethod(moe_config)
     spec = VerifySpec("hpu_mxfp4")
     if strict:
-        with pytest.raises(QuantregError, match="cannot verify .*'hpu_mxfp4' cannot run here: runs on hpu, not cpu"):
+        with pytest.raises(QuantregError, match=r"cannot verify .*'hpu_mxfp4' cannot run here: runs on hpu, not cpu"):
             maybe_verify(method, decision(spec), PREFIX, None, moe_config, Mode(True))
     else:
         assert maybe_verify(method, decision(spec), PREFIX, None, moe_config, Mode(False)) is method
