@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ class VerifySpec:
 
     ``first``: the first N forward calls of each verified layer are checked; ``every``: after
     them, one call in N. ``tolerance`` bounds ``max |out - ref| / max |ref|``. ``layers`` is a
-    count (the first N MoE layers, by decoder-layer index) or the indices themselves.
+    count (the first N MoE layers) or decoder-layer indices (see :meth:`covers`).
     """
 
     against: str
@@ -53,12 +53,18 @@ class VerifySpec:
     tolerance: float = DEFAULT_TOLERANCE
     layers: int | tuple[int, ...] = DEFAULT_LAYERS
 
-    def covers(self, layer_index: int | None) -> bool:
-        """Is the MoE layer with this decoder-layer index verified? (``None``: index unknown, no.)"""
+    def covers(self, layer_index: int | None, seen: Collection[int] = ()) -> bool:
+        """Is the MoE layer with this decoder-layer index verified? (``None``: index unknown, no.)
+
+        A list names decoder-layer indices. A count means the first N *MoE* layers: the N lowest
+        indices among ``seen``, the MoE layers this process has built for the rule so far (this one
+        included), so dense layers before the first MoE layer (DeepSeek-style models) do not count
+        and building the same model twice does not move the window.
+        """
         if layer_index is None:
             return False
         if isinstance(self.layers, int):
-            return layer_index < self.layers
+            return layer_index in sorted({*seen, layer_index})[: self.layers]
         return layer_index in self.layers
 
     def next_call(self, calls: int) -> int:

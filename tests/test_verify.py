@@ -156,7 +156,9 @@ def test_layer_index_from_the_prefix(prefix: str, index: int | None) -> None:
 
 
 def test_layers_count_or_list() -> None:
-    assert [VerifySpec("x", layers=2).covers(i) for i in (0, 1, 2, None)] == [True, True, False, False]
+    assert [VerifySpec("x", layers=2).covers(i, {0, 1, 2}) for i in (0, 1, 2, None)] == [True, True, False, False]
+    # the first 2 MoE layers of a model whose layers 0-2 are dense: 3 and 4
+    assert [VerifySpec("x", layers=2).covers(i, range(3, i + 1)) for i in (3, 4, 5)] == [True, True, False]
     assert [VerifySpec("x", layers=(1, 5)).covers(i) for i in (0, 1, 5)] == [False, True, True]
 
 

@@ -410,6 +410,10 @@ def build_against(spec: VerifySpec, decision: Decision, prefix: str, layer: Any,
     return method.build(moe_config, context)
 
 
+_SEEN: dict[tuple[str, Key], set[int]] = {}
+"""MoE layer indices built so far per (rule, key) in this process: what ``layers: N`` counts."""
+
+
 def maybe_verify(method: Any, decision: Decision, prefix: str, layer: Any, moe_config: Any, mode: Mode) -> Any:
     """``method`` itself, or a :class:`VerifyingMethod` around it if the rule verifies this layer.
 
@@ -418,7 +422,13 @@ def maybe_verify(method: Any, decision: Decision, prefix: str, layer: Any, moe_c
     WARNING and the chosen method runs unverified; in strict mode it is an error.
     """
     spec = decision.verify
-    if spec is None or not spec.covers(layer_index(prefix)):
+    if spec is None:
+        return method
+    index = layer_index(prefix)
+    seen = _SEEN.setdefault((decision.source, decision.key), set())
+    if index is not None:
+        seen.add(index)
+    if not spec.covers(index, seen):
         return method
     report = _Report(prefix, decision.key, decision.method, spec.against, spec, mode.strict)
     try:

@@ -70,8 +70,9 @@ def audit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[
     return records
 
 
-def decision(spec: VerifySpec, method: str = "mxfp4_reference") -> Decision:
-    rule = Rule(match=Match(), methods=(method,), path="t.yaml", line=3, layer=Layer.USER, verify=spec)
+def decision(spec: VerifySpec, method: str = "mxfp4_reference", line: int = 3) -> Decision:
+    """What the registry resolves for a rule at t.yaml:LINE (``layers: N`` counts per rule)."""
+    rule = Rule(match=Match(), methods=(method,), path="t.yaml", line=line, layer=Layer.USER, verify=spec)
     return Decision(KEY, method, rule, {}, (), ())
 
 
@@ -126,8 +127,11 @@ def test_strict_mode_raises_on_the_first_exceedance(harness: Any, audit: Callabl
 def test_uncovered_layers_get_the_method_itself(harness: Any, audit: Callable[[], list[dict[str, Any]]]) -> None:
     moe_config = harness.moe_config()
     method = Mxfp4ReferenceMoEMethod(moe_config)
-    for spec, prefix in ((VerifySpec("float64", layers=2), "model.layers.2.mlp.experts"),
-                         (VerifySpec("float64", layers=(0, 3)), "model.layers.1.mlp.experts"),
+    first_two = VerifySpec("float64", first=2, layers=2)
+    built = [maybe_verify(method, decision(first_two, line=99), f"model.layers.{i}.mlp.experts", None, moe_config,
+                          Mode(False)) for i in (4, 5, 6, 4)]  # layers 0-3 dense; 4 again: a second model
+    assert [b is method for b in built] == [False, False, True, False]
+    for spec, prefix in ((VerifySpec("float64", layers=(0, 3)), "model.layers.1.mlp.experts"),
                          (VerifySpec("float64"), "model.mlp.experts")):
         assert maybe_verify(method, decision(spec), prefix, None, moe_config, Mode(False)) is method
 
