@@ -135,7 +135,9 @@ def why_lost(rule: Rule, winner: Rule) -> str:
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:
-    return {
+    """A rule as JSON (``quantreg rules``, ``explain --json``, the fingerprint); ``verify`` only when set,
+    so tables without it keep their JSON and fingerprint."""
+    data: dict[str, Any] = {
         "path": rule.path,
         "line": rule.line,
         "layer": str(rule.layer),
@@ -149,5 +151,7 @@ def rule_json(rule: Rule) -> dict[str, Any]:
         "priority": rule.priority,
         "specificity": rule.match.specificity,
         "note": rule.note,
-        "verify": rule.verify.to_json() if rule.verify is not None else None,
     }
+    if rule.verify is not None:
+        data["verify"] = rule.verify.to_json()
+    return data
