@@ -90,7 +90,7 @@ def run(quick: bool) -> list[Metric]:
         f"{len(ratios)} call pairs: {ratio:.3f} (middle half {low:.3f}..{high:.3f}); per CPU second of each "
         f"process instead of per wall second: {cpu_ratio:.3f}",
         f"Python calls into quantreg/plugin code during one profiled generate: A {calls_a:,}, B {calls_b:,} "
-        "(the difference is the wrapper's apply_monolithic, one per MoE call)",
+        "(the difference is the wrapper: its apply_monolithic and the attributes vLLM reads through it)",
         f"the wrapper's own cost per non-verified MoE call (microbenchmark, best of 5 x 200,000 calls): "
         f"{wrapped_ns - direct_ns:.0f} ns ({wrapped_ns:.0f} ns through it vs {direct_ns:.0f} ns direct); one generate "
         f"here is {8 * 64} tokens in ~{8 * 64 / median(b):.1f} s, i.e. ~{8 * 64 / median(b) / (2 * 65) * 1e3:.0f} ms "
