@@ -30,9 +30,11 @@ GROUPS: dict[str, list[str]] = {
     "dequant": ["dequant_bench"],
     "moe": ["decode_bench", "pwal_bench"],
     "vllm": ["vllm_bench"],
+    "verify": ["verify_bench"],
 }
 ORDER = ["hook_ms", "register_import_ms", "resolve_us_10k", "load_validate_s_10k", "dequant_speedup",
-         "dequant_bw_fraction", "reference_decode_ms", "hpu_pwal_ms_120b", "decode_ratio"]
+         "dequant_bw_fraction", "reference_decode_ms", "hpu_pwal_ms_120b", "decode_ratio",
+         "verify_decode_ratio"]
 DEFAULT_JSON = ROOT / "bench" / "results" / "latest.json"
 
 

@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
@@ -48,10 +49,10 @@ def plugin_lists() -> tuple[str, str]:
 class Child:
     """A live :mod:`bench.vllm_child` process answering one command at a time."""
 
-    def __init__(self, model: Path, plugins: str) -> None:
+    def __init__(self, model: Path, plugins: str, extra_env: Mapping[str, str] | None = None) -> None:
         env = python_env(VLLM_PLUGINS=plugins, VLLM_ENABLE_V1_MULTIPROCESSING="0",
                          VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_CPU_OMP_THREADS_BIND=OMP_BIND,
-                         PYTHONHASHSEED="0")  # same dict/set layouts run to run
+                         PYTHONHASHSEED="0", **(extra_env or {}))  # same dict/set layouts run to run
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         self.stderr: IO[str] = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
@@ -83,9 +84,10 @@ class Child:
         self.stderr.close()
 
 
-def side_by_side(model: Path, plugins_a: str, plugins_b: str, calls: int) -> dict[str, Any]:
+def side_by_side(model: Path, plugins_a: str, plugins_b: str, calls: int, env_a: Mapping[str, str] | None = None,
+                 env_b: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Start A and B together, then ``calls`` alternating call pairs; both processes' reports."""
-    a, b = Child(model, plugins_a), Child(model, plugins_b)
+    a, b = Child(model, plugins_a, env_a), Child(model, plugins_b, env_b)
     try:
         a.read(), b.read()  # both READY (start-up and warm-up done, not timed)
         a_calls: list[dict[str, Any]] = []

@@ -119,6 +119,23 @@ def record(
         return False
 
 
+def append_record(record: Mapping[str, Any], path: str | os.PathLike[str] | None = None) -> bool:
+    """Append any other event (e.g. a ``verify:`` comparison, ``"event": "verify"``) as one line.
+
+    Same file and same one-write rule as :func:`record`; :func:`summarise` counts such lines apart
+    from decisions. Never raises.
+    """
+    try:
+        target = os.fspath(path) if path is not None else decisions_path()
+        if not target:
+            return False
+        data = (json.dumps(dict(record), ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode("ascii")
+        return _append(target, data)
+    except Exception as exc:  # best effort, like record()
+        _warn_once(str(path), f"{type(exc).__name__}: {exc}")
+        return False
+
+
 def _append(target: str, data: bytes) -> bool:
     with _lock:  # threads of one process share the descriptor table, not the line
         try:
@@ -175,6 +192,7 @@ class Summary:
     keys: dict[str, list[Choice]] = field(default_factory=dict)
     disagreements: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    events: dict[str, int] = field(default_factory=dict)  # other lines by "event" (verify: comparisons)
 
     @property
     def ok(self) -> bool:
@@ -188,6 +206,7 @@ class Summary:
             "keys": {k: [c.to_json() for c in cs] for k, cs in self.keys.items()},
             "disagreements": list(self.disagreements),
             "problems": list(self.problems),
+            "events": dict(self.events),
             "ok": self.ok,
         }
 
@@ -239,6 +258,13 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
             item = json.loads(raw)
             if not isinstance(item, dict):
                 raise ValueError("not a JSON object")
+            if item.get("event") is not None:  # e.g. a verify: comparison; not a decision
+                summary.events[str(item["event"])] = summary.events.get(str(item["event"]), 0) + 1
+                if item.get("event") == "verify" and item.get("ok") is False:
+                    summary.problems.append(f"{where}:{number}: verify: {item.get('prefix')} {item.get('method')} "
+                                            f"vs {item.get('against')}: error {item.get('error')} exceeds "
+                                            f"tolerance {item.get('tolerance')}")
+                continue
             choice = Choice(int(item["pid"]), str(item.get("role", "?")), str(item["method"]),
                             item.get("rule"), str(item.get("fingerprint", "")), int(item.get("layers", 0)),
                             bool(item.get("strict", False)), str(item.get("time", "")))

@@ -9,6 +9,7 @@ from typing import Any
 from .keys import Key
 from .methods import keeps_vllm
 from .tables import Rule
+from .verify import VerifySpec
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,13 @@ class Decision:
         return keeps_vllm(self.method)
 
     @property
+    def verify(self) -> VerifySpec | None:
+        """The winning rule's ``verify:``, when the chosen method is one quantreg builds (not ``vllm``)."""
+        if self.rule is None or self.keeps_vllm:
+            return None
+        return self.rule.verify
+
+    @property
     def source(self) -> str:
         return self.rule.location if self.rule is not None else "no rule"
 
@@ -89,6 +97,8 @@ class Decision:
             lines.append("rule     none matched: vLLM keeps its own method")
         if self.options:
             lines.append(f"options  {dict(self.options)}")
+        if self.verify is not None:
+            lines.append(f"verify   {self.method} {self.verify.plan()}")
         if self.fallback:
             lines.append(f"fallback {self.fallback}")
         if self.chain:
@@ -125,7 +135,9 @@ def why_lost(rule: Rule, winner: Rule) -> str:
 
 
 def rule_json(rule: Rule) -> dict[str, Any]:
-    return {
+    """A rule as JSON (``quantreg rules``, ``explain --json``, the fingerprint); ``verify`` only when set,
+    so tables without it keep their JSON and fingerprint."""
+    data: dict[str, Any] = {
         "path": rule.path,
         "line": rule.line,
         "layer": str(rule.layer),
@@ -140,3 +152,6 @@ def rule_json(rule: Rule) -> dict[str, Any]:
         "specificity": rule.match.specificity,
         "note": rule.note,
     }
+    if rule.verify is not None:
+        data["verify"] = rule.verify.to_json()
+    return data

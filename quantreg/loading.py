@@ -21,6 +21,7 @@ from .mode import strict_problem
 from .plugins import PluginFailure, Plugins, describe
 from .problems import Problem, did_you_mean, name_list
 from .tables import Layer, TableFile, TableHeader, file_identity, read_table
+from .verify import FLOAT64
 
 CONFIG_ENV = "QUANTREG_CONFIG"
 
@@ -151,7 +152,7 @@ def load_tables(
                     known[m.name] = m
         bad = {t.path for t in tables if any(p.path == t.path for p in problems)}
         for table in tables:
-            found = method_problems(table, known)
+            found = method_problems(table, known) + verify_problems(table, known)
             problems += found
             if found:
                 bad.add(table.path)
@@ -192,4 +193,18 @@ def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
                         table.path, rule.options_line or rule.line, f"rules[{i}].options.{option}",
                         f"method '{name}' does not accept option '{option}'"
                         f"{did_you_mean(option, method.options)} (accepted: {accepted})"))
+    return problems
+
+
+def verify_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:
+    """A rule's ``verify.against`` must be a registered method (or ``float64``, checked in the table)."""
+    problems = []
+    for i, rule in enumerate(table.rules):
+        spec = rule.verify
+        if spec is None or spec.against == FLOAT64 or spec.against in methods:
+            continue
+        problems.append(Problem(
+            table.path, rule.verify_line or rule.line, f"rules[{i}].verify.against",
+            f"unknown method '{spec.against}'{did_you_mean(spec.against, sorted(methods))} "
+            f"(registered: {name_list(sorted(methods))}; or '{FLOAT64}')"))
     return problems

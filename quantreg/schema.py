@@ -12,6 +12,7 @@ from typing import Any
 from .keys import FIELDS, WILDCARD
 from .methods import NAME_RE, TARGET_RE
 from .tables import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .verify import FLOAT64, FLOAT64_FORMATS, VERIFY_KEYS
 
 # Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
 # lookahead makes the pattern mean what the loader's ``re.fullmatch`` means in every regex dialect.
@@ -19,6 +20,24 @@ NAME_PATTERN = NAME_RE + r"(?!\n)"
 # ``\w`` is Unicode in Python's re (jsonschema, check-jsonschema), as in the loader; an ECMA-262
 # validator without the ``u`` flag reads it as ASCII and is then stricter than the loader.
 MATCH_VALUE_PATTERN = MATCH_VALUE_RE + r"(?!\n)"
+
+
+def _verify_schema(name: dict[str, Any]) -> dict[str, Any]:
+    """``verify:`` (see :mod:`quantreg.verify`); ``against: vllm`` is refused, float64 checked per rule."""
+    props: dict[str, Any] = {
+        "against": {**name, "not": {"const": "vllm"},
+                    "description": f"a registered method, or '{FLOAT64}' (the format's float64 reference)"},
+        "every": {"type": "integer", "minimum": 1, "description": "after the first calls, verify one call in N"},
+        "first": {"type": "integer", "minimum": 0, "description": "verify the first N forward calls of each layer"},
+        "tolerance": {"type": "number", "exclusiveMinimum": 0, "description": "bound on max|out-ref|/max|ref|"},
+        "layers": {"anyOf": [{"type": "integer", "minimum": 1},
+                             {"type": "array", "minItems": 1, "uniqueItems": True,
+                              "items": {"type": "integer", "minimum": 0}}],
+                   "description": "the first N MoE layers, or a list of layer indices"},
+    }
+    assert set(props) == set(VERIFY_KEYS)
+    return {"type": "object", "required": ["against"], "additionalProperties": False, "properties": props,
+            "description": "run a second method beside the chosen one on sampled calls and report the difference"}
 
 
 def table_schema() -> dict[str, Any]:
@@ -44,6 +63,7 @@ def table_schema() -> dict[str, Any]:
         "options": {"type": ["object", "null"], "description": "keyword arguments handed to the method"},
         "priority": {"type": "integer", "description": "tie-breaker after layer and specificity"},
         "note": {"type": "string"},
+        "verify": _verify_schema(name),
     }
     assert set(rule_props) == set(RULE_KEYS)
     top_props: dict[str, Any] = {
@@ -55,6 +75,14 @@ def table_schema() -> dict[str, Any]:
                 "required": ["match", "method"],
                 "additionalProperties": False,
                 "properties": rule_props,
+                # against: float64 exists only where the rule's quant formats all have a float64 reference
+                "if": {"required": ["verify"], "properties": {"verify": {
+                    "required": ["against"], "properties": {"against": {"const": FLOAT64}}}}},
+                "then": {"properties": {"match": {
+                    "type": "object", "required": ["quant_format"],
+                    "properties": {"quant_format": {"anyOf": [
+                        {"enum": list(FLOAT64_FORMATS)},
+                        {"type": "array", "items": {"enum": list(FLOAT64_FORMATS)}}]}}}}},
             },
         },
         "allow_import_targets": {"type": "boolean", "description": "allow this table's methods: section"},

@@ -21,10 +21,11 @@ from .located import file_identity as _file_identity
 from .methods import Method, valid_name
 from .problems import Problem, did_you_mean
 from .table_methods import parse_methods
+from .verify import FLOAT64_FORMATS, VerifySpec, parse_verify
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
-RULE_KEYS = ("match", "method", "options", "priority", "note")
+RULE_KEYS = ("match", "method", "options", "priority", "note", "verify")
 MATCH_VALUE_RE = r"^[\w.\-]+$"
 """Match values (quant_format, model_type, device): ``\\w`` is Unicode here (letters and digits of
 any script, ``_``), because vLLM takes ``model_type`` verbatim from a checkpoint's config.json."""
@@ -58,6 +59,8 @@ class Rule:
     method_lines: tuple[int, ...] = ()
     options_line: int | None = None
     where: str = ""  # the rule's position in its file, for messages: rules[3]
+    verify: VerifySpec | None = None  # run a second method beside the chosen one (quantreg.verify)
+    verify_line: int | None = None
 
     @property
     def location(self) -> str:
@@ -207,6 +210,11 @@ class _Checker:
         note = item.get("note", "")
         if not isinstance(note, str):
             self.fail(key_lines.get("note"), f"{where}.note", f"expected a string, got {_type_name(note)}")
+        verify = None
+        if "verify" in item:
+            verify = parse_verify(item["verify"], f"{where}.verify", key_lines.get("verify", line), self.fail,
+                                  # a broken match is reported already; do not add a float64 complaint to it
+                                  match.quant_format if match is not None else FLOAT64_FORMATS)
         if len(self.problems) > before or match is None:
             return None
         return Rule(
@@ -221,6 +229,8 @@ class _Checker:
             method_lines=method_lines,
             options_line=key_lines.get("options"),
             where=where,
+            verify=verify,
+            verify_line=key_lines.get("verify"),
         )
 
     def match(self, raw: Any, where: str, line: int, present: bool) -> Match | None:

@@ -167,3 +167,20 @@ def test_summarise_tolerates_a_truncated_last_line(tmp_path: Path) -> None:
 def test_summarise_missing_file_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
     summary = audit.summarise(tmp_path / "missing.jsonl")
     assert summary.problems and "cannot read" in summary.problems[0] and not summary.keys
+
+
+def test_verify_lines_share_the_trail_without_counting_as_decisions(tmp_path: Path) -> None:
+    """``verify:`` comparisons go to the same trail (one write per line) but are not decisions:
+    a process's verify line must not read as a second, fingerprint-less choice for its key."""
+    from quantreg import audit
+
+    trail = tmp_path / "d.jsonl"
+    line = {"event": "verify", "pid": 7, "prefix": "model.layers.0.mlp.experts",
+            "key": {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss", "device": "cpu"},
+            "method": "mxfp4_reference", "against": "float64", "call": 1, "error": 0.005, "tolerance": 0.02}
+    assert audit.append_record({**line, "ok": True}, path=trail)
+    assert audit.append_record({**line, "call": 2, "error": 0.5, "ok": False}, path=trail)
+    summary = audit.summarise(trail)
+    assert summary.lines == 0 and summary.keys == {} and summary.disagreements == []
+    assert summary.events == {"verify": 2}
+    assert len(summary.problems) == 1 and "exceeds tolerance 0.02" in summary.problems[0]

@@ -176,7 +176,7 @@ class Seam:
             return original(layer, prefix, quant_config, moe_config)
         context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
         try:
-            return registry.methods[decision.method].build(moe_config, context)
+            method = registry.methods[decision.method].build(moe_config, context)
         except Exception as exc:
             message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built: "
                        f"{type(exc).__name__}: {exc}")
@@ -184,6 +184,9 @@ class Seam:
                 raise QuantregError(message) from exc
             logger.warning("%s; using vLLM's own method", message)
             return original(layer, prefix, quant_config, moe_config)
+        from .verify import maybe_verify  # torch and vLLM's MoE base: loaded by now, vLLM is building a layer
+
+        return maybe_verify(method, decision, prefix, layer, moe_config, mode)
 
     def log_once(self, decision: Decision) -> None:
         if decision.key in self.logged:

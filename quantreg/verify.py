@@ -1,0 +1,198 @@
+"""``verify:`` on a rule: what to check, how often, and how far apart is too far (no torch, no vLLM).
+
+A registry that knows several methods for one key can run a second one beside the chosen one and
+say, per layer, how far apart they are: bringing a kernel up on new hardware (or catching one that
+regressed after a driver upgrade) becomes one table line instead of a hand-made A/B run::
+
+    verify: {against: mxfp4_reference, every: 1000, first: 8, tolerance: 0.02, layers: 2}
+
+This module is the pure half: the spec (:class:`VerifySpec`), its located checks
+(:func:`parse_verify`, called by :mod:`quantreg.tables`), the sampling schedule and the error
+measure. The vLLM half (shadow weights, the verifying method object, the reports) is
+:mod:`quantreg.vllm.verify`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from .methods import keeps_vllm, valid_name
+from .problems import did_you_mean
+
+VERIFY_KEYS = ("against", "every", "first", "tolerance", "layers")
+FLOAT64 = "float64"
+"""``against: float64``: the format's float64 definition (:mod:`quantreg.models.gpt_oss_moe`)."""
+FLOAT64_FORMATS = ("gpt_oss_mxfp4",)
+"""Quant formats that have a float64 reference to verify against."""
+DEFAULT_EVERY = 1000
+DEFAULT_FIRST = 8
+DEFAULT_TOLERANCE = 0.02
+DEFAULT_LAYERS = 1
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+"""The decoder-layer index in a MoE prefix such as ``model.layers.3.mlp.experts``."""
+
+Fail = Callable[[int | None, str, str], None]
+
+
+@dataclass(frozen=True)
+class VerifySpec:
+    """One rule's ``verify:``: run ``against`` beside the chosen method on sampled forward calls.
+
+    ``first``: the first N forward calls of each verified layer are checked; ``every``: after
+    them, one call in N. ``tolerance`` bounds ``max |out - ref| / max |ref|``. ``layers`` is a
+    count (the first N MoE layers) or decoder-layer indices (see :meth:`covers`).
+    """
+
+    against: str
+    every: int = DEFAULT_EVERY
+    first: int = DEFAULT_FIRST
+    tolerance: float = DEFAULT_TOLERANCE
+    layers: int | tuple[int, ...] = DEFAULT_LAYERS
+
+    def covers(self, layer_index: int | None, seen: Collection[int] = ()) -> bool:
+        """Is the MoE layer with this decoder-layer index verified? (``None``: index unknown, no.)
+
+        A list names decoder-layer indices. A count means the first N *MoE* layers: the N lowest
+        indices among ``seen``, the MoE layers this process has built for the rule so far (this one
+        included), so dense layers before the first MoE layer (DeepSeek-style models) do not count
+        and building the same model twice does not move the window.
+        """
+        if layer_index is None:
+            return False
+        if isinstance(self.layers, int):
+            return layer_index in sorted({*seen, layer_index})[: self.layers]
+        return layer_index in self.layers
+
+    def next_call(self, calls: int) -> int:
+        """The number (1-based) of the next verified forward call after ``calls`` calls.
+
+        Calls ``1 .. first`` are verified, then ``first + every``, ``first + 2 * every``, ...:
+        the hot path compares one counter with this number and does nothing else.
+        """
+        n = calls + 1
+        if n <= self.first:
+            return n
+        return self.first + self.every * -(-(n - self.first) // self.every)
+
+    def plan(self) -> str:
+        """One line for ``explain`` and the start-up log."""
+        layers = (f"the first {self.layers} MoE layer{'s' if self.layers != 1 else ''}"
+                  if isinstance(self.layers, int) else f"MoE layers {', '.join(map(str, self.layers))}")
+        return (f"against {self.against} on {layers}: the first {self.first} forward calls, then 1 in "
+                f"{self.every}; tolerance {self.tolerance:g} on max|out-ref|/max|ref|")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"against": self.against, "every": self.every, "first": self.first, "tolerance": self.tolerance,
+                "layers": self.layers if isinstance(self.layers, int) else list(self.layers)}
+
+
+def layer_index(prefix: str) -> int | None:
+    """The decoder-layer index of a MoE prefix (``model.layers.3.mlp.experts`` -> 3), or ``None``."""
+    m = LAYER_RE.search(prefix)
+    return int(m.group(1)) if m else None
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    for kind, word in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                       (list, "list"), (dict, "mapping")):
+        if isinstance(value, kind):
+            return word
+    return type(value).__name__
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_verify(raw: Any, where: str, line: int, fail: Fail,
+                 quant_formats: tuple[str, ...] | None) -> VerifySpec | None:
+    """Check a rule's ``verify:`` mapping; every fault goes to ``fail(line, key, message)``.
+
+    ``quant_formats`` is the rule's ``match.quant_format`` (``None``: any), needed because
+    ``against: float64`` exists only for formats with a float64 reference. Whether a named
+    ``against`` method is registered is checked with the other method names
+    (:func:`quantreg.loading.verify_problems`).
+    """
+    if not isinstance(raw, dict):
+        fail(line, where, f"expected a mapping with 'against' (and every, first, tolerance, layers), got {_kind(raw)}")
+        return None
+    key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
+    ok = True
+    for k in raw:
+        if k not in VERIFY_KEYS:
+            fail(key_lines.get(k, line), f"{where}.{k}",
+                 f"unknown key{did_you_mean(str(k), VERIFY_KEYS)} (expected one of: {', '.join(VERIFY_KEYS)})")
+            ok = False
+
+    def at(k: str) -> tuple[int, str]:
+        return key_lines.get(k, line), f"{where}.{k}"
+
+    against = raw.get("against")
+    if "against" not in raw:
+        fail(line, f"{where}.against", f"missing; expected a registered method name or '{FLOAT64}'")
+        ok = False
+    elif not valid_name(against):
+        fail(*at("against"), f"expected a method name or '{FLOAT64}', got {_kind(against)} {against!r}"[:200])
+        ok = False
+    elif keeps_vllm(against):
+        fail(*at("against"), "cannot verify against 'vllm' (vLLM's own method is not built beside another); "
+                             f"name a registered method or '{FLOAT64}'")
+        ok = False
+    elif against == FLOAT64:
+        outside = ["*"] if quant_formats is None else [f for f in quant_formats if f not in FLOAT64_FORMATS]
+        if outside:
+            fail(*at("against"), f"'{FLOAT64}' needs a quant format with a float64 reference "
+                                 f"({', '.join(FLOAT64_FORMATS)}); this rule matches quant_format "
+                                 f"{', '.join(repr(f) for f in outside)}")
+            ok = False
+    values: dict[str, Any] = {}
+    for k, low, what in (("every", 1, "a positive integer"), ("first", 0, "a non-negative integer")):
+        if k in raw:
+            v = raw[k]
+            if not _is_int(v) or v < low:
+                fail(*at(k), f"expected {what}, got {_kind(v)} {v!r}"[:200])
+                ok = False
+            else:
+                values[k] = v
+    if "tolerance" in raw:
+        v = raw["tolerance"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            fail(*at("tolerance"),
+                 f"expected a positive number (a relative error such as 0.02), got {_kind(v)} {v!r}"[:200])
+            ok = False
+        else:
+            values["tolerance"] = float(v)
+    if "layers" in raw:
+        v = raw["layers"]
+        if _is_int(v) and v >= 1:
+            values["layers"] = v
+        elif isinstance(v, list) and v and all(_is_int(x) and x >= 0 for x in v) and len(set(v)) == len(v):
+            values["layers"] = tuple(sorted(v))
+        else:
+            fail(*at("layers"), "expected a positive integer (the first N MoE layers) or a non-empty list of "
+                                f"distinct layer indices (integers >= 0), got {_kind(v)} {v!r}"[:240])
+            ok = False
+    if not ok or not isinstance(against, str):
+        return None
+    return VerifySpec(against=against, **values)
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """``max |out - ref| / max |ref|`` of two tensors, in float64 (``inf`` if ``out`` is not finite).
+
+    Duck-typed on torch tensors so this module stays importable without torch; the same measure
+    as the conformance kit's (:func:`quantreg.models.gpt_oss_moe.relative_error`).
+    """
+    diff = (out.double() - ref.double()).abs()
+    if diff.numel() == 0:
+        return 0.0
+    if not bool(diff.isfinite().all()):
+        return math.inf
+    scale = float(ref.double().abs().max())
+    return float(diff.max()) / (scale if scale > 0 else 1.0)

@@ -1,0 +1,422 @@
+"""``verify:`` inside vLLM: run a second method beside the chosen one and report how far apart they are.
+
+The seam builds the chosen method as usual and hands it to :func:`maybe_verify`. For a layer the
+rule's ``verify:`` covers (decoder-layer index from the prefix ``model.layers.N.mlp.experts``),
+the result is a :class:`VerifyingMethod`: a ``FusedMoEMethodBase`` that *is* the chosen method to
+vLLM (every attribute, property and method is the chosen one's, ``__class__`` included) except
+at three points:
+
+* ``create_weights`` also runs the ``against`` method's ``create_weights`` on a scratch copy of
+  the layer on the meta device (nothing allocated), to learn which parameters it reads and check
+  that their shapes and dtypes are those the chosen method created;
+* ``process_weights_after_loading`` first copies those loaded parameters into a *shadow* of the
+  layer (a shallow copy with its own parameters) and only then lets the chosen method change the
+  originals (repacking, prepacking, dequantising); the ``against`` method then processes the
+  shadow. The cost is one copy of the packed weights per verified layer, logged at start-up;
+* on a verified forward call (the first ``first`` calls, then one in ``every``) the ``against``
+  method runs on the same input with the same routing (the chosen method's ``topk_ids`` /
+  ``topk_weights`` when vLLM routed, the same router logits when the methods route inside), the
+  error ``max |out - ref| / max |ref|`` is reported, and the chosen output is returned unchanged.
+  Any other call costs one counter increment and one comparison.
+
+``against: float64`` is the format's float64 definition (:mod:`quantreg.models.gpt_oss_moe`) on
+the shadow's packed weights, decoding only the experts a call routes to.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+
+from ..decision import Decision
+from ..keys import Key
+from ..methods import BuildContext
+from ..mode import Mode
+from ..problems import QuantregError
+from ..registry import get_registry
+from ..verify import FLOAT64, VerifySpec, layer_index, relative_error
+
+logger = logging.getLogger("vllm.quantreg.verify")
+
+
+def _audit_line(record: Mapping[str, Any]) -> None:
+    """One ``verify`` line in the ``QUANTREG_DECISIONS`` trail (:func:`quantreg.audit.append_record`)."""
+    from ..audit import append_record
+
+    append_record(record)
+
+
+class _Report:
+    """Who is compared with whom, and how a result is reported (log, audit line, strict error)."""
+
+    def __init__(self, prefix: str, key: Key, method: str, against: str, spec: VerifySpec, strict: bool) -> None:
+        self.prefix, self.key, self.method, self.against = prefix, key, method, against
+        self.spec, self.strict = spec, strict
+
+    def head(self) -> str:
+        return f"quantreg verify: {self.prefix} {self.key}: {self.method} vs {self.against}"
+
+    def result(self, call: int, error: float) -> None:
+        ok = error <= self.spec.tolerance
+        _audit_line({"event": "verify", "time": time.time(), "pid": os.getpid(), "prefix": self.prefix,
+                     "key": dict(self.key._asdict()), "method": self.method, "against": self.against,
+                     "call": call, "error": error, "tolerance": self.spec.tolerance, "ok": ok})
+        text = (f"{self.head()}: call {call}: max|out-ref|/max|ref| = {error:.3g} "
+                f"{'within' if ok else 'EXCEEDS'} tolerance {self.spec.tolerance:g}")
+        if ok:
+            logger.log(logging.INFO if call <= self.spec.first else logging.DEBUG, "%s", text)
+            return
+        logger.warning("%s", text)
+        if self.strict:
+            raise QuantregError(f"{text} (strict mode: refusing to serve a kernel that disagrees with {self.against})")
+
+    def cannot(self, why: str) -> None:
+        """Verification of this layer is off (the chosen method still runs); strict mode refuses that."""
+        text = f"{self.head()}: cannot verify ({why}); {self.method} runs unverified"
+        if self.strict:
+            raise QuantregError(f"{text} (strict mode)")
+        logger.warning("%s", text)
+
+
+class _State:
+    """The mutable part of a verifying method, kept out of the delegated attribute space."""
+
+    __slots__ = ("active", "calls", "extras", "next", "reads", "shadow")
+
+    def __init__(self, spec: VerifySpec) -> None:
+        self.calls = 0
+        self.next = spec.next_call(0)
+        self.active = True
+        self.reads: tuple[str, ...] = ()  # parameter names the against method reads
+        self.extras: dict[str, Any] = {}  # attributes its create_weights set on the layer
+        self.shadow: Any = None
+
+
+_OWN = frozenset({"_quantreg_inner", "_quantreg_against", "_quantreg_report", "_quantreg_spec", "_quantreg_state"})
+
+
+class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
+    """The chosen method to vLLM, plus sampled comparisons with ``against`` (see the module text)."""
+
+    def __init__(self, inner: Any, against: Any, spec: VerifySpec, report: _Report) -> None:
+        # FusedMoEMethodBase.__init__ is not called: every attribute it would set is the inner one's.
+        object.__setattr__(self, "_quantreg_inner", inner)
+        object.__setattr__(self, "_quantreg_against", against)
+        object.__setattr__(self, "_quantreg_spec", spec)
+        object.__setattr__(self, "_quantreg_report", report)
+        object.__setattr__(self, "_quantreg_state", _State(spec))
+
+    # -- delegation ---------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name in _OWN:  # not yet set (during unpickling or a failed __init__)
+            raise AttributeError(name)
+        return getattr(self._quantreg_inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:  # vLLM sets e.g. quant_method.moe_quant_config: that is the chosen method's state
+            setattr(self._quantreg_inner, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self._quantreg_inner, name)
+
+    def _inner_class(self) -> type[Any]:
+        return type(self._quantreg_inner)
+
+    # vLLM reads quant_method.__class__.__name__ (weight loaders) and isinstance(): both see the chosen class.
+    __class__ = property(_inner_class)
+
+    @property
+    def quantreg_verifying(self) -> tuple[Any, Any]:
+        """(chosen method, against method or float64 reference): for tests and diagnostics."""
+        return self._quantreg_inner, self._quantreg_against
+
+    # -- the lifecycle ----------------------------------------------------------------------
+    def create_weights(self, layer: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._quantreg_inner.create_weights(layer, *args, **kwargs)
+        state, against = self._quantreg_state, self._quantreg_against
+        try:
+            if isinstance(against, Float64Reference):
+                state.reads = tuple(n for n in against.PARAMETERS if n in layer._parameters)
+                against.check_layer(layer)
+            else:
+                scratch = _layer_copy(layer)
+                with torch.device("meta"):
+                    against.create_weights(scratch, *args, **kwargs)
+                state.reads = tuple(scratch._parameters)
+                state.extras = {k: v for k, v in scratch.__dict__.items()
+                                if k not in _MODULE_STATE and layer.__dict__.get(k, _MISSING) is not v}
+                _check_layout(scratch, layer)
+        except Exception as exc:
+            state.active = False
+            self._quantreg_report.cannot(f"{type(exc).__name__}: {exc}")
+        return result
+
+    def process_weights_after_loading(self, layer: Any) -> None:
+        state = self._quantreg_state
+        shadow = None
+        if state.active:  # copy BEFORE the chosen method may repack or dequantise the loaded weights
+            shadow = _layer_copy(layer)
+            copied = 0
+            for name in state.reads:
+                tensor = layer._parameters[name].data.clone()
+                copied += tensor.numel() * tensor.element_size()
+                shadow._parameters[name] = torch.nn.Parameter(tensor, requires_grad=False)
+            shadow.__dict__.update(state.extras)
+            shadow.__dict__["quant_method"] = self._quantreg_against
+        self._quantreg_inner.process_weights_after_loading(layer)
+        if shadow is None:
+            return
+        try:
+            if not isinstance(self._quantreg_against, Float64Reference):
+                self._quantreg_against.process_weights_after_loading(shadow)
+        except Exception as exc:
+            state.active = False
+            self._quantreg_report.cannot(f"{type(exc).__name__} in its process_weights_after_loading: {exc}")
+            return
+        state.shadow = shadow
+        spec = self._quantreg_spec
+        logger.info("%s: verifying the first %d forward calls, then 1 in %d, tolerance %g; shadow copy of the "
+                    "loaded weights (%s): %.2f MiB", self._quantreg_report.head(), spec.first, spec.every,
+                    spec.tolerance, ", ".join(state.reads), copied / 2**20)
+
+    def get_fused_moe_quant_config(self, layer: Any) -> Any:
+        return self._quantreg_inner.get_fused_moe_quant_config(layer)
+
+    # -- the forward: a counter and a branch unless this call is verified -------------------------
+    def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None) -> Any:
+        state = self._quantreg_state
+        state.calls += 1
+        out = self._quantreg_inner.apply(layer=layer, x=x, topk_weights=topk_weights, topk_ids=topk_ids,
+                                         shared_experts=shared_experts, shared_experts_input=shared_experts_input)
+        if state.calls == state.next:
+            self._verify(x, out, topk=(topk_weights, topk_ids))
+        return out
+
+    def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
+                         input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        state = self._quantreg_state
+        state.calls += 1
+        out = self._quantreg_inner.apply_monolithic(layer=layer, x=x, router_logits=router_logits,
+                                                    input_ids=input_ids, **kwargs)
+        if state.calls == state.next:
+            self._verify(x, out, logits=router_logits, input_ids=input_ids)
+        return out
+
+    def _verify(self, x: torch.Tensor, out: Any, *, topk: tuple[torch.Tensor, torch.Tensor] | None = None,
+                logits: torch.Tensor | None = None, input_ids: torch.Tensor | None = None) -> None:
+        state, report = self._quantreg_state, self._quantreg_report
+        call = state.calls
+        state.next = self._quantreg_spec.next_call(call)
+        if not state.active or state.shadow is None:
+            return
+        if not isinstance(out, torch.Tensor):
+            state.active = False
+            report.cannot(f"the method returned {type(out).__name__}, not a tensor (deferred finalisation)")
+            return
+        if not bool(torch.isfinite(x).all()):  # e.g. a warm-up pass on uninitialised memory: nothing to compare
+            logger.debug("%s: call %d: input not finite, not compared", report.head(), call)
+            return
+        try:
+            ref = self._reference(x.clone(), topk, logits, input_ids)
+        except Exception as exc:
+            state.active = False
+            report.cannot(f"{report.against} raised {type(exc).__name__}: {exc}")
+            return
+        hidden = out.shape[-1]
+        report.result(call, relative_error(out.reshape(-1, hidden), ref.reshape(-1, hidden)))
+
+    def _reference(self, x: torch.Tensor, topk: tuple[torch.Tensor, torch.Tensor] | None,
+                   logits: torch.Tensor | None, input_ids: torch.Tensor | None) -> torch.Tensor:
+        shadow, against = self._quantreg_state.shadow, self._quantreg_against
+        if isinstance(against, Float64Reference):
+            if topk is None:
+                assert logits is not None
+                topk = against.route(shadow, logits)
+            return against.run(shadow, x, *topk)
+        if topk is not None:  # vLLM routed: the very ids and weights the chosen method got
+            result: torch.Tensor = against.apply(layer=shadow, x=x, topk_weights=topk[0], topk_ids=topk[1],
+                                                 shared_experts=None, shared_experts_input=None)
+            return result
+        if against.is_monolithic:  # both route inside, from the same logits
+            result = against.apply_monolithic(layer=shadow, x=x, router_logits=logits, input_ids=input_ids)
+            return result
+        assert logits is not None
+        weights, ids = vllm_default_routing(shadow, logits)
+        result = against.apply(layer=shadow, x=x, topk_weights=weights, topk_ids=ids,
+                               shared_experts=None, shared_experts_input=None)
+        return result
+
+
+def _delegate(name: str) -> property:
+    def get(self: VerifyingMethod) -> Any:
+        return getattr(self._quantreg_inner, name)
+
+    def set_(self: VerifyingMethod, value: Any) -> None:
+        setattr(self._quantreg_inner, name, value)
+
+    return property(get, set_, doc=f"the chosen method's {name}")
+
+
+# Properties and class attributes of vLLM's base classes (is_monolithic, supports_internal_mk,
+# requires_device_loading, ...) are found on the class before __getattr__ is asked: make each of them
+# the chosen method's, except the lifecycle points this class defines itself.
+for _name in dir(FusedMoEMethodBase):
+    if not _name.startswith("__") and not _name.startswith("_abc") and _name not in VerifyingMethod.__dict__:
+        setattr(VerifyingMethod, _name, _delegate(_name))
+del _name
+
+_MISSING = object()
+_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules", "quant_method"})
+
+
+def _layer_copy(layer: Any) -> Any:
+    """A shallow copy of a vLLM layer with parameters of its own (none yet) and the same buffers.
+
+    The copy is an instance of the layer's class with the same attributes, so a method reads it as
+    it reads the real layer; anything the method sets or registers on it stays on the copy.
+    """
+    shadow = copy.copy(layer)
+    shadow.__dict__["_parameters"] = type(layer._parameters)()
+    shadow.__dict__["_buffers"] = type(layer._buffers)(layer._buffers)
+    shadow.__dict__["_modules"] = type(layer._modules)(layer._modules)
+    return shadow
+
+
+def _check_layout(scratch: Any, layer: Any) -> None:
+    """The against method must read parameters the chosen one created, with the same shape and dtype."""
+    for name, param in scratch._parameters.items():
+        have = layer._parameters.get(name)
+        if have is None:
+            raise ValueError(f"it reads parameter '{name}', which the chosen method did not create "
+                             f"(created: {', '.join(layer._parameters) or 'none'})")
+        if tuple(have.shape) != tuple(param.shape) or have.dtype != param.dtype:
+            raise ValueError(f"parameter '{name}' is {tuple(param.shape)} {param.dtype} for it, "
+                             f"{tuple(have.shape)} {have.dtype} for the chosen method")
+
+
+def vllm_default_routing(layer: Any, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's plain top-k router (softmax, top-k, renormalise if the layer says so), for a modular
+    ``against`` beside a chosen method that routes inside; other routers cannot be reproduced here."""
+    if getattr(layer, "use_grouped_topk", False) or getattr(layer, "custom_routing_function", None) is not None \
+            or getattr(layer, "scoring_func", "softmax") != "softmax":
+        raise NotImplementedError("the layer's router (grouped, custom or non-softmax) is not reproducible "
+                                  "outside vLLM's runner; verify against a method that routes inside")
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, int(layer.top_k), dim=-1)
+    if getattr(layer, "renormalize", True):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class Float64Reference:
+    """``against: float64``: GPT-OSS MXFP4 experts evaluated in float64 from the packed weights."""
+
+    name = FLOAT64
+
+    def __init__(self) -> None:
+        from ..models.gpt_oss import PARAMETERS
+
+        self.PARAMETERS: tuple[str, ...] = PARAMETERS
+
+    def check_layer(self, layer: Any) -> None:
+        from ..models.gpt_oss import PARAMETERS
+
+        activation = getattr(layer, "activation", None)
+        name = getattr(activation, "value", activation)
+        if name != "swigluoai":
+            raise ValueError(f"the float64 reference computes SwiGLU-OAI, this layer's activation is {name}")
+        for required in PARAMETERS[:4]:
+            param = layer._parameters.get(required)
+            if param is None or param.dtype != torch.uint8:
+                raise ValueError(f"the float64 reference reads uint8 MXFP4 parameter '{required}', which the "
+                                 f"chosen method did not create as such")
+
+    def route(self, layer: Any, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from ..models.gpt_oss_moe import route_topk_softmax
+
+        return route_topk_softmax(logits.reshape(-1, logits.shape[-1]), int(layer.top_k))
+
+    def run(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """The float64 MoE block (:func:`quantreg.models.gpt_oss_moe.moe_f64`), decoding routed experts only."""
+        from ..formats.mxfp4 import dequantize_mxfp4_f64
+        from ..models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
+        from ..models.gpt_oss_moe import swiglu_oai
+
+        p = layer._parameters
+        alpha = float(layer.swiglu_alpha) if getattr(layer, "swiglu_alpha", None) is not None else DEFAULT_ALPHA
+        limit = float(layer.swiglu_limit) if getattr(layer, "swiglu_limit", None) is not None else DEFAULT_LIMIT
+        xd = x.reshape(-1, x.shape[-1]).double()
+        ids = topk_ids.reshape(xd.shape[0], -1).long()
+        weights = topk_weights.reshape(ids.shape).double()
+        num_local = int(p["w13_weight"].shape[0])
+        local = ids - int(layer.moe_config.ep_rank) * num_local
+        hidden = int(p["w2_weight"].shape[1])
+        out = torch.zeros(xd.shape[0], hidden, dtype=torch.float64, device=x.device)
+        b13, b2 = p.get("w13_bias"), p.get("w2_bias")
+        for e in torch.unique(local).tolist():
+            if not 0 <= e < num_local:
+                continue
+            tokens, slots = (local == e).nonzero(as_tuple=True)
+            w13 = dequantize_mxfp4_f64(p["w13_weight"][e], p["w13_weight_scale"][e])
+            w2 = dequantize_mxfp4_f64(p["w2_weight"][e], p["w2_weight_scale"][e])
+            h = xd[tokens] @ w13.T
+            if b13 is not None:
+                h = h + b13[e].double()
+            y = swiglu_oai(h, alpha, limit) @ w2.T
+            if b2 is not None:
+                y = y + b2[e].double()
+            out.index_add_(0, tokens, y * weights[tokens, slots].unsqueeze(1))
+        return out
+
+
+def build_against(spec: VerifySpec, decision: Decision, prefix: str, layer: Any, moe_config: Any) -> Any:
+    """The ``against`` method for one layer, built like the seam builds any method (default options)."""
+    if spec.against == FLOAT64:
+        return Float64Reference()
+    method = get_registry().methods.get(spec.against)
+    if method is None:
+        raise LookupError(f"method '{spec.against}' is not registered in this process")
+    available = method.availability(decision.key.device)
+    if not available.ok:
+        raise RuntimeError(f"'{spec.against}' cannot run here: {available.reason}")
+    context = BuildContext(decision.key, spec.against, decision.source, {}, prefix, layer)
+    return method.build(moe_config, context)
+
+
+_SEEN: dict[tuple[str, Key], set[int]] = {}
+"""MoE layer indices built so far per (rule, key) in this process: what ``layers: N`` counts."""
+
+
+def maybe_verify(method: Any, decision: Decision, prefix: str, layer: Any, moe_config: Any, mode: Mode) -> Any:
+    """``method`` itself, or a :class:`VerifyingMethod` around it if the rule verifies this layer.
+
+    Called by the seam right after the chosen method is built. A layer the rule does not cover is
+    left exactly as it was (no wrapper, no cost). An ``against`` method that cannot be built is a
+    WARNING and the chosen method runs unverified; in strict mode it is an error.
+    """
+    spec = decision.verify
+    if spec is None:
+        return method
+    index = layer_index(prefix)
+    seen = _SEEN.setdefault((decision.source, decision.key), set())
+    if index is not None:
+        seen.add(index)
+    if not spec.covers(index, seen):
+        return method
+    report = _Report(prefix, decision.key, decision.method, spec.against, spec, mode.strict)
+    try:
+        against = build_against(spec, decision, prefix, layer, moe_config)
+    except Exception as exc:
+        report.cannot(f"building {spec.against} failed: {type(exc).__name__}: {exc}")
+        return method
+    return VerifyingMethod(method, against, spec, report)

