@@ -111,3 +111,14 @@ def name_list(names: Sequence[str], limit: int = MAX_LISTED) -> str:
 
 def _quoted(name: str) -> str:
     return "'" + printable(name[:80]) + "'"
+
+
+def type_name(value: object) -> str:
+    """YAML's word for a value's type, for "expected X, got Y" messages (tables and ``verify:``)."""
+    if value is None:
+        return "null"
+    for kind, word in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                       (list, "list"), (dict, "mapping")):
+        if isinstance(value, kind):
+            return word
+    return type(value).__name__

@@ -19,7 +19,7 @@ from .keys import FIELDS, WILDCARD, Match
 from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
 from .located import file_identity as _file_identity
 from .methods import Method, valid_name
-from .problems import Problem, did_you_mean
+from .problems import Problem, did_you_mean, type_name
 from .table_methods import parse_methods
 from .verify import FLOAT64_FORMATS, VerifySpec, parse_verify
 
@@ -101,17 +101,6 @@ class TableFile:
     """Line of each ``methods:`` entry's name, so a clash between two tables can be located."""
 
 
-def _type_name(value: object) -> str:
-    """YAML's word for a value's type, for "expected X, got Y" messages."""
-    if value is None:
-        return "null"
-    for kind, word in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
-                       (list, "list"), (dict, "mapping")):
-        if isinstance(value, kind):
-            return word
-    return type(value).__name__
-
-
 class _Checker:
     def __init__(self, path: str, layer: Layer) -> None:
         self.path = path
@@ -135,7 +124,7 @@ class _Checker:
             self.fail(1, "", "empty file: expected a mapping with 'version: 1' and 'rules'")
             return None, None
         if not isinstance(doc, dict):
-            self.fail(line_of(doc, 1), "", f"expected a mapping with 'version' and 'rules', got {_type_name(doc)}")
+            self.fail(line_of(doc, 1), "", f"expected a mapping with 'version' and 'rules', got {type_name(doc)}")
             return None, None
         key_lines: dict[Any, int] = getattr(doc, "key_lines", {})
         self.unknown_keys(doc, TOP_KEYS, "")
@@ -151,12 +140,12 @@ class _Checker:
                 )
         strict = doc.get("strict")
         if strict is not None and not isinstance(strict, bool):
-            self.fail(key_lines.get("strict"), "strict", f"expected true or false, got {_type_name(strict)}")
+            self.fail(key_lines.get("strict"), "strict", f"expected true or false, got {type_name(strict)}")
             strict = None
         allow = doc.get("allow_import_targets", False)
         if not isinstance(allow, bool):
             self.fail(key_lines.get("allow_import_targets"), "allow_import_targets",
-                      f"expected true or false, got {_type_name(allow)}")
+                      f"expected true or false, got {type_name(allow)}")
             allow = False
         methods: tuple[Method, ...] = ()
         if "methods" in doc:
@@ -167,7 +156,7 @@ class _Checker:
         if "rules" not in doc:
             self.fail(line_of(doc, 1), "rules", "missing; expected a list of rules")
         elif not isinstance(doc["rules"], list):
-            self.fail(key_lines.get("rules"), "rules", f"expected a list of rules, got {_type_name(doc['rules'])}")
+            self.fail(key_lines.get("rules"), "rules", f"expected a list of rules, got {type_name(doc['rules'])}")
         else:
             raw = doc["rules"]
             item_lines = getattr(raw, "item_lines", [])
@@ -186,7 +175,7 @@ class _Checker:
 
     def rule(self, item: Any, where: str, line: int) -> Rule | None:
         if not isinstance(item, dict):
-            self.fail(line, where, f"expected a mapping with 'match' and 'method', got {_type_name(item)}")
+            self.fail(line, where, f"expected a mapping with 'match' and 'method', got {type_name(item)}")
             return None
         before = len(self.problems)
         key_lines: dict[Any, int] = getattr(item, "key_lines", {})
@@ -198,7 +187,7 @@ class _Checker:
         if options is None:
             options = {}
         if not isinstance(options, dict):
-            self.fail(key_lines.get("options"), f"{where}.options", f"expected a mapping, got {_type_name(options)}")
+            self.fail(key_lines.get("options"), f"{where}.options", f"expected a mapping, got {type_name(options)}")
         else:
             for k in options:
                 if not isinstance(k, str):
@@ -206,10 +195,10 @@ class _Checker:
         priority = item.get("priority", 0)
         if isinstance(priority, bool) or not isinstance(priority, int):
             self.fail(key_lines.get("priority"), f"{where}.priority",
-                      f"expected an integer, got {_type_name(priority)}")
+                      f"expected an integer, got {type_name(priority)}")
         note = item.get("note", "")
         if not isinstance(note, str):
-            self.fail(key_lines.get("note"), f"{where}.note", f"expected a string, got {_type_name(note)}")
+            self.fail(key_lines.get("note"), f"{where}.note", f"expected a string, got {type_name(note)}")
         verify = None
         if "verify" in item:
             verify = parse_verify(item["verify"], f"{where}.verify", key_lines.get("verify", line), self.fail,
@@ -240,7 +229,7 @@ class _Checker:
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
-            self.fail(line, where, f"expected a mapping of {', '.join(FIELDS)}, got {_type_name(raw)}")
+            self.fail(line, where, f"expected a mapping of {', '.join(FIELDS)}, got {type_name(raw)}")
             return None
         key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
         self.unknown_keys(raw, FIELDS, where)
@@ -262,7 +251,7 @@ class _Checker:
                     continue
                 for x in v:
                     if not isinstance(x, str):
-                        self.fail(vline, sub, f"list items must be strings, got {_type_name(x)}")
+                        self.fail(vline, sub, f"list items must be strings, got {type_name(x)}")
                         ok = False
                     elif x == WILDCARD:
                         self.fail(vline, sub, "'*' cannot be inside a list; write it alone")
@@ -271,7 +260,7 @@ class _Checker:
                         ok &= self.name(x, vline, sub, match_value=True)
                 values[name] = tuple(sorted({x for x in v if isinstance(x, str)}))
             else:
-                self.fail(vline, sub, f"expected a string, '*' or a list of strings, got {_type_name(v)}")
+                self.fail(vline, sub, f"expected a string, '*' or a list of strings, got {type_name(v)}")
                 ok = False
         if not ok:
             return None
@@ -300,13 +289,13 @@ class _Checker:
             names: list[str] = []
             for i, x in enumerate(raw):
                 if not isinstance(x, str):
-                    self.fail(lines[i], f"{where}[{i}]", f"expected a method name, got {_type_name(x)}")
+                    self.fail(lines[i], f"{where}[{i}]", f"expected a method name, got {type_name(x)}")
                 elif x in names:
                     self.fail(lines[i], f"{where}[{i}]", f"method '{x}' appears twice in the chain")
                 elif self.name(x, lines[i], f"{where}[{i}]"):
                     names.append(x)
             return tuple(names), tuple(lines)
-        self.fail(line, where, f"expected a method name or a list of names, got {_type_name(raw)}")
+        self.fail(line, where, f"expected a method name or a list of names, got {type_name(raw)}")
         return (), ()
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .methods import keeps_vllm, valid_name
-from .problems import did_you_mean
+from .problems import did_you_mean, type_name
 
 VERIFY_KEYS = ("against", "every", "first", "tolerance", "layers")
 FLOAT64 = "float64"
@@ -96,16 +96,6 @@ def layer_index(prefix: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    for kind, word in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
-                       (list, "list"), (dict, "mapping")):
-        if isinstance(value, kind):
-            return word
-    return type(value).__name__
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -120,7 +110,8 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
     (:func:`quantreg.loading.verify_problems`).
     """
     if not isinstance(raw, dict):
-        fail(line, where, f"expected a mapping with 'against' (and every, first, tolerance, layers), got {_kind(raw)}")
+        fail(line, where,
+             f"expected a mapping with 'against' (and every, first, tolerance, layers), got {type_name(raw)}")
         return None
     key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
     ok = True
@@ -138,7 +129,7 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
         fail(line, f"{where}.against", f"missing; expected a registered method name or '{FLOAT64}'")
         ok = False
     elif not valid_name(against):
-        fail(*at("against"), f"expected a method name or '{FLOAT64}', got {_kind(against)} {against!r}"[:200])
+        fail(*at("against"), f"expected a method name or '{FLOAT64}', got {type_name(against)} {against!r}"[:200])
         ok = False
     elif keeps_vllm(against):
         fail(*at("against"), "cannot verify against 'vllm' (vLLM's own method is not built beside another); "
@@ -156,7 +147,7 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
         if k in raw:
             v = raw[k]
             if not _is_int(v) or v < low:
-                fail(*at(k), f"expected {what}, got {_kind(v)} {v!r}"[:200])
+                fail(*at(k), f"expected {what}, got {type_name(v)} {v!r}"[:200])
                 ok = False
             else:
                 values[k] = v
@@ -164,7 +155,7 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
         v = raw["tolerance"]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             fail(*at("tolerance"),
-                 f"expected a positive number (a relative error such as 0.02), got {_kind(v)} {v!r}"[:200])
+                 f"expected a positive number (a relative error such as 0.02), got {type_name(v)} {v!r}"[:200])
             ok = False
         else:
             values["tolerance"] = float(v)
@@ -176,7 +167,7 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
             values["layers"] = tuple(sorted(v))
         else:
             fail(*at("layers"), "expected a positive integer (the first N MoE layers) or a non-empty list of "
-                                f"distinct layer indices (integers >= 0), got {_kind(v)} {v!r}"[:240])
+                                f"distinct layer indices (integers >= 0), got {type_name(v)} {v!r}"[:240])
             ok = False
     if not ok or not isinstance(against, str):
         return None

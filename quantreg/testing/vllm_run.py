@@ -275,18 +275,18 @@ def _kill_group(pgid: int, grace: float = 10.0) -> None:
     ``grace`` seconds for anything stuck.
     """
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not _group_alive(pgid):
+        if not group_alive(pgid):
             return
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _group_alive(pgid):
+        while time.monotonic() < deadline and group_alive(pgid):
             time.sleep(0.05)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """Whether a non-zombie process is left in group ``pgid`` (zombies count as gone)."""
     proc = Path("/proc")
     if not proc.is_dir():

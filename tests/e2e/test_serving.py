@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from quantreg.testing.vllm_run import group_alive
+
 #: Bounded wait for /health; healthy in 32-53 s on a quiet machine (QUANTREG_SERVE_TIMEOUT overrides).
 START_TIMEOUT = float(os.environ.get("QUANTREG_SERVE_TIMEOUT", "180"))
 REQUEST_TIMEOUT = 60.0
@@ -105,28 +107,10 @@ class Server:
         return events
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Zombies still count for killpg; the leader is reaped by wait(), children by init.
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            return True
-    return False
-
-
 def stop(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
     """End the server's process group (its own session: only its processes), TERM then KILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None and not _group_alive(proc.pid):
+        if proc.poll() is not None and not group_alive(proc.pid):
             break
         try:
             os.killpg(proc.pid, sig)
@@ -134,7 +118,7 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
             break
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if proc.poll() is not None and not _group_alive(proc.pid):
+            if proc.poll() is not None and not group_alive(proc.pid):
                 break
             time.sleep(0.2)
     try:
