@@ -218,9 +218,11 @@ def _doctor(args: argparse.Namespace) -> int:
     hook_ok, hook_reason = environment.startup_hook_status()
     mode = registry.mode()
     warnings: list[str] = [str(f) for f in registry.faults]
-    if environment.module_available("vllm_gaudi") and os.environ.get("HPU_MXFP4_NATIVE") != "1":
-        warnings.append("vllm_gaudi is installed and HPU_MXFP4_NATIVE is not 1: vllm-gaudi then suppresses the "
-                        "MXFP4 quant config, so no MXFP4 method (quantreg's or vLLM's) is built")
+    from .findings import collect_findings  # plugins speak for their devices (doctor_findings hook)
+
+    with _plugin_output_to_stderr():
+        findings = collect_findings(registry, device)
+    warnings += [str(f) for f in findings if f.level != "info"]
     if vllm and not hook_ok:
         warnings.append(f"vLLM start-up hook: {hook_reason}")
     untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
@@ -237,6 +239,7 @@ def _doctor(args: argparse.Namespace) -> int:
         "strict": mode.strict,
         "vllm_tested_range": {"range": versions.TESTED, "releases": list(versions.TESTED_RELEASES),
                               "inside": None if not vllm else untested is None},
+        "findings": [f.as_json() for f in findings],
         "warnings": warnings,
     }
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
@@ -250,6 +253,7 @@ def _doctor(args: argparse.Namespace) -> int:
     if vllm and not untested:
         lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
                      f"(tested: {', '.join(versions.TESTED_RELEASES)})")
+    lines += [f"info: {f}" for f in findings if f.level == "info"]
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
     return max(status, _answer(args, registry, data, lines, left_out_shown=True))

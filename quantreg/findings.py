@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .keys import Key
+from .plugins import describe
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -57,8 +58,10 @@ def collect_findings(registry: Registry, device: str | None) -> list[Finding]:
         given: dict[str, Any] = {"register": staged.append, "registry": registry, "device": device}
         try:
             impl.function(**{arg: given[arg] for arg in impl.argnames})
-        except Exception as exc:
-            findings.append(Finding("error", f"hook {HOOK} raised {type(exc).__name__}: {exc}",
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a plugin's fault (SystemExit included) is a finding, never doctor's end
+            findings.append(Finding("error", f"hook {HOOK} raised {describe(exc)}",
                                     plugin=impl.plugin_name))
             continue
         for item in staged:

@@ -275,7 +275,8 @@ def test_doctor(tables: dict[str, Path]) -> None:
     as_json, text, untested_json = out.stdout.split(SEPARATOR + "\n")
     data = json.loads(as_json)
     assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
-                         "strict", "vllm_tested_range", "warnings", "problems", "left_out", "vllm_would_refuse"}
+                         "strict", "vllm_tested_range", "findings", "warnings", "problems", "left_out",
+                         "vllm_would_refuse"}
     assert set(data["versions"]) == {"quantreg", "pluggy", "PyYAML", "torch", "vllm"}
     assert data["versions"]["quantreg"] and data["versions"]["pluggy"]
     assert [(t["path"], t["layer"], t["rules"]) for t in data["tables"]][1:] == [
@@ -394,3 +395,44 @@ def test_usage_errors_exit_2_without_traceback(argv: list[str], capsys: pytest.C
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: quantreg") and "Traceback" not in err
+
+
+FINDINGS_PLUGIN = '''
+import quantreg
+from quantreg.findings import Finding
+
+
+@quantreg.hookimpl
+def doctor_findings(register, device):
+    register(Finding("warning", f"qrt says: careful on {device}"))
+    register(Finding("info", "qrt says: all is well otherwise"))
+'''
+
+RAISING_FINDINGS_PLUGIN = '''
+import quantreg
+
+
+@quantreg.hookimpl
+def doctor_findings(register):
+    raise SystemExit(3)
+'''
+
+
+@pytest.mark.vllm  # doctor asks vLLM for the device (imports it)
+def test_doctor_shows_what_plugins_find_and_a_raising_hook_as_an_error(plugin_site: PluginSite) -> None:
+    """Plugins speak for their devices in ``doctor`` (hook ``doctor_findings``); the core has no
+    hard-coded vllm-gaudi warning any more, and a hook that exits is an ``error`` finding, not doctor's end."""
+    plugin_site.add("qrt-findings", {"qrt_findings": "qrt_findings"}, {"qrt_findings": FINDINGS_PLUGIN})
+    plugin_site.add("qrt-raising", {"qrt_raising": "qrt_raising"}, {"qrt_raising": RAISING_FINDINGS_PLUGIN})
+    env = plugin_site.env(QUANTREG_PLUGINS="qrt_findings,qrt_raising")
+    out = subprocess.run([sys.executable, "-m", "quantreg", "doctor", "--json"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout)
+    by_level = {(f["level"], f["plugin"]): f["message"] for f in data["findings"]}
+    assert by_level[("warning", "qrt_findings")] == f"qrt says: careful on {data['device']}"
+    assert by_level[("info", "qrt_findings")] == "qrt says: all is well otherwise"
+    assert by_level[("error", "qrt_raising")].startswith("hook doctor_findings raised SystemExit")
+    assert any("qrt says: careful" in w for w in data["warnings"])
+    assert not any("all is well" in w for w in data["warnings"])  # info is not a warning
+    assert not any("HPU_MXFP4_NATIVE" in w for w in data["warnings"])  # no core special case for vllm-gaudi
