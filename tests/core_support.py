@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -180,3 +181,16 @@ def run_register(config: list[str] | str = (), timeout: float = 120, **extra: st
     env.update(extra)
     return subprocess.run([sys.executable, "-c", REGISTER_CODE], capture_output=True, text=True, env=env,
                           timeout=timeout)
+
+
+def installed_copy(root: Path, source: Path, modules: tuple[str, ...], dist: str, entry_points: str) -> Path:
+    """Copy a plugin's ``modules`` from ``source`` into ``root`` beside a ``dist`` 0.1 dist-info whose
+    ``[quantreg]`` group holds ``entry_points``: one sys.path entry that real vLLM subprocesses see
+    as an installed distribution (e2e tests put ``root`` on their PYTHONPATH)."""
+    for name in modules:
+        shutil.copy(source / name, root / name)
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[quantreg]\n{entry_points}\n")
+    return root

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from core_support import installed_copy
 
 from quantreg.testing.vllm_run import (
     VLLM_MXFP4_METHOD,
@@ -41,14 +41,9 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 @pytest.fixture(scope="session")
 def e2e_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The e2e plugin as an installed distribution: module + dist-info in one sys.path entry."""
-    root = tmp_path_factory.mktemp("e2e-plugin-site")
-    for name in ("quantreg_e2e_plugin.py", "quantreg_e2e_methods.py"):
-        shutil.copy(HERE / "e2e_plugin" / name, root / name)
-    info = root / "quantreg_e2e_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quantreg-e2e-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[quantreg]\ne2e = quantreg_e2e_plugin\n")
-    return root
+    return installed_copy(tmp_path_factory.mktemp("e2e-plugin-site"), HERE / "e2e_plugin",
+                          ("quantreg_e2e_plugin.py", "quantreg_e2e_methods.py"), "quantreg-e2e-plugin",
+                          "e2e = quantreg_e2e_plugin")
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from core_support import installed_copy
 
 from quantreg.testing.vllm_run import RunResult
 
@@ -34,14 +34,9 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 @pytest.fixture(scope="module")
 def verify_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The verify plugin as an installed distribution: modules + dist-info in one sys.path entry."""
-    root = tmp_path_factory.mktemp("verify-plugin-site")
-    for name in ("quantreg_verify_plugin.py", "quantreg_verify_methods.py"):
-        shutil.copy(HERE / "verify_plugin" / name, root / name)
-    info = root / "quantreg_verify_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: quantreg-verify-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[quantreg]\nverify = quantreg_verify_plugin\n")
-    return root
+    return installed_copy(tmp_path_factory.mktemp("verify-plugin-site"), HERE / "verify_plugin",
+                          ("quantreg_verify_plugin.py", "quantreg_verify_methods.py"), "quantreg-verify-plugin",
+                          "verify = quantreg_verify_plugin")
 
 
 @pytest.fixture(scope="module")
