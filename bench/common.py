@@ -93,26 +93,6 @@ def load_average() -> tuple[float, float, float] | None:
     return round(one, 2), round(five, 2), round(fifteen, 2)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def _mem_total_gb() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -134,12 +114,15 @@ def _version(dist: str) -> str | None:
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on (no torch/vLLM import: versions come from metadata)."""
-    flags = _cpu_flags()
+    from quantreg.host import host_facts
+
+    host = host_facts()
     return {
-        "cpu": _cpu_model(),
+        "cpu": host.model_name or platform.processor() or platform.machine(),
+        "host_kind": host.kind,
         "logical_cpus": os.cpu_count(),
-        "isa": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}),
-        "amx": "amx_tile" in flags,
+        "isa": sorted(f for f in host.cpu_flags if f in {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}),
+        "amx": host.kind == "amx",
         "memory_gb": _mem_total_gb(),
         "load_average_at_start": load_average(),
         "python": platform.python_version(),

@@ -9,7 +9,7 @@ Python's ``-X importtime`` report, bracketed by markers, gives the imports ``reg
 Baseline: ``import vllm`` in the same process (the start-up work vLLM does before calling us).
 Bytecode: children may write ``__pycache__`` (as pip does at install) and one uncounted warm-up
 child runs first, so import times are not source compilation. The warm-up also fills a fresh
-table parse cache (:mod:`quantreg.tablecache`), as the first vLLM start after an install does;
+table parse cache (:mod:`quantreg.table.cache`), as the first vLLM start after an install does;
 the same measurement with the cache off (``QUANTREG_CACHE_DIR=off``: PyYAML imported, every
 table parsed) runs interleaved with it and is reported in the notes.
 """

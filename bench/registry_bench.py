@@ -35,7 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.common import Metric, child_main, interleave, median
-from quantreg import Key, Registry, yamlfile
+from quantreg import Key, Registry
+from quantreg.table import yamlfile
 
 SIZES = (100, 1_000, 10_000)
 MODELS = 97  # model_type values cycle through this many names

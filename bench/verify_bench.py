@@ -33,7 +33,7 @@ def wrapper_overhead_ns(calls: int = 200_000, repeats: int = 5) -> tuple[float, 
     import time
 
     from quantreg.keys import Key
-    from quantreg.verify import VerifySpec
+    from quantreg.table.verify import VerifySpec
     from quantreg.vllm.verify import VerifyingMethod, _Report
 
     class Bare:
@@ -59,7 +59,7 @@ def wrapper_overhead_ns(calls: int = 200_000, repeats: int = 5) -> tuple[float, 
 
 
 def run(quick: bool) -> list[Metric]:
-    from quantreg.demo.checkpoint import write_tiny_gpt_oss
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
 
     plugins, _ = plugin_lists()
     pairs, calls = (1, 12) if quick else (3, 24)

@@ -117,7 +117,7 @@ def spread(values: list[float]) -> tuple[float, float]:
 
 
 def run(quick: bool) -> list[Metric]:
-    from quantreg.demo.checkpoint import write_tiny_gpt_oss
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
 
     with_quantreg, without = plugin_lists()
     pairs, calls, control_pairs = (1, 12, 0) if quick else (4, 24, 2)

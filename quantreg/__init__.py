@@ -10,7 +10,7 @@ from .keys import Key, Match
 from .methods import VLLM_METHOD, Availability, BuildContext, Method
 from .problems import Problem, QuantregError
 from .registry import Registry, get_registry, resolve, set_registry
-from .tables import Layer, Rule
+from .table.file import Layer, Rule
 
 __all__ = [
     "VLLM_METHOD",

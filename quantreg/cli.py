@@ -24,15 +24,16 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import environment, tablecache
+from . import environment
 from .builtin import default_table_path
 from .decision import Decision, rule_json
 from .keys import Key
 from .loading import config_paths, load_tables
 from .problems import printable
 from .registry import Registry
-from .schema import table_schema
-from .tables import Layer
+from .table import cache as tablecache
+from .table.file import Layer
+from .table.schema import table_schema
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -284,7 +285,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from .tiny_model import tiny_model_command  # imports torch (the checkpoint writer)
+    from .tiny.command import tiny_model_command  # imports torch (the checkpoint writer)
 
     return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json)
 

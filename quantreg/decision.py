@@ -8,8 +8,8 @@ from typing import Any
 
 from .keys import Key
 from .methods import keeps_vllm
-from .tables import Rule
-from .verify import VerifySpec
+from .table.file import Rule
+from .table.verify import VerifySpec
 
 
 @dataclass(frozen=True)

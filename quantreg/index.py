@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import product
 
 from .keys import Key
-from .located import gc_paused
 from .problems import Problem
-from .tables import Rule
+from .table.file import Rule
+from .table.located import gc_paused
 
 Pattern = tuple[bool, bool, bool]
 PATTERNS: tuple[Pattern, ...] = tuple(product((False, True), repeat=3))  # type: ignore[arg-type]

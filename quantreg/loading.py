@@ -20,8 +20,8 @@ from .methods import Method, check_method
 from .mode import strict_problem
 from .plugins import PluginFailure, Plugins, describe
 from .problems import Problem, did_you_mean, name_list
-from .tables import Layer, TableFile, TableHeader, file_identity, read_table
-from .verify import FLOAT64
+from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
+from .table.verify import FLOAT64
 
 CONFIG_ENV = "QUANTREG_CONFIG"
 

@@ -10,7 +10,7 @@ faulty file or plugin. Any one of these asks for strict, and nothing switches it
   honoured even when that table's rules are rejected and whatever order the files were listed
   in (plugin and default tables cannot set the mode); when the file's YAML cannot be read at
   all, a top-level ``strict: true`` line in its raw text still counts
-  (:func:`quantreg.tables.raw_strict`);
+  (:func:`quantreg.table.file.raw_strict`);
 - vLLM's ``additional_config={"quantreg": {"strict": true}}`` for one run.
 
 The CLI, ``register()`` and the seam all call :func:`decide_mode`, so they cannot disagree.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .environment import ENVIRONMENT
 from .problems import Problem
-from .tables import Layer, TableHeader
+from .table.file import Layer, TableHeader
 
 STRICT_ENV = "QUANTREG_STRICT"
 TRUE_WORDS = ("1", "true", "yes", "on")

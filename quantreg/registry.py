@@ -22,7 +22,7 @@ from .methods import VLLM_METHOD, Availability, Method
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
 from .problems import Problem
-from .tables import TableFile, TableHeader
+from .table.file import TableFile, TableHeader
 
 logger = logging.getLogger("vllm.quantreg")
 

@@ -16,11 +16,11 @@ Plugins add limitations for their devices through the ``register_vllm_limitation
 from __future__ import annotations
 
 import importlib.util
-import platform
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .host import AMX_FLAGS, host_facts, parse_cpuinfo
 from .keys import WILDCARD, Key
 
 if TYPE_CHECKING:
@@ -84,29 +84,18 @@ def _load(ref: str) -> Check:
     return fn
 
 
-# -- host facts (no vLLM, no torch) ----------------------------------------------------------
-
-CPUINFO = "/proc/cpuinfo"
+# -- host facts (no vLLM, no torch): read in :mod:`quantreg.host` ------------------------------
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
-    """The ``flags`` of the first CPU in ``/proc/cpuinfo`` (empty if unreadable, e.g. not Linux)."""
-    text = cpuinfo
-    if text is None:
-        try:
-            with open(CPUINFO, encoding="utf-8", errors="replace") as f:
-                text = f.read(1 << 20)
-        except OSError:
-            return frozenset()
-    for line in text.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
+    """The ``flags`` of the first CPU: of ``cpuinfo`` text when given, else this host's (:func:`host_facts`)."""
+    if cpuinfo is not None:
+        return parse_cpuinfo(cpuinfo)[0]
+    return host_facts().cpu_flags
 
 
 def is_x86() -> bool:
-    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+    return host_facts().is_x86
 
 
 def has_amx(cpuinfo: str | None = None) -> bool:
@@ -114,8 +103,7 @@ def has_amx(cpuinfo: str | None = None) -> bool:
 
     vLLM asks ``torch.cpu._is_amx_tile_supported()``; the kernel computes in bf16, so both flags.
     """
-    flags = cpu_flags(cpuinfo)
-    return "amx_tile" in flags and "amx_bf16" in flags
+    return all(flag in cpu_flags(cpuinfo) for flag in AMX_FLAGS)
 
 
 def cpu_mxfp4_unsupported(cpuinfo: str | None = None) -> bool:

@@ -19,7 +19,7 @@ from core_support import QUANTREG_VARS, PluginSite, run_cli
 
 from quantreg.builtin import default_table_path
 from quantreg.cli import main
-from quantreg.schema import table_schema
+from quantreg.table.schema import table_schema
 from quantreg.vllm import versions
 
 

@@ -21,9 +21,9 @@ from core_support import BAD_TABLES, run_cli, run_register
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quantreg.located import MAX_DEPTH
 from quantreg.registry import Registry
-from quantreg.tables import Layer, parse_table, read_table
+from quantreg.table.file import Layer, parse_table, read_table
+from quantreg.table.located import MAX_DEPTH
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -95,7 +95,7 @@ def test_nesting_up_to_the_bound_is_accepted(depth: int) -> None:
     "a: &a [*a]\n",  # recursive
 ])
 def test_fast_path_aliases_equal_the_reference_path(text: str) -> None:
-    from quantreg import yamlfile
+    from quantreg.table import yamlfile
 
     def shape(v: Any) -> Any:
         if isinstance(v, dict):
@@ -245,7 +245,7 @@ def test_dev_stdin_on_a_silent_pipe_does_not_hang() -> None:
 
 
 def test_oversized_file_is_refused_without_reading_it(tmp_path: Path) -> None:
-    from quantreg.located import MAX_BYTES
+    from quantreg.table.located import MAX_BYTES
 
     path = tmp_path / "big.yaml"
     with open(path, "wb") as f:
@@ -255,7 +255,7 @@ def test_oversized_file_is_refused_without_reading_it(tmp_path: Path) -> None:
 
 
 def test_read_stops_at_cap_plus_one_when_the_size_lies(tmp_path: Path) -> None:
-    from quantreg.located import ReadRefused, read_regular_file
+    from quantreg.table.located import ReadRefused, read_regular_file
 
     path = tmp_path / "t.yaml"
     path.write_bytes(b"x" * 101)
@@ -294,7 +294,7 @@ def test_unreadable_parent_directory_is_a_located_problem(tmp_path: Path) -> Non
 
 
 def test_a_fifo_at_the_cache_entry_path_does_not_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantreg import tablecache
+    from quantreg.table import cache as tablecache
 
     monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
     text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n"
@@ -308,7 +308,7 @@ def test_a_fifo_at_the_cache_entry_path_does_not_hang(tmp_path: Path, monkeypatc
 
 
 def test_file_identity_is_the_same_for_a_hard_link_and_a_symlink(tmp_path: Path) -> None:
-    from quantreg.tables import file_identity
+    from quantreg.table.file import file_identity
 
     first = tmp_path / "t.yaml"
     first.write_text("version: 1\nrules: []\n")
@@ -338,7 +338,7 @@ def test_headers_come_only_from_regular_files(tmp_path: Path) -> None:
 
 def _rule(match: dict[str, Any], line: int = 1, priority: int = 0) -> Any:
     from quantreg.keys import Match
-    from quantreg.tables import Rule
+    from quantreg.table.file import Rule
 
     fields = {k: (None if v == "*" else tuple(sorted(set(v)))) for k, v in match.items()}
     return Rule(match=Match(**fields), methods=("vllm",), path="t.yaml", line=line, layer=Layer.USER,
@@ -391,7 +391,7 @@ def test_a_large_legitimate_table_is_not_an_alias_bomb(tmp_path: Path) -> None:
 
 
 def test_aliases_beyond_the_first_occurrence_still_count_as_a_bomb() -> None:
-    from quantreg.located import MAX_NODES
+    from quantreg.table.located import MAX_NODES
 
     rows = ", ".join(["*a"] * (MAX_NODES // 100 + 1))
     text = "version: 1\nrules: []\nx: &a [" + ", ".join(["1"] * 99) + "]\ny: [" + rows + "]\n"
@@ -430,8 +430,8 @@ def test_unknown_method_messages_are_short_among_ten_thousand_methods(tmp_path: 
 # -- class 11: parse-cache entries carry a checksum of their own content; validate bypasses ----
 
 def _default_entry(cache: Path) -> Path:
-    from quantreg import tablecache
     from quantreg.builtin import default_table_path
+    from quantreg.table import cache as tablecache
 
     os.environ[tablecache.ENV] = str(cache)
     try:
@@ -454,7 +454,7 @@ def _cli_env(cache: Path) -> dict[str, str]:
 
 def test_an_entry_corrupted_into_other_valid_json_is_not_trusted(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantreg import tablecache
+    from quantreg.table import cache as tablecache
 
     monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
     path = tmp_path / "plugin.yaml"
@@ -475,7 +475,7 @@ def test_an_entry_corrupted_into_other_valid_json_is_not_trusted(tmp_path: Path,
 
 
 def test_bypass_never_reads_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantreg import tablecache
+    from quantreg.table import cache as tablecache
 
     monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
     path = tmp_path / "plugin.yaml"
@@ -508,7 +508,7 @@ def test_validate_ignores_a_corrupted_default_table_entry(tmp_path: Path) -> Non
 
 
 def test_validate_parses_the_files_even_with_a_forged_entry(tmp_path: Path) -> None:
-    from quantreg import tablecache
+    from quantreg.table import cache as tablecache
 
     cache = tmp_path / "cache"
     assert run_cli("validate", env=_cli_env(cache)).returncode == 0
@@ -565,7 +565,7 @@ def test_a_non_utf8_path_on_a_strict_utf8_stdout(tmp_path: Path) -> None:
 @pytest.mark.parametrize("value", ["modèle_moe", "模型", "Ελληνικά-2", "gpt_oss"])
 def test_non_ascii_model_types_are_accepted_verbatim(value: str, tmp_path: Path) -> None:
     from quantreg.keys import Key
-    from quantreg.schema import table_schema
+    from quantreg.table.schema import table_schema
 
     path = tmp_path / "u.yaml"
     path.write_text(f"version: 1\nrules:\n  - match: {{model_type: {value}}}\n    method: vllm\n    priority: 3\n",

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quantreg import Key, QuantregError, Registry
-from quantreg.tables import Layer, parse_table
+from quantreg.table.file import Layer, parse_table
 from quantreg.vllm.seam import report_faults
 
 pytestmark = pytest.mark.usefixtures("clean_env")

@@ -12,7 +12,7 @@ from quantreg.index import Index
 from quantreg.keys import Key, Match
 from quantreg.methods import Method
 from quantreg.plugins import Plugins
-from quantreg.tables import Layer, Rule, TableFile
+from quantreg.table.file import Layer, Rule, TableFile
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

@@ -2,7 +2,7 @@
 
 Checked three ways: it accepts every good table, it rejects every corpus table whose fault a
 schema can express (``schema: true`` in ``bad_tables/expected.yaml``), and on random documents
-(hypothesis) it accepts exactly what :func:`quantreg.tables.parse_table` accepts. Method names
+(hypothesis) it accepts exactly what :func:`quantreg.table.file.parse_table` accepts. Method names
 and ambiguity depend on the installed plugins and are left to the loader.
 """
 
@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from quantreg.keys import FIELDS
-from quantreg.schema import table_schema
-from quantreg.tables import Layer, parse_table
+from quantreg.table.file import Layer, parse_table
+from quantreg.table.schema import table_schema
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from core_support import write
 
-from quantreg import tablecache
-from quantreg.located import LocatedDict, LocatedList, from_json, to_json
-from quantreg.tables import Layer, read_table
-from quantreg.yamlfile import parse
+from quantreg.table import cache as tablecache
+from quantreg.table.file import Layer, read_table
+from quantreg.table.located import LocatedDict, LocatedList, from_json, to_json
+from quantreg.table.yamlfile import parse
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

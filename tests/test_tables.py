@@ -10,8 +10,8 @@ from core_support import GOOD_TABLES, ROOT
 
 from quantreg.keys import Match
 from quantreg.problems import Problem, QuantregError, did_you_mean
-from quantreg.tables import Layer, parse_table, read_table
-from quantreg.yamlfile import MAX_NODES, LocatedDict, LocatedList, YamlError, parse
+from quantreg.table.file import Layer, parse_table, read_table
+from quantreg.table.yamlfile import MAX_NODES, LocatedDict, LocatedList, YamlError, parse
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantreg.tokenizer import BOS, EOS, PAD, TOKENIZER_FILES, build_tokenizer, write_tokenizer
+from quantreg.tiny.tokenizer import BOS, EOS, PAD, TOKENIZER_FILES, build_tokenizer, write_tokenizer
 
 TEXTS = [
     "Hello, world!",
@@ -83,7 +83,7 @@ def test_deterministic_and_refuses_a_too_small_vocabulary() -> None:
 def test_tiny_model_command_writes_checkpoint_and_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from quantreg.tiny_model import tiny_model_command
+    from quantreg.tiny.command import tiny_model_command
 
     assert tiny_model_command(str(tmp_path / "m"), bf16=True) == 0
     out = capsys.readouterr().out

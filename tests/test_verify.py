@@ -13,9 +13,16 @@ from core_support import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantreg.schema import table_schema
-from quantreg.tables import Layer, parse_table
-from quantreg.verify import DEFAULT_EVERY, DEFAULT_FIRST, DEFAULT_LAYERS, DEFAULT_TOLERANCE, VerifySpec, layer_index
+from quantreg.table.file import Layer, parse_table
+from quantreg.table.schema import table_schema
+from quantreg.table.verify import (
+    DEFAULT_EVERY,
+    DEFAULT_FIRST,
+    DEFAULT_LAYERS,
+    DEFAULT_TOLERANCE,
+    VerifySpec,
+    layer_index,
+)
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

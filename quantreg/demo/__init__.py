@@ -2,7 +2,7 @@
 
 Why a separate package: quantreg itself must stay importable without torch or vLLM (it
 is loaded by vLLM's plugin hook in every process, and by tooling that has neither).
-Only :mod:`quantreg.demo.checkpoint` imports torch / safetensors (the command runs vLLM through
+Only :mod:`quantreg.tiny.checkpoint` imports torch / safetensors (the command runs vLLM through
 :mod:`quantreg.testing.vllm_run`, in a child process), so this ``__init__`` deliberately imports
 nothing from them.
 """

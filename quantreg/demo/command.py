@@ -76,7 +76,7 @@ def _describe(title: str, result: RunResult) -> list[str]:
 
 
 def run_demo(keep: str | None = None, as_json: bool = False) -> int:
-    from .checkpoint import write_tiny_gpt_oss
+    from ..tiny.checkpoint import write_tiny_gpt_oss
 
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="quantreg-demo-"))
     work.mkdir(parents=True, exist_ok=True)

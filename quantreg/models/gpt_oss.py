@@ -54,7 +54,7 @@ def tiny_gpt_oss_config(
     Kept field-for-field with the published config (including the legacy ``rope_scaling`` +
     ``rope_theta`` pair, which transformers 5 folds into ``rope_parameters``) so that vLLM
     walks the same config path it walks for the real model. The defaults are the demo
-    checkpoint's (:mod:`quantreg.demo.checkpoint`); the layer harness and the plugin tests shrink
+    checkpoint's (:mod:`quantreg.tiny.checkpoint`); the layer harness and the plugin tests shrink
     them further (no weights are written for those, so ``head_dim`` may be smaller too).
     ``mxfp4=False`` leaves out ``quantization_config``: a bf16 model, or a config whose
     quantization the caller sets up itself.

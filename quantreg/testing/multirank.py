@@ -50,7 +50,7 @@ def expert_slices(model: torch.nn.Module) -> dict[str, Any]:
         get_tensor_model_parallel_rank,
     )
 
-    from quantreg.demo.checkpoint import load_tensors
+    from quantreg.tiny.checkpoint import load_tensors
 
     from .vllm_run import _moe_layers, _qualname
 

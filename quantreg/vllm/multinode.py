@@ -65,10 +65,10 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from ..loading import CONFIG_ENV, config_paths
-from ..located import MAX_BYTES, ReadRefused, read_regular_file
 from ..problems import Problem
 from ..registry import Registry, set_registry
-from ..tables import TableFile
+from ..table.file import TableFile
+from ..table.located import MAX_BYTES, ReadRefused, read_regular_file
 
 logger = logging.getLogger("vllm.quantreg")
 

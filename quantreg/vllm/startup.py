@@ -50,7 +50,7 @@ from .. import audit
 from ..decision import Decision
 from ..problems import QuantregError
 from ..registry import Registry
-from ..tables import Layer
+from ..table.file import Layer
 from .context import ADDITIONAL_CONFIG_KEY, RunSettings, _current_vllm_config, parse_run_settings
 from .fingerprint import PublishedFingerprint
 

@@ -41,7 +41,7 @@ from ..methods import BuildContext
 from ..mode import Mode
 from ..problems import QuantregError
 from ..registry import get_registry
-from ..verify import FLOAT64, VerifySpec, layer_index, relative_error
+from ..table.verify import FLOAT64, VerifySpec, layer_index, relative_error
 
 logger = logging.getLogger("vllm.quantreg.verify")
 

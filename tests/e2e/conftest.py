@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny GPT-OSS MXFP4 checkpoint (defaults of :func:`write_tiny_gpt_oss`, seed 0)."""
-    from quantreg.demo.checkpoint import write_tiny_gpt_oss
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
 
     return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss-mxfp4"))
 
@@ -48,7 +48,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bf16 twin of :func:`tiny_model`: same weights, experts dequantised, no quantization."""
-    from quantreg.demo.checkpoint import write_tiny_gpt_oss
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
 
     return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss-bf16"), mxfp4=False)
 

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import torch
 
-from quantreg.demo.checkpoint import load_tensors
 from quantreg.models.gpt_oss import tiny_gpt_oss_config
 from quantreg.models.gpt_oss_moe import reference_moe_block
 from quantreg.testing.vllm_run import (
@@ -35,6 +34,7 @@ from quantreg.testing.vllm_run import (
     VLLM_UNQUANTIZED_METHOD,
     RunResult,
 )
+from quantreg.tiny.checkpoint import load_tensors
 
 VOCAB = int(tiny_gpt_oss_config()["vocab_size"])
 LAYERS = int(tiny_gpt_oss_config()["num_hidden_layers"])

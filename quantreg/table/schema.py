@@ -1,7 +1,7 @@
 """JSON Schema of a version-1 table, built from the loader's own constants.
 
 Editors use it for completion and early errors; ``tests/test_schema.py`` checks that it
-accepts and rejects the same documents as :mod:`quantreg.tables` for everything a schema can
+accepts and rejects the same documents as :mod:`quantreg.table.file` for everything a schema can
 express (method names and ambiguities depend on installed plugins, so only the loader sees them).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .keys import FIELDS, WILDCARD
-from .methods import NAME_RE, TARGET_RE
-from .tables import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from ..keys import FIELDS, WILDCARD
+from ..methods import NAME_RE, TARGET_RE
+from .file import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 from .verify import FLOAT64, FLOAT64_FORMATS, VERIFY_KEYS
 
 # Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
@@ -23,7 +23,7 @@ MATCH_VALUE_PATTERN = MATCH_VALUE_RE + r"(?!\n)"
 
 
 def _verify_schema(name: dict[str, Any]) -> dict[str, Any]:
-    """``verify:`` (see :mod:`quantreg.verify`); ``against: vllm`` is refused, float64 checked per rule."""
+    """``verify:`` (see :mod:`quantreg.table.verify`); ``against: vllm`` is refused, float64 checked per rule."""
     props: dict[str, Any] = {
         "against": {**name, "not": {"const": "vllm"},
                     "description": f"a registered method, or '{FLOAT64}' (the format's float64 reference)"},

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from . import tablecache
-from .keys import FIELDS, WILDCARD, Match
+from ..keys import FIELDS, WILDCARD, Match
+from ..methods import Method, valid_name
+from ..problems import Problem, did_you_mean, type_name
+from . import cache as tablecache
 from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
 from .located import file_identity as _file_identity
-from .methods import Method, valid_name
-from .problems import Problem, did_you_mean, type_name
-from .table_methods import parse_methods
+from .methods import parse_methods
 from .verify import FLOAT64_FORMATS, VerifySpec, parse_verify
 
 SCHEMA_VERSION = 1
@@ -59,7 +59,7 @@ class Rule:
     method_lines: tuple[int, ...] = ()
     options_line: int | None = None
     where: str = ""  # the rule's position in its file, for messages: rules[3]
-    verify: VerifySpec | None = None  # run a second method beside the chosen one (quantreg.verify)
+    verify: VerifySpec | None = None  # run a second method beside the chosen one (quantreg.table.verify)
     verify_line: int | None = None
 
     @property
@@ -365,7 +365,7 @@ def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
     """Read and check one file; unreadable, non-UTF-8, missing and non-regular files are problems too.
 
     Only a regular file is read, and at most :data:`MAX_BYTES` + 1 bytes of it (see
-    :func:`quantreg.located.read_regular_file`): a FIFO, ``/dev/stdin`` or ``/dev/zero`` named in
+    :func:`quantreg.table.located.read_regular_file`): a FIFO, ``/dev/stdin`` or ``/dev/zero`` named in
     ``QUANTREG_CONFIG`` is a located problem, not a hang or gigabytes of memory.
     """
     try:
@@ -388,7 +388,7 @@ def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
 def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(st_dev, st_ino)`` of a table path, so one file reached by two paths is one table.
 
-    See :func:`quantreg.located.file_identity`; ``None`` when the path cannot be stat'ed (it is
+    See :func:`quantreg.table.located.file_identity`; ``None`` when the path cannot be stat'ed (it is
     then read, and reported, on its own).
     """
     return _file_identity(path)

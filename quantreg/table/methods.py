@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .keys import WILDCARD
-from .methods import Method, keeps_vllm, valid_name, valid_target
-from .problems import did_you_mean
+from ..keys import WILDCARD
+from ..methods import Method, keeps_vllm, valid_name, valid_target
+from ..problems import did_you_mean
 
 METHOD_KEYS = ("target", "devices", "requires", "options", "description")
 

@@ -7,7 +7,7 @@ regressed after a driver upgrade) becomes one table line instead of a hand-made 
     verify: {against: mxfp4_reference, every: 1000, first: 8, tolerance: 0.02, layers: 2}
 
 This module is the pure half: the spec (:class:`VerifySpec`), its located checks
-(:func:`parse_verify`, called by :mod:`quantreg.tables`), the sampling schedule and the error
+(:func:`parse_verify`, called by :mod:`quantreg.table.file`), the sampling schedule and the error
 measure. The vLLM half (shadow weights, the verifying method object, the reports) is
 :mod:`quantreg.vllm.verify`.
 """
@@ -20,8 +20,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from .methods import keeps_vllm, valid_name
-from .problems import did_you_mean, type_name
+from ..methods import keeps_vllm, valid_name
+from ..problems import did_you_mean, type_name
 
 VERIFY_KEYS = ("against", "every", "first", "tolerance", "layers")
 FLOAT64 = "float64"

@@ -4,7 +4,7 @@ Why: every vLLM process (driver, engine core, each worker) calls ``register()``,
 default table and the plugins' tables: the same few small files every time. Importing PyYAML
 alone costs 15-25 ms here (its reader and resolver compile large regular expressions at import),
 a third of the start-up budget. So a table that parsed cleanly is stored as JSON
-(:func:`quantreg.located.to_json`, which keeps every line number for error messages), keyed by
+(:func:`quantreg.table.located.to_json`, which keeps every line number for error messages), keyed by
 the SHA-256 of its text and of this cache's format; the next process reads that instead.
 
 Only tables shipped in packages (layers ``default`` and ``plugin``) are cached: they change only

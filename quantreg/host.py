@@ -1,0 +1,151 @@
+"""What this host is, read once: CPU architecture, flags, vendor, cores (no torch, no vLLM).
+
+Why one module: which MoE method can run on a CPU depends on the CPU (vLLM's own MXFP4 kernel
+needs AMX; a plugin's kernel may need AVX2+FMA), and the machines this project runs on are of two
+kinds (AVX2-only EPYC; AVX-512 + AMX Xeon). Every decision, note and test that depends on the CPU
+asks :func:`host_facts`, so a decision is deterministic per host and the audit trail can record
+the facts that made it.
+
+**The host-facts seam.** ``QUANTREG_HOST_CPU_FLAGS`` replaces the flags read from
+``/proc/cpuinfo`` (a comma- or space-separated list; entries starting with ``-`` remove a flag
+from the real set, ``+`` adds one, so ``-amx_tile,-amx_bf16`` makes an AMX host look like one
+without). Tests use it to run both kinds of host's branch on either kind of machine; it changes
+what quantreg *believes*, never what the CPU can do, so a method that really needs a missing flag
+still fails (tests that simulate must only remove flags, or not run the kernel).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+from functools import cache
+
+CPUINFO = "/proc/cpuinfo"
+FLAGS_ENV = "QUANTREG_HOST_CPU_FLAGS"
+AMX_FLAGS = ("amx_tile", "amx_bf16")
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl")
+AVX2_FLAGS = ("avx2", "fma")
+_CPUINFO_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The facts of this host a method or a limitation may depend on."""
+
+    machine: str
+    cpu_flags: frozenset[str] = field(default_factory=frozenset)
+    vendor: str = ""
+    model_name: str = ""
+    cores: int = 1
+    simulated: bool = False
+    """True when ``QUANTREG_HOST_CPU_FLAGS`` changed the flags (shown wherever facts are shown)."""
+
+    @property
+    def is_x86(self) -> bool:
+        return self.machine.lower() in ("x86_64", "amd64", "i386", "i686")
+
+    def has(self, *flags: str) -> bool:
+        return all(flag in self.cpu_flags for flag in flags)
+
+    @property
+    def kind(self) -> str:
+        """``amx`` (AVX-512 + AMX), ``avx512``, ``avx2`` (AVX2+FMA only) or ``other``."""
+        if not self.is_x86:
+            return "other"
+        if self.has(*AMX_FLAGS):
+            return "amx"
+        if self.has(*AVX512_FLAGS):
+            return "avx512"
+        if self.has(*AVX2_FLAGS):
+            return "avx2"
+        return "other"
+
+    def as_json(self) -> dict[str, object]:
+        """The facts a decision depended on, for the audit trail, ``doctor`` and ``tune``."""
+        wanted = (*AMX_FLAGS, "amx_int8", *AVX512_FLAGS, "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                  "avx_vnni", *AVX2_FLAGS)
+        return {"machine": self.machine, "kind": self.kind, "vendor": self.vendor, "model": self.model_name,
+                "cores": self.cores, "flags": sorted(f for f in self.cpu_flags if f in wanted),
+                "simulated": self.simulated}
+
+
+def parse_cpuinfo(text: str) -> tuple[frozenset[str], str, str]:
+    """(flags of the first CPU, vendor_id, model name) from ``/proc/cpuinfo`` text."""
+    flags: frozenset[str] = frozenset()
+    vendor = model = ""
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if not sep:
+            continue
+        name = name.strip()
+        if name in ("flags", "Features") and not flags:
+            flags = frozenset(value.split())
+        elif name == "vendor_id" and not vendor:
+            vendor = value.strip()
+        elif name == "model name" and not model:
+            model = value.strip()
+    return flags, vendor, model
+
+
+def _read_cpuinfo() -> str:
+    """``/proc/cpuinfo``, bounded; empty when unreadable (not Linux, a sandbox)."""
+    try:
+        fd = os.open(CPUINFO, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        chunks: list[bytes] = []
+        size = 0
+        while size < _CPUINFO_LIMIT:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def apply_override(real: frozenset[str], spec: str) -> frozenset[str]:
+    """``QUANTREG_HOST_CPU_FLAGS``: a plain list replaces ``real``; ``-f``/``+f`` entries edit it."""
+    entries = [e for e in spec.replace(",", " ").split() if e]
+    if entries and all(e[0] in "+-" for e in entries):
+        flags = set(real)
+        for entry in entries:
+            (flags.discard if entry[0] == "-" else flags.add)(entry[1:])
+        return frozenset(flags)
+    return frozenset(e.lstrip("+") for e in entries if not e.startswith("-"))
+
+
+@cache
+def _real() -> tuple[frozenset[str], str, str]:
+    return parse_cpuinfo(_read_cpuinfo())
+
+
+def host_facts() -> HostFacts:
+    """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
+    flags, vendor, model = _real()
+    spec = os.environ.get(FLAGS_ENV)
+    simulated = spec is not None
+    if spec is not None:
+        flags = apply_override(flags, spec)
+    return HostFacts(machine=platform.machine(), cpu_flags=flags, vendor=vendor, model_name=model,
+                     cores=os.cpu_count() or 1, simulated=simulated)
+
+
+def simulate(kind: str) -> dict[str, str]:
+    """The environment that makes quantreg believe this host is of ``kind`` (``amx`` or ``avx2``).
+
+    Only for tests and ``--host`` style what-ifs: ``avx2`` removes AVX-512 and AMX flags, ``amx``
+    adds AMX's (quantreg then believes vLLM's own CPU MXFP4 kernel runs: never run that kernel so).
+    """
+    if kind == "avx2":
+        return {FLAGS_ENV: ",".join(f"-{f}" for f in (*AMX_FLAGS, "amx_int8", *AVX512_FLAGS, "avx512_bf16",
+                                                      "avx512_vnni", "avx512_fp16"))}
+    if kind == "amx":
+        return {FLAGS_ENV: ",".join(f"+{f}" for f in (*AMX_FLAGS, *AVX512_FLAGS))}
+    raise ValueError(f"unknown host kind '{kind}' (expected 'amx' or 'avx2')")

@@ -1,0 +1,55 @@
+"""quantreg.host: the one reader of this host's CPU facts, and its override seam."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantreg import host
+
+AMX_CPUINFO = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+               "flags\t\t: fpu avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8\n"
+               "processor\t: 1\nflags\t\t: fpu\n")
+AVX2_CPUINFO = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n"
+
+
+def test_parse_cpuinfo_reads_the_first_cpu() -> None:
+    flags, vendor, model = host.parse_cpuinfo(AMX_CPUINFO)
+    assert {"amx_tile", "amx_bf16", "avx512f"} <= flags and "fpu" in flags
+    assert (vendor, model) == ("GenuineIntel", "Intel(R) Xeon(R) Processor")
+    assert host.parse_cpuinfo("garbage") == (frozenset(), "", "")
+
+
+@pytest.mark.parametrize(("cpuinfo", "kind"), [(AMX_CPUINFO, "amx"), (AVX2_CPUINFO, "avx2"),
+                                               ("flags: avx2 fma avx512f avx512bw avx512vl\n", "avx512"),
+                                               ("flags: sse2\n", "other")])
+def test_kind(cpuinfo: str, kind: str) -> None:
+    facts = host.HostFacts(machine="x86_64", cpu_flags=host.parse_cpuinfo(cpuinfo)[0])
+    assert facts.kind == kind
+    assert host.HostFacts(machine="aarch64", cpu_flags=facts.cpu_flags).kind == "other"
+
+
+def test_override_edits_or_replaces_the_real_flags() -> None:
+    real = frozenset({"avx2", "fma", "amx_tile", "amx_bf16"})
+    assert host.apply_override(real, "-amx_tile,-amx_bf16") == {"avx2", "fma"}
+    assert host.apply_override(real, "+avx512f") == real | {"avx512f"}
+    assert host.apply_override(real, "avx2 fma") == {"avx2", "fma"}
+
+
+@pytest.mark.parametrize("kind", ["avx2", "amx"])
+def test_simulate_makes_quantreg_believe_the_other_kind(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in host.simulate(kind).items():
+        monkeypatch.setenv(name, value)
+    facts = host.host_facts()
+    assert facts.simulated
+    if facts.is_x86:
+        assert facts.kind == kind
+    assert facts.as_json()["simulated"] is True
+    with pytest.raises(ValueError, match="unknown host kind"):
+        host.simulate("gpu")
+
+
+def test_real_facts_are_not_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(host.FLAGS_ENV, raising=False)
+    facts = host.host_facts()
+    assert not facts.simulated and facts.cores >= 1
+    assert facts.as_json()["kind"] == facts.kind
