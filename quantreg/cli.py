@@ -226,6 +226,9 @@ def _doctor(args: argparse.Namespace) -> int:
     warnings += [str(f) for f in findings if f.level != "info"]
     if vllm and not hook_ok:
         warnings.append(f"vLLM start-up hook: {hook_reason}")
+    from .vllm_limits import cpu_mxfp4_kernel  # the one answer: doctor, demo, explain and plan agree
+
+    kernel = cpu_mxfp4_kernel()
     untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
     warnings += [untested] if untested else []
     data: dict[str, Any] = {
@@ -237,6 +240,7 @@ def _doctor(args: argparse.Namespace) -> int:
         "plugins": [p.__dict__ for p in registry.plugin_infos],
         "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
         "fingerprint": registry.fingerprint(),
+        "vllm_cpu_mxfp4_kernel": kernel.as_json(),
         "strict": mode.strict,
         "vllm_tested_range": {"range": versions.TESTED, "releases": list(versions.TESTED_RELEASES),
                               "inside": None if not vllm else untested is None},
@@ -250,6 +254,8 @@ def _doctor(args: argparse.Namespace) -> int:
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += _left_out_lines(_left_out(registry, args))
+    lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}"
+              + ("; amd-quark is installed, so vLLM's emulation backend can serve MXFP4" if kernel.emulation else "")]
     lines += [f"fingerprint: {data['fingerprint']}", f"mode: {mode}"]
     if vllm and not untested:
         lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
