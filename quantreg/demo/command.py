@@ -19,9 +19,11 @@ against it. Without AMX (e.g. AMD EPYC) vLLM alone refuses the MXFP4 checkpoint,
 expected outcome and said so; the "vLLM's own method" run then uses the bf16 twin of the
 checkpoint (the same expert weights dequantised exactly).
 
-Bounds (measured, see tests/e2e/test_mxfp4_reference.py): greedy tokens identical; logprob of a
-token at the same step within 0.1 (seen 0.053); MoE outputs on a fixed input within 2 bf16 ULPs of
-the layer's largest output (seen 0.0625 on outputs up to 8.6).
+Bounds (measured; tests/e2e/test_mxfp4_reference.py holds the same comparison): greedy tokens
+identical; logprob of a token at the same step within 0.15 (seen 0.098 on the demo's three prompts,
+one of 140 tokens, on an AMD EPYC host; the test's shorter prompts see 0.053 against its 0.1: the
+random tiny model's near-flat logits amplify one bf16 rounding); MoE outputs on a fixed input
+within 2 bf16 ULPs of the layer's largest output (seen 0.0312, exactly 1 ULP).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ rules:
 """
 MAX_TOKENS = 6
 PROBE_TOKENS = 8
-LOGPROB_BOUND = 0.1
+LOGPROB_BOUND = 0.15
 MOE_ULPS = 2
 
 

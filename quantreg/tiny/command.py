@@ -13,6 +13,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..models.gpt_oss import CHAT_VOCAB
+
 #: Where the checkpoint writer lives today (another branch may move it; only this line changes).
 CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
 
@@ -24,7 +26,8 @@ def write_tiny_model(directory: str | Path, *, bf16: bool = False, seed: int = 0
     from .tokenizer import write_tokenizer
 
     checkpoint = importlib.import_module(CHECKPOINT_MODULE)  # imports torch
-    out: Path = checkpoint.write_tiny_gpt_oss(directory, mxfp4=not bf16, seed=seed)
+    # GPT-OSS's vocabulary size, so chat requests (rendered by vLLM with openai-harmony ids) fit.
+    out: Path = checkpoint.write_tiny_gpt_oss(directory, mxfp4=not bf16, seed=seed, vocab=CHAT_VOCAB)
     write_tokenizer(out)
     return out
 
