@@ -88,6 +88,7 @@ def test_tiny_model_command_writes_checkpoint_and_tokenizer(tmp_path: Path, caps
     assert tiny_model_command(str(tmp_path / "m"), bf16=True) == 0
     out = capsys.readouterr().out
     assert "python -m vllm.entrypoints.openai.api_server --model" in out and "curl -s" in out
+    assert "/v1/chat/completions" in out
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert "quantization_config" not in config  # --bf16
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))
@@ -112,6 +113,7 @@ def test_the_chat_template_renders_only_ids_of_the_vocabulary(model_dir: Path) -
 
 def test_tiny_model_has_gpt_oss_vocabulary_so_harmony_chat_ids_fit(tmp_path: Path) -> None:
     """vLLM renders GPT-OSS chats with openai-harmony (``<|message|>`` = 200008): the ids must be rows."""
+    pytest.importorskip("torch")
     from quantreg.models.gpt_oss import CHAT_VOCAB
     from quantreg.tiny.command import write_tiny_model
 
