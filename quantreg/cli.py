@@ -226,6 +226,9 @@ def _doctor(args: argparse.Namespace) -> int:
     warnings += [str(f) for f in findings if f.level != "info"]
     if vllm and not hook_ok:
         warnings.append(f"vLLM start-up hook: {hook_reason}")
+    from .vllm_limits import cpu_mxfp4_kernel  # the one answer: doctor, demo, explain and plan agree
+
+    kernel = cpu_mxfp4_kernel()
     untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
     warnings += [untested] if untested else []
     data: dict[str, Any] = {
@@ -237,6 +240,7 @@ def _doctor(args: argparse.Namespace) -> int:
         "plugins": [p.__dict__ for p in registry.plugin_infos],
         "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
         "fingerprint": registry.fingerprint(),
+        "vllm_cpu_mxfp4_kernel": kernel.as_json(),
         "strict": mode.strict,
         "vllm_tested_range": {"range": versions.TESTED, "releases": list(versions.TESTED_RELEASES),
                               "inside": None if not vllm else untested is None},
@@ -250,6 +254,8 @@ def _doctor(args: argparse.Namespace) -> int:
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += _left_out_lines(_left_out(registry, args))
+    lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}"
+              + ("; amd-quark is installed, so vLLM's emulation backend can serve MXFP4" if kernel.emulation else "")]
     lines += [f"fingerprint: {data['fingerprint']}", f"mode: {mode}"]
     if vllm and not untested:
         lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
@@ -301,6 +307,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, as_json=args.json)
 
 
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    from .newplugin import new_plugin_command
+
+    return new_plugin_command(args.name, args.directory, as_json=args.json)
+
+
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
@@ -347,6 +359,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="registered method name (see `quantreg list`)")
     p.add_argument("--device", help="device to check for (default: guessed); checks needing a device where the "
                    "method cannot run are SKIPPED with the reason")
+    p = add("new-plugin", cmd_new_plugin, "write a ready-to-install method plugin distribution named NAME")
+    p.add_argument("name", metavar="NAME", help="lower-case identifier, e.g. my_mxfp4: the method and entry-point "
+                   "name; the distribution is quantreg-NAME, the package quantreg_NAME")
+    p.add_argument("directory", nargs="?", metavar="DIR",
+                   help="where to write it (new or empty; default ./quantreg-NAME)")
     p = add("demo", cmd_demo, "build a tiny GPT-OSS MXFP4 model and run it in vLLM-CPU with two tables")
     p.add_argument("--keep", metavar="DIR", help="write the checkpoint here and keep it")
     return parser

@@ -1,6 +1,6 @@
 """Precedence, ambiguity and fast lookup over all loaded rules.
 
-Precedence (documented in the README): a rule from a higher layer beats any rule from a
+Precedence (documented in docs/tables.md): a rule from a higher layer beats any rule from a
 lower one; within a layer the more specific rule (more non-wildcard fields) wins; then the
 higher ``priority``. Two rules of one layer with equal specificity and priority that can
 match the same key are ambiguous, which is a load-time error naming both.

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .host import AMX_FLAGS, host_facts, parse_cpuinfo
+from .host import AMX_FLAGS, HostFacts, host_facts, parse_cpuinfo
 from .keys import WILDCARD, Key
 
 if TYPE_CHECKING:
@@ -106,11 +106,56 @@ def has_amx(cpuinfo: str | None = None) -> bool:
     return all(flag in cpu_flags(cpuinfo) for flag in AMX_FLAGS)
 
 
+@dataclass(frozen=True)
+class KernelVerdict:
+    """Whether vLLM's own CPU MXFP4 MoE kernel can run on this host, why, and the facts it rests on.
+
+    Why one value: ``doctor``, the demo and the ``explain``/``plan`` limitation must give the same
+    answer on the same host (the two CI kinds differ exactly here), so they all ask this.
+    """
+
+    runs: bool
+    reason: str
+    emulation: bool
+    """``amd-quark`` is importable: vLLM's emulation backend can serve MXFP4 even without the kernel."""
+    host: dict[str, object]
+
+    def as_json(self) -> dict[str, object]:
+        return {"runs": self.runs, "reason": self.reason, "emulation": self.emulation, "host": self.host}
+
+
+def cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
+    """vLLM 0.32's CPU MXFP4 kernel (``CPUExpertsMxfp4``) runs on an x86 CPU with AMX tiles and bf16.
+
+    It mirrors ``CPUExpertsMxfp4._supports_current_device`` from :func:`quantreg.host.host_facts`
+    (no vLLM, no torch), so ``QUANTREG_HOST_CPU_FLAGS`` changes the answer like every other.
+    """
+    facts = facts or host_facts()
+    emulation = importlib.util.find_spec("quark") is not None
+    cpu = ", ".join(x for x in (facts.vendor, facts.model_name) if x) or "unknown CPU"
+    simulated = " (flags simulated by QUANTREG_HOST_CPU_FLAGS)" if facts.simulated else ""
+    if not facts.is_x86:
+        return KernelVerdict(False, f"the kernel is x86-only and this host is {facts.machine}{simulated}",
+                             emulation, facts.as_json())
+    missing = [flag for flag in AMX_FLAGS if not facts.has(flag)]
+    if missing:
+        return KernelVerdict(
+            False, f"this CPU ({cpu}, kind {facts.kind}) has no AMX: {', '.join(missing)} missing from its "
+            f"flags{simulated}; vLLM 0.32 refuses GPT-OSS MXFP4 on it ('No MXFP4 MoE backend supports the "
+            "deployment configuration') unless a rule routes the key to a quantreg method",
+            emulation, facts.as_json())
+    return KernelVerdict(True, f"this CPU ({cpu}, kind {facts.kind}) has {' and '.join(AMX_FLAGS)}{simulated}, "
+                         "which CPUExpertsMxfp4 needs", emulation, facts.as_json())
+
+
 def cpu_mxfp4_unsupported(cpuinfo: str | None = None) -> bool:
     """vLLM 0.32 has no CPU MXFP4 MoE backend here: no x86 AMX kernel and no ``amd-quark`` emulation."""
-    if importlib.util.find_spec("quark") is not None:
-        return False
-    return not (is_x86() and has_amx(cpuinfo))
+    if cpuinfo is not None:
+        if importlib.util.find_spec("quark") is not None:
+            return False
+        return not (is_x86() and has_amx(cpuinfo))
+    verdict = cpu_mxfp4_kernel()
+    return not (verdict.runs or verdict.emulation)
 
 
 BUILTIN_LIMITATIONS: tuple[VllmLimitation, ...] = (

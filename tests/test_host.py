@@ -53,3 +53,31 @@ def test_real_facts_are_not_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
     facts = host.host_facts()
     assert not facts.simulated and facts.cores >= 1
     assert facts.as_json()["kind"] == facts.kind
+
+
+@pytest.mark.parametrize("kind", ["avx2", "amx"])
+def test_the_vllm_kernel_verdict_follows_the_host_kind(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor, the demo and explain's limitation ask one function; its answer is the kind's, with the reason."""
+    from quantreg import vllm_limits
+
+    for name, value in host.simulate(kind).items():
+        monkeypatch.setenv(name, value)
+    verdict = vllm_limits.cpu_mxfp4_kernel()
+    if not host.host_facts().is_x86:
+        assert not verdict.runs and "x86-only" in verdict.reason
+        return
+    assert verdict.runs is (kind == "amx")
+    assert verdict.host["kind"] == kind and verdict.host["simulated"] is True
+    assert "simulated by QUANTREG_HOST_CPU_FLAGS" in verdict.reason
+    if kind == "avx2":
+        assert "has no AMX: amx_tile, amx_bf16 missing" in verdict.reason
+        assert vllm_limits.cpu_mxfp4_unsupported() is not verdict.emulation
+    assert verdict.as_json()["runs"] is verdict.runs
+
+
+def test_the_kernel_verdict_on_a_host_that_is_not_x86() -> None:
+    from quantreg import vllm_limits
+
+    arm = host.HostFacts(machine="aarch64", cpu_flags=frozenset({"asimd"}))
+    verdict = vllm_limits.cpu_mxfp4_kernel(arm)
+    assert not verdict.runs and verdict.reason == "the kernel is x86-only and this host is aarch64"

@@ -633,7 +633,7 @@ layouts = st.fixed_dictionaries({
 
 def reference(tables: list[tuple[Layer, str, list[dict[str, Any]]]]) -> tuple[
         set[tuple[str, str]], dict[Key, tuple[str | None, str, list[str], bool]]]:
-    """The README's precedence, read literally and checked by brute force over every key."""
+    """The documented precedence (docs/tables.md), read literally and checked by brute force over every key."""
     rules: list[RefRule] = []
     for layer, path, raw in tables:
         for i, r in enumerate(raw):

@@ -88,6 +88,7 @@ def test_tiny_model_command_writes_checkpoint_and_tokenizer(tmp_path: Path, caps
     assert tiny_model_command(str(tmp_path / "m"), bf16=True) == 0
     out = capsys.readouterr().out
     assert "python -m vllm.entrypoints.openai.api_server --model" in out and "curl -s" in out
+    assert "/v1/chat/completions" in out
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert "quantization_config" not in config  # --bf16
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))
@@ -96,3 +97,41 @@ def test_tiny_model_command_writes_checkpoint_and_tokenizer(tmp_path: Path, caps
     data = json.loads(capsys.readouterr().out)
     assert data["quantization"] == "mxfp4"
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(data["files"])
+
+
+def test_the_chat_template_renders_only_ids_of_the_vocabulary(model_dir: Path) -> None:
+    """tokenizer_config.json's chat template, through transformers, stays inside the vocabulary."""
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    text = tok.apply_chat_template([{"role": "user", "content": "Hello"}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert text == f"{BOS}user: Hello\n{BOS}assistant: "
+    ids = tok.encode(text)
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    assert ids[0] == tok.convert_tokens_to_ids(BOS) and max(ids) < vocab
+
+
+def test_tiny_model_has_gpt_oss_vocabulary_so_harmony_chat_ids_fit(tmp_path: Path) -> None:
+    """vLLM renders GPT-OSS chats with openai-harmony (``<|message|>`` = 200008): the ids must be rows."""
+    pytest.importorskip("torch")
+    from quantreg.models.gpt_oss import CHAT_VOCAB
+    from quantreg.tiny.command import write_tiny_model
+
+    out = write_tiny_model(tmp_path / "tiny")
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert config["vocab_size"] == CHAT_VOCAB == 201088
+    harmony = pytest.importorskip("openai_harmony")
+    encoding = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+    rendered = encoding.render_conversation_for_completion(
+        harmony.Conversation.from_messages([harmony.Message.from_role_and_content(harmony.Role.USER, "Hello")]),
+        harmony.Role.ASSISTANT)
+    assert 200008 in rendered and max(rendered) < config["vocab_size"]
+    assert max(encoding.stop_tokens_for_assistant_actions()) < config["vocab_size"]
+    eos = generation["eos_token_id"]
+    assert all(0 <= i < config["vocab_size"] for i in [*eos, generation["pad_token_id"], generation["bos_token_id"]])
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == config["vocab_size"]
+    assert tok.token_to_id(EOS) == config["vocab_size"] - 1 in eos

