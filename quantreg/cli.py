@@ -263,9 +263,9 @@ def _doctor(args: argparse.Namespace) -> int:
 def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> int:
     """``doctor --decisions FILE.jsonl``: summarise a ``QUANTREG_DECISIONS`` trail into ``data``/``lines``.
 
-    Exit 1 when processes disagree (same key, different method or table fingerprint): that is
-    the failure the trail exists to catch. Unreadable or cut-short lines are only warnings (a
-    writer may still be appending the last one).
+    Exit 1 when processes disagree (same key, different method or table fingerprint) or any
+    ``verify:`` comparison exceeded its tolerance: those are the failures the trail exists to
+    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending).
     """
     if not args.decisions:
         return 0
@@ -274,7 +274,7 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
     summary = summarise(args.decisions)
     data["decisions"] = summary.to_json()
     lines.append(summary.render())
-    return 1 if summary.disagreements else 0
+    return 1 if summary.disagreements or summary.exceedances else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -332,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
     p.add_argument("--decisions", metavar="FILE.jsonl",
-                   help="summarise a QUANTREG_DECISIONS trail; exit 1 if processes disagree")
+                   help="summarise a QUANTREG_DECISIONS trail (one line per verified layer); exit 1 if processes "
+                        "disagree or a verify: comparison exceeded its tolerance")
     p = add("plan", cmd_plan, "what every MoE layer of a local checkpoint gets per device, without starting vLLM")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--device", action="append", default=[], help="device to plan for (repeatable; default: guessed)")
