@@ -242,7 +242,9 @@ class VerifiedLayer:
             self.tolerance = tolerance
         if item.get("ok") is False:
             self.exceedances += 1
-        if error is not None and (self.worst is None or not error <= self.worst):
+        if error is not None and math.isnan(error):
+            error = math.inf  # an error that cannot be measured is the worst there is
+        if error is not None and (self.worst is None or error > self.worst):
             self.worst = error
         pid = item.get("pid")
         if isinstance(pid, int):

@@ -200,6 +200,10 @@ def _validate(args: argparse.Namespace) -> int:
     return 1 if faults else 0
 
 
+FINGERPRINT_COVERS = ("plugins, QUANTREG_CONFIG and --config tables; a run's additional_config tables count "
+                      "only when given here as --config")
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     with tablecache.bypass():  # doctor reports what the files say, not what the cache remembers
         return _doctor(args)
@@ -228,6 +232,8 @@ def _doctor(args: argparse.Namespace) -> int:
         warnings.append(f"vLLM start-up hook: {hook_reason}")
     untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
     warnings += [untested] if untested else []
+    shadow = environment.shadowing_copy()
+    warnings += [shadow] if shadow else []
     data: dict[str, Any] = {
         "versions": {n: environment.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
         | {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None},
@@ -237,6 +243,7 @@ def _doctor(args: argparse.Namespace) -> int:
         "plugins": [p.__dict__ for p in registry.plugin_infos],
         "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
         "fingerprint": registry.fingerprint(),
+        "fingerprint_covers": FINGERPRINT_COVERS,
         "strict": mode.strict,
         "vllm_tested_range": {"range": versions.TESTED, "releases": list(versions.TESTED_RELEASES),
                               "inside": None if not vllm else untested is None},
@@ -250,7 +257,7 @@ def _doctor(args: argparse.Namespace) -> int:
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += _left_out_lines(_left_out(registry, args))
-    lines += [f"fingerprint: {data['fingerprint']}", f"mode: {mode}"]
+    lines += [f"fingerprint: {data['fingerprint']} ({FINGERPRINT_COVERS})", f"mode: {mode}"]
     if vllm and not untested:
         lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
                      f"(tested: {', '.join(versions.TESTED_RELEASES)})")

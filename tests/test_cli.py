@@ -275,6 +275,7 @@ def test_doctor(tables: dict[str, Path]) -> None:
     as_json, text, untested_json = out.stdout.split(SEPARATOR + "\n")
     data = json.loads(as_json)
     assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
+                         "fingerprint_covers",
                          "strict", "vllm_tested_range", "findings", "warnings", "problems", "left_out",
                          "vllm_would_refuse"}
     assert set(data["versions"]) == {"quantreg", "pluggy", "PyYAML", "torch", "vllm"}
