@@ -1,7 +1,8 @@
 """The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, plan, tiny-model, schema,
 check-method, demo.
 
-Every command takes ``--json`` and ``--config FILE`` (repeatable, the ``run`` layer). Faults
+Every command takes ``--json``; those that answer from the tables take ``--config FILE``
+(repeatable, the ``run`` layer; a named file that does not exist is an error, exit 2). Faults
 are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a traceback
 reaching the user is a bug.
 
@@ -29,7 +30,7 @@ from .builtin import default_table_path
 from .decision import Decision, rule_json
 from .keys import Key
 from .loading import config_paths, load_tables
-from .problems import printable
+from .problems import printable, problem_json
 from .registry import Registry
 from .table import cache as tablecache
 from .table.file import Layer
@@ -189,15 +190,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if args.files:
-        _, _, problems = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
-        faults = [str(p) for p in problems]
+        _, _, found = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
+        problems: list[Any] = list(found)
         checked = list(args.files)
     else:
-        faults = [str(f) for f in registry.faults]
+        problems = list(registry.faults)
         checked = [t.path for t in registry.tables]
+    faults = [str(p) for p in problems]
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
-    _emit(args, {"ok": not faults, "problems": faults, "files": checked}, text)
+    _emit(args, {"ok": not faults, "files": checked, **envelope(registry, args, problems)}, text)
     return 1 if faults else 0
+
+
+def envelope(registry: Registry, args: argparse.Namespace, problems: Sequence[Any] | None = None
+             ) -> dict[str, Any]:
+    """The ``--json`` envelope of ``validate``, ``plan`` and ``check-method``: ``problems`` as objects
+    ``{path, line, key, message, text}`` (:func:`problem_json`), ``left_out``, ``vllm_would_refuse``."""
+    shown = list(registry.faults) if problems is None else list(problems)
+    return {"problems": [problem_json(p) for p in shown], "left_out": _left_out(registry, args),
+            "vllm_would_refuse": _refusal(registry)}
 
 
 FINGERPRINT_COVERS = ("plugins, QUANTREG_CONFIG and --config tables; a run's additional_config tables count "
@@ -288,7 +299,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .plan import plan_command
 
     return plan_command(args.model_dir, args.device, args.config, args.json,
-                        use_vllm=False if args.no_vllm else None)
+                        use_vllm=False if args.no_vllm else None,
+                        envelope=lambda registry, problems: envelope(registry, args, problems))
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
@@ -311,30 +323,50 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
-    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json)
+    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,
+                                envelope=lambda registry: envelope(registry, args))
+
+
+DESCRIPTION = ("Decide which Mixture-of-Experts quantization method vLLM runs for each (quant format, model "
+               "type, device) key, and check the tables that decide it.")
+EXPLAIN_EPILOG = """examples:
+  quantreg explain gpt_oss_mxfp4 gpt_oss cpu
+  quantreg explain fp8 deepseek_v3 cuda --config my-table.yaml
+
+The key is vLLM's: the quant format is vLLM's quantization method name (gpt_oss_mxfp4, not the
+checkpoint's "mxfp4"), the device vLLM's device type (cuda, cpu, hpu, xpu, ...).
+`quantreg plan MODEL_DIR` prints the exact key of a local checkpoint."""
+#: Commands whose answer depends on the rule tables: only these take ``--config``.
+NO_TABLES = ("tiny-model", "schema", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="machine-readable output")
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="machine-readable output")
+    common = argparse.ArgumentParser(add_help=False, parents=[json_flag])
     common.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="extra rule table (run layer, beats QUANTREG_CONFIG); repeatable")
-    parser = argparse.ArgumentParser(prog="quantreg", description=__doc__.splitlines()[0])
+                        help="extra rule table (run layer, beats QUANTREG_CONFIG); repeatable; a missing FILE "
+                             "is an error")
+    parser = argparse.ArgumentParser(prog="quantreg", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"quantreg {environment.dist_version('quantreg')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help, description=help)
-        p.set_defaults(func=func)
+    def add(name: str, func: Callable[[argparse.Namespace], int], help: str, **extra: Any
+            ) -> argparse.ArgumentParser:
+        parent = json_flag if name in NO_TABLES else common
+        p = sub.add_parser(name, parents=[parent], help=help, description=help, **extra)
+        p.set_defaults(func=func, **({"config": []} if name in NO_TABLES else {}))
         return p
 
     p = add("list", cmd_list, "registered methods and whether they can run here")
     p.add_argument("--device", help="device to check availability for (default: guessed without importing vLLM)")
     add("plugins", cmd_plugins, "discovered plugins, loaded or not, and why")
     add("rules", cmd_rules, "the effective rule table with each rule's file:line and layer")
-    p = add("explain", cmd_explain, "which method a key gets, and why")
-    p.add_argument("quant_format")
-    p.add_argument("model_type")
-    p.add_argument("device")
+    p = add("explain", cmd_explain, "which method a key gets, and why", epilog=EXPLAIN_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("quant_format", help="vLLM's quant format name, e.g. gpt_oss_mxfp4, fp8, compressed-tensors")
+    p.add_argument("model_type", help="the model type of config.json, e.g. gpt_oss, deepseek_v3, mixtral")
+    p.add_argument("device", help="vLLM's device type, e.g. cpu, cuda, hpu, xpu")
     p = add("validate", cmd_validate, "check tables; exit 1 and print FILE:LINE: problems if any")
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
@@ -360,8 +392,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_config(paths: Sequence[str]) -> str | None:
+    """One error line for the first ``--config FILE`` that is not a file: the user named it, so a
+    start-up (and this command) must not carry on as if it were an empty table."""
+    for path in paths:
+        if not os.path.exists(path):
+            return f"quantreg: error: --config {printable(os.fspath(path))}: no such file"
+        if not os.path.isfile(path):
+            return f"quantreg: error: --config {printable(os.fspath(path))}: not a regular file"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    missing = missing_config(args.config)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     try:
         result: int = args.func(args)
     except KeyboardInterrupt:
