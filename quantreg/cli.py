@@ -158,7 +158,54 @@ def cmd_explain(args: argparse.Namespace) -> int:
     with _plugin_output_to_stderr():  # resolving runs probes
         decision = registry.resolve(Key(args.quant_format, args.model_type, args.device))
     data, text = _with_vllm_limitation(registry, decision, decision.to_json(), decision.render())
-    return _answer(args, registry, data, [text], decision)
+    named = _key_warnings(registry, decision.key)
+    for warning in named:
+        print(f"warning: {warning}", file=sys.stderr)
+    return _answer(args, registry, {**data, "key_warnings": named}, [text], decision)
+
+
+def _known_names(registry: Registry, layers: Sequence[Layer] | None = None) -> tuple[set[str], set[str]]:
+    """Quant formats and devices the loaded tables (of ``layers``, default all) and methods name."""
+    formats: set[str] = set()
+    devices = {d for m in registry.methods.values() for d in m.devices}
+    for table in registry.tables:
+        if layers is not None and table.layer not in layers:
+            continue
+        for rule in table.rules:
+            formats.update(rule.match.quant_format or ())
+            devices.update(rule.match.device or ())
+    return formats, devices
+
+
+def _key_warnings(registry: Registry, key: Key) -> list[str]:
+    """Did-you-mean warnings for a key part vLLM never uses (:mod:`quantreg.vllm.names`)."""
+    from .vllm.names import key_warnings
+
+    formats, devices = _known_names(registry)
+    return key_warnings(key, formats, devices)
+
+
+def _match_warnings(registry: Registry, tables: Sequence[Any]) -> list[str]:
+    """Located warnings for match values of ``tables`` that vLLM never puts in a key (not errors: a
+    plugin's platform may use a name quantreg does not know)."""
+    from .vllm.names import device_warning, format_warning
+
+    formats, devices = _known_names(registry, (Layer.PLUGIN, Layer.DEFAULT))
+    out = []
+    for table in tables:
+        for rule in table.rules:
+            model_types = rule.match.model_type or (None,)
+            for value in rule.match.quant_format or ():
+                for model_type in model_types:
+                    why = format_warning(value, model_type, formats)
+                    if why:
+                        out.append(f"{printable(rule.path)}:{rule.line}: match.quant_format: {why}")
+                        break
+            for value in rule.match.device or ():
+                why = device_warning(value, devices)
+                if why:
+                    out.append(f"{printable(rule.path)}:{rule.line}: match.device: {why}")
+    return out
 
 
 def _with_vllm_limitation(registry: Registry, decision: Decision, data: dict[str, Any], text: str
@@ -190,15 +237,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if args.files:
-        _, _, found = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
+        tables, _, found = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
         problems: list[Any] = list(found)
         checked = list(args.files)
     else:
+        tables = [t for t in registry.tables if t.layer not in (Layer.PLUGIN, Layer.DEFAULT)]
         problems = list(registry.faults)
         checked = [t.path for t in registry.tables]
     faults = [str(p) for p in problems]
+    warnings = _match_warnings(registry, tables)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
-    _emit(args, {"ok": not faults, "files": checked, **envelope(registry, args, problems)}, text)
+    _emit(args, {"ok": not faults, "files": checked, "warnings": warnings, **envelope(registry, args, problems)},
+          text)
     return 1 if faults else 0
 
 
