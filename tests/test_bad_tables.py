@@ -109,6 +109,7 @@ def test_validate_json_for_a_bad_table() -> None:
         "problems": [{"path": path, "line": 2, "key": "version", "message": message,
                       "text": f"{path}:2: version: {message}"}],
         "files": [path],
+        "warnings": [],
         "left_out": [],
         "vllm_would_refuse": None,
     }

@@ -69,3 +69,16 @@ def test_packaged_tables_are_named_relative_to_their_distribution() -> None:
     assert package_name(shipped) == "quantreg:quantreg/registry.yaml"
     assert table_names([(shipped, "builtin"), ("/x/a.yaml", "user"), ("/y/b.yaml", "user")]) == {
         shipped: "quantreg:quantreg/registry.yaml", "/x/a.yaml": "user#0", "/y/b.yaml": "user#1"}
+
+
+def test_doctor_warns_when_a_source_tree_in_the_cwd_shadows_this_copy(tmp_path: Path) -> None:
+    """``python -m vllm...`` started in a clone's root imports ``./quantreg``, the command the installed one."""
+    from quantreg.environment import shadowing_copy
+
+    assert shadowing_copy(str(tmp_path)) is None  # nothing to shadow
+    (tmp_path / "quantreg").mkdir()
+    (tmp_path / "quantreg" / "__init__.py").write_text("")
+    warning = shadowing_copy(str(tmp_path))
+    assert warning is not None and str(tmp_path / "quantreg") in warning and "python -m vllm" in warning
+    this_copy = Path(quantreg.__file__).resolve().parent.parent
+    assert shadowing_copy(str(this_copy)) is None  # the copy in use is not a shadow of itself
