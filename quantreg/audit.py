@@ -198,8 +198,9 @@ def _warn_once(target: str, why: str) -> None:
     if target in _warned:
         return
     _warned.add(target)
+    # printable: the path comes from the environment; a newline in it would forge a second log line
     logger.warning("quantreg: decisions trail %s (%s) is not recorded by pid %d: %s",
-                   target, DECISIONS_ENV, os.getpid(), why)
+                   printable(target), DECISIONS_ENV, os.getpid(), printable(why))
 
 
 # -- reading a trail back -------------------------------------------------------------------

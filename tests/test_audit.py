@@ -244,3 +244,13 @@ def test_trail_is_strict_json_with_one_time_format(tmp_path: Path) -> None:
     assert audit.utc_time(0).endswith("Z") and audit.utc_time(0) == "1970-01-01T00:00:00.000Z"
     text = summary.render()
     assert "\x1b" not in text and r"Worker\x1b[31mRED" in text
+
+
+def test_a_trail_path_with_a_newline_cannot_forge_a_log_line(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    target = tmp_path / "no-such-dir" / "x\nquantreg: FORGED line.jsonl"
+    audit._warned.discard(str(target))
+    with caplog.at_level("WARNING", logger="vllm.quantreg.audit"):
+        assert audit.append_record({"event": "verify"}, path=target) is False
+    [message] = [r.getMessage() for r in caplog.records if r.name == "vllm.quantreg.audit"]
+    assert "\n" not in message and "x\\nquantreg: FORGED" in message
