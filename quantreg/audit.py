@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import multiprocessing
 import os
 import sys
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .problems import printable
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -71,14 +74,50 @@ def decisions_path(env: Mapping[str, str] | None = None) -> str | None:
     return value or None
 
 
+def utc_time(now: float | None = None) -> str:
+    """The trail's one time format: ISO-8601 UTC with milliseconds (``2026-12-01T21:55:00.123Z``)."""
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def read_time(value: Any) -> str:
+    """A trail line's ``time`` as :func:`utc_time` text; old trails wrote a Unix float (read too)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        try:
+            return utc_time(float(value))
+        except (OverflowError, OSError, ValueError):
+            return str(value)
+    return str(value) if value is not None else ""
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its name (``"inf"``, ``"-inf"``, ``"nan"``).
+
+    Why: Python's ``json`` writes bare ``NaN``/``Infinity``, which is not JSON (``jq`` rejects the
+    line); a verify error is infinite exactly when a kernel's output is not finite.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def encode_line(record: Mapping[str, Any]) -> bytes:
+    """One strict-JSON trail line (ASCII, ``\n``-terminated)."""
+    text = json.dumps(strict_json(record), ensure_ascii=True, separators=(",", ":"), default=str, allow_nan=False)
+    return (text + "\n").encode("ascii")
+
+
 def line_for(
     decision: Decision, *, role: str, layer_count: int, strict: bool, fingerprint: str,
     now: float | None = None,
 ) -> bytes:
     """One trail line (JSON + ``\\n``) for ``decision``; kept separate so tests can read it."""
-    stamp = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
     record = {
-        "time": stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "time": utc_time(now),
         "pid": os.getpid(),
         "role": role,
         "key": dict(decision.key._asdict()),
@@ -90,7 +129,7 @@ def line_for(
         "fallback": decision.fallback,
     }
     # ensure_ascii: one byte per character outside strings' escapes, so no multi-byte surprises.
-    return (json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+    return encode_line(record)
 
 
 def record(
@@ -129,8 +168,7 @@ def append_record(record: Mapping[str, Any], path: str | os.PathLike[str] | None
         target = os.fspath(path) if path is not None else decisions_path()
         if not target:
             return False
-        data = (json.dumps(dict(record), ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode("ascii")
-        return _append(target, data)
+        return _append(target, encode_line(record))
     except Exception as exc:  # best effort, like record()
         _warn_once(str(path), f"{type(exc).__name__}: {exc}")
         return False
@@ -160,8 +198,9 @@ def _warn_once(target: str, why: str) -> None:
     if target in _warned:
         return
     _warned.add(target)
+    # printable: the path comes from the environment; a newline in it would forge a second log line
     logger.warning("quantreg: decisions trail %s (%s) is not recorded by pid %d: %s",
-                   target, DECISIONS_ENV, os.getpid(), why)
+                   printable(target), DECISIONS_ENV, os.getpid(), printable(why))
 
 
 # -- reading a trail back -------------------------------------------------------------------
@@ -184,6 +223,62 @@ class Choice:
 
 
 @dataclass
+class VerifiedLayer:
+    """The ``verify`` lines of one layer (prefix, method, against): what ``doctor`` prints per layer."""
+
+    prefix: str
+    method: str
+    against: str
+    tolerance: float | None = None
+    calls: int = 0
+    exceedances: int = 0
+    worst: float | None = None
+    pids: set[int] = field(default_factory=set)
+
+    def add(self, item: Mapping[str, Any]) -> None:
+        self.calls += 1
+        error = _number(item.get("error"))
+        tolerance = _number(item.get("tolerance"))
+        if tolerance is not None:
+            self.tolerance = tolerance
+        if item.get("ok") is False:
+            self.exceedances += 1
+        if error is not None and math.isnan(error):
+            error = math.inf  # an error that cannot be measured is the worst there is
+        if error is not None and (self.worst is None or error > self.worst):
+            self.worst = error
+        pid = item.get("pid")
+        if isinstance(pid, int):
+            self.pids.add(pid)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: strict_json(v) for k, v in {"prefix": self.prefix, "method": self.method, "against": self.against,
+                            "calls": self.calls, "exceedances": self.exceedances, "worst_error": self.worst,
+                            "tolerance": self.tolerance, "processes": len(self.pids)}.items()}
+
+    def render(self) -> str:
+        verdict = f"{self.exceedances} EXCEED" if self.exceedances else "all within"
+        return (f"  verify {printable(self.prefix)}: {printable(self.method)} vs {printable(self.against)}: "
+                f"{self.calls} call(s), {verdict}, worst error {_g(self.worst)}, tolerance {_g(self.tolerance)}")
+
+
+def _number(value: Any) -> float | None:
+    """A float from a trail value (``"inf"``/``"nan"`` as written by :func:`strict_json` too)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+        return float(value)
+    return None
+
+
+def _g(value: float | None) -> str:
+    """A float for the terminal: 4 significant digits."""
+    return "?" if value is None else f"{value:.4g}"
+
+
+@dataclass
 class Summary:
     """The trail per key, the disagreements found, and lines that could not be read."""
 
@@ -193,10 +288,15 @@ class Summary:
     disagreements: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)  # other lines by "event" (verify: comparisons)
+    verified: dict[tuple[str, str, str], VerifiedLayer] = field(default_factory=dict)
+
+    @property
+    def exceedances(self) -> int:
+        return sum(v.exceedances for v in self.verified.values())
 
     @property
     def ok(self) -> bool:
-        return not self.disagreements and not self.problems
+        return not self.disagreements and not self.problems and not self.exceedances
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -207,19 +307,26 @@ class Summary:
             "disagreements": list(self.disagreements),
             "problems": list(self.problems),
             "events": dict(self.events),
+            "verified": [v.to_json() for v in self.verified.values()],
+            "exceedances": self.exceedances,
             "ok": self.ok,
         }
 
     def render(self) -> str:
         procs = len({c.pid for cs in self.keys.values() for c in cs})
-        out = [f"decisions {self.path}: {self.lines} line(s), {len(self.keys)} key(s), {procs} process(es)"]
+        out = [f"decisions {printable(self.path)}: {self.lines} line(s), {len(self.keys)} key(s), "
+               f"{procs} process(es)"]
         for key, choices in self.keys.items():
-            out.append(f"  {key}")
+            out.append(f"  {printable(key)}")
             for c in choices:
-                out.append(f"    {c.method:<18} {c.role} pid {c.pid}  [{c.rule or 'no rule'}]  "
-                           f"layers {c.layers}  fingerprint {c.fingerprint}{'  strict' if c.strict else ''}")
-        out += [f"DISAGREE: {d}" for d in self.disagreements]
-        out += [f"warning: {p}" for p in self.problems]
+                out.append(f"    {printable(c.method):<18} {printable(c.role)} pid {c.pid}  "
+                           f"[{printable(c.rule or 'no rule')}]  layers {c.layers}  fingerprint "
+                           f"{printable(c.fingerprint)}  {printable(c.time)}{'  strict' if c.strict else ''}")
+        out += [v.render() for v in self.verified.values()]
+        out += [f"DISAGREE: {printable(d)}" for d in self.disagreements]
+        out += [f"warning: {printable(p)}" for p in self.problems]
+        if self.exceedances:
+            out.append(f"VERIFY: {self.exceedances} comparison(s) exceeded their tolerance")
         if self.ok:
             out.append("all processes agree")
         return "\n".join(out)
@@ -250,6 +357,7 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()
     per_key: dict[str, dict[int, Choice]] = {}
+    summary.lines = len(raw_lines)
     for number, raw in enumerate(raw_lines, 1):
         if not raw.strip():
             continue
@@ -260,14 +368,13 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
                 raise ValueError("not a JSON object")
             if item.get("event") is not None:  # e.g. a verify: comparison; not a decision
                 summary.events[str(item["event"])] = summary.events.get(str(item["event"]), 0) + 1
-                if item.get("event") == "verify" and item.get("ok") is False:
-                    summary.problems.append(f"{where}:{number}: verify: {item.get('prefix')} {item.get('method')} "
-                                            f"vs {item.get('against')}: error {item.get('error')} exceeds "
-                                            f"tolerance {item.get('tolerance')}")
+                if item.get("event") == "verify":
+                    layer = (str(item.get("prefix")), str(item.get("method")), str(item.get("against")))
+                    summary.verified.setdefault(layer, VerifiedLayer(*layer)).add(item)
                 continue
             choice = Choice(int(item["pid"]), str(item.get("role", "?")), str(item["method"]),
                             item.get("rule"), str(item.get("fingerprint", "")), int(item.get("layers", 0)),
-                            bool(item.get("strict", False)), str(item.get("time", "")))
+                            bool(item.get("strict", False)), read_time(item.get("time")))
             key = _key_text(item["key"])
         except (ValueError, KeyError, TypeError) as exc:
             if last and not complete:
@@ -276,7 +383,6 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
             else:
                 summary.problems.append(f"{where}:{number}: not a decision line ({exc})")
             continue
-        summary.lines += 1
         per_key.setdefault(key, {})[choice.pid] = choice
     for key, by_pid in per_key.items():
         choices = sorted(by_pid.values(), key=lambda c: c.pid)

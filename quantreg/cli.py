@@ -1,7 +1,8 @@
 """The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, plan, tiny-model, schema,
 check-method, demo.
 
-Every command takes ``--json`` and ``--config FILE`` (repeatable, the ``run`` layer). Faults
+Every command takes ``--json``; those that answer from the tables take ``--config FILE``
+(repeatable, the ``run`` layer; a named file that does not exist is an error, exit 2). Faults
 are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a traceback
 reaching the user is a bug.
 
@@ -29,7 +30,7 @@ from .builtin import default_table_path
 from .decision import Decision, rule_json
 from .keys import Key
 from .loading import config_paths, load_tables
-from .problems import printable
+from .problems import printable, problem_json
 from .registry import Registry
 from .table import cache as tablecache
 from .table.file import Layer
@@ -157,7 +158,54 @@ def cmd_explain(args: argparse.Namespace) -> int:
     with _plugin_output_to_stderr():  # resolving runs probes
         decision = registry.resolve(Key(args.quant_format, args.model_type, args.device))
     data, text = _with_vllm_limitation(registry, decision, decision.to_json(), decision.render())
-    return _answer(args, registry, data, [text], decision)
+    named = _key_warnings(registry, decision.key)
+    for warning in named:
+        print(f"warning: {warning}", file=sys.stderr)
+    return _answer(args, registry, {**data, "key_warnings": named}, [text], decision)
+
+
+def _known_names(registry: Registry, layers: Sequence[Layer] | None = None) -> tuple[set[str], set[str]]:
+    """Quant formats and devices the loaded tables (of ``layers``, default all) and methods name."""
+    formats: set[str] = set()
+    devices = {d for m in registry.methods.values() for d in m.devices}
+    for table in registry.tables:
+        if layers is not None and table.layer not in layers:
+            continue
+        for rule in table.rules:
+            formats.update(rule.match.quant_format or ())
+            devices.update(rule.match.device or ())
+    return formats, devices
+
+
+def _key_warnings(registry: Registry, key: Key) -> list[str]:
+    """Did-you-mean warnings for a key part vLLM never uses (:mod:`quantreg.vllm.names`)."""
+    from .vllm.names import key_warnings
+
+    formats, devices = _known_names(registry)
+    return key_warnings(key, formats, devices)
+
+
+def _match_warnings(registry: Registry, tables: Sequence[Any]) -> list[str]:
+    """Located warnings for match values of ``tables`` that vLLM never puts in a key (not errors: a
+    plugin's platform may use a name quantreg does not know)."""
+    from .vllm.names import device_warning, format_warning
+
+    formats, devices = _known_names(registry, (Layer.PLUGIN, Layer.DEFAULT))
+    out = []
+    for table in tables:
+        for rule in table.rules:
+            model_types = rule.match.model_type or (None,)
+            for value in rule.match.quant_format or ():
+                for model_type in model_types:
+                    why = format_warning(value, model_type, formats)
+                    if why:
+                        out.append(f"{printable(rule.path)}:{rule.line}: match.quant_format: {why}")
+                        break
+            for value in rule.match.device or ():
+                why = device_warning(value, devices)
+                if why:
+                    out.append(f"{printable(rule.path)}:{rule.line}: match.device: {why}")
+    return out
 
 
 def _with_vllm_limitation(registry: Registry, decision: Decision, data: dict[str, Any], text: str
@@ -189,15 +237,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     registry = _registry(args)
     if args.files:
-        _, _, problems = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
-        faults = [str(p) for p in problems]
+        tables, _, found = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
+        problems: list[Any] = list(found)
         checked = list(args.files)
     else:
-        faults = [str(f) for f in registry.faults]
+        tables = [t for t in registry.tables if t.layer not in (Layer.PLUGIN, Layer.DEFAULT)]
+        problems = list(registry.faults)
         checked = [t.path for t in registry.tables]
+    faults = [str(p) for p in problems]
+    warnings = _match_warnings(registry, tables)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
-    _emit(args, {"ok": not faults, "problems": faults, "files": checked}, text)
+    _emit(args, {"ok": not faults, "files": checked, "warnings": warnings, **envelope(registry, args, problems)},
+          text)
     return 1 if faults else 0
+
+
+def envelope(registry: Registry, args: argparse.Namespace, problems: Sequence[Any] | None = None
+             ) -> dict[str, Any]:
+    """The ``--json`` envelope of ``validate``, ``plan`` and ``check-method``: ``problems`` as objects
+    ``{path, line, key, message, text}`` (:func:`problem_json`), ``left_out``, ``vllm_would_refuse``."""
+    shown = list(registry.faults) if problems is None else list(problems)
+    return {"problems": [problem_json(p) for p in shown], "left_out": _left_out(registry, args),
+            "vllm_would_refuse": _refusal(registry)}
+
+
+FINGERPRINT_COVERS = ("plugins, QUANTREG_CONFIG and --config tables; a run's additional_config tables count "
+                      "only when given here as --config")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -231,6 +298,8 @@ def _doctor(args: argparse.Namespace) -> int:
     kernel = cpu_mxfp4_kernel()
     untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
     warnings += [untested] if untested else []
+    shadow = environment.shadowing_copy()
+    warnings += [shadow] if shadow else []
     data: dict[str, Any] = {
         "versions": {n: environment.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
         | {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None},
@@ -241,6 +310,7 @@ def _doctor(args: argparse.Namespace) -> int:
         "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
         "fingerprint": registry.fingerprint(),
         "vllm_cpu_mxfp4_kernel": kernel.as_json(),
+        "fingerprint_covers": FINGERPRINT_COVERS,
         "strict": mode.strict,
         "vllm_tested_range": {"range": versions.TESTED, "releases": list(versions.TESTED_RELEASES),
                               "inside": None if not vllm else untested is None},
@@ -256,7 +326,7 @@ def _doctor(args: argparse.Namespace) -> int:
     lines += _left_out_lines(_left_out(registry, args))
     lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}"
               + ("; amd-quark is installed, so vLLM's emulation backend can serve MXFP4" if kernel.emulation else "")]
-    lines += [f"fingerprint: {data['fingerprint']}", f"mode: {mode}"]
+    lines += [f"fingerprint: {data['fingerprint']} ({FINGERPRINT_COVERS})", f"mode: {mode}"]
     if vllm and not untested:
         lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
                      f"(tested: {', '.join(versions.TESTED_RELEASES)})")
@@ -269,9 +339,9 @@ def _doctor(args: argparse.Namespace) -> int:
 def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> int:
     """``doctor --decisions FILE.jsonl``: summarise a ``QUANTREG_DECISIONS`` trail into ``data``/``lines``.
 
-    Exit 1 when processes disagree (same key, different method or table fingerprint): that is
-    the failure the trail exists to catch. Unreadable or cut-short lines are only warnings (a
-    writer may still be appending the last one).
+    Exit 1 when processes disagree (same key, different method or table fingerprint) or any
+    ``verify:`` comparison exceeded its tolerance: those are the failures the trail exists to
+    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending).
     """
     if not args.decisions:
         return 0
@@ -280,14 +350,15 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
     summary = summarise(args.decisions)
     data["decisions"] = summary.to_json()
     lines.append(summary.render())
-    return 1 if summary.disagreements else 0
+    return 1 if summary.disagreements or summary.exceedances else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .plan import plan_command
 
     return plan_command(args.model_dir, args.device, args.config, args.json,
-                        use_vllm=False if args.no_vllm else None)
+                        use_vllm=False if args.no_vllm else None,
+                        envelope=lambda registry, problems: envelope(registry, args, problems))
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
@@ -316,35 +387,56 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
-    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json)
+    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,
+                                envelope=lambda registry: envelope(registry, args))
+
+
+DESCRIPTION = ("Decide which Mixture-of-Experts quantization method vLLM runs for each (quant format, model "
+               "type, device) key, and check the tables that decide it.")
+EXPLAIN_EPILOG = """examples:
+  quantreg explain gpt_oss_mxfp4 gpt_oss cpu
+  quantreg explain fp8 deepseek_v3 cuda --config my-table.yaml
+
+The key is vLLM's: the quant format is vLLM's quantization method name (gpt_oss_mxfp4, not the
+checkpoint's "mxfp4"), the device vLLM's device type (cuda, cpu, hpu, xpu, ...).
+`quantreg plan MODEL_DIR` prints the exact key of a local checkpoint."""
+#: Commands whose answer depends on the rule tables: only these take ``--config``.
+NO_TABLES = ("tiny-model", "schema", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="machine-readable output")
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true", help="machine-readable output")
+    common = argparse.ArgumentParser(add_help=False, parents=[json_flag])
     common.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="extra rule table (run layer, beats QUANTREG_CONFIG); repeatable")
-    parser = argparse.ArgumentParser(prog="quantreg", description=__doc__.splitlines()[0])
+                        help="extra rule table (run layer, beats QUANTREG_CONFIG); repeatable; a missing FILE "
+                             "is an error")
+    parser = argparse.ArgumentParser(prog="quantreg", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"quantreg {environment.dist_version('quantreg')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=help, description=help)
-        p.set_defaults(func=func)
+    def add(name: str, func: Callable[[argparse.Namespace], int], help: str, **extra: Any
+            ) -> argparse.ArgumentParser:
+        parent = json_flag if name in NO_TABLES else common
+        p = sub.add_parser(name, parents=[parent], help=help, description=help, **extra)
+        p.set_defaults(func=func, **({"config": []} if name in NO_TABLES else {}))
         return p
 
     p = add("list", cmd_list, "registered methods and whether they can run here")
     p.add_argument("--device", help="device to check availability for (default: guessed without importing vLLM)")
     add("plugins", cmd_plugins, "discovered plugins, loaded or not, and why")
     add("rules", cmd_rules, "the effective rule table with each rule's file:line and layer")
-    p = add("explain", cmd_explain, "which method a key gets, and why")
-    p.add_argument("quant_format")
-    p.add_argument("model_type")
-    p.add_argument("device")
+    p = add("explain", cmd_explain, "which method a key gets, and why", epilog=EXPLAIN_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("quant_format", help="vLLM's quant format name, e.g. gpt_oss_mxfp4, fp8, compressed-tensors")
+    p.add_argument("model_type", help="the model type of config.json, e.g. gpt_oss, deepseek_v3, mixtral")
+    p.add_argument("device", help="vLLM's device type, e.g. cpu, cuda, hpu, xpu")
     p = add("validate", cmd_validate, "check tables; exit 1 and print FILE:LINE: problems if any")
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
     p.add_argument("--decisions", metavar="FILE.jsonl",
-                   help="summarise a QUANTREG_DECISIONS trail; exit 1 if processes disagree")
+                   help="summarise a QUANTREG_DECISIONS trail (one line per verified layer); exit 1 if processes "
+                        "disagree or a verify: comparison exceeded its tolerance")
     p = add("plan", cmd_plan, "what every MoE layer of a local checkpoint gets per device, without starting vLLM")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--device", action="append", default=[], help="device to plan for (repeatable; default: guessed)")
@@ -369,8 +461,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_config(paths: Sequence[str]) -> str | None:
+    """One error line for the first ``--config FILE`` that is not a file: the user named it, so a
+    start-up (and this command) must not carry on as if it were an empty table."""
+    for path in paths:
+        if not os.path.exists(path):
+            return f"quantreg: error: --config {printable(os.fspath(path))}: no such file"
+        if not os.path.isfile(path):
+            return f"quantreg: error: --config {printable(os.fspath(path))}: not a regular file"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    missing = missing_config(args.config)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
     try:
         result: int = args.func(args)
     except KeyboardInterrupt:

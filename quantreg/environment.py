@@ -131,3 +131,22 @@ def startup_hook_status(env: dict[str, str] | None = None) -> tuple[bool, str]:
     if allowed is not None and HOOK_NAME not in [p.strip() for p in allowed.split(",")]:
         return False, f"installed ({eps[0].value}) but VLLM_PLUGINS={allowed!r} filters it out"
     return True, f"installed: {eps[0].value} in {VLLM_PLUGIN_GROUP}"
+
+
+def shadowing_copy(cwd: str | None = None) -> str | None:
+    """A warning when ``python -m ...`` run from ``cwd`` would import another ``quantreg`` than this one.
+
+    Why: ``python -m vllm.entrypoints...`` puts the current directory first on ``sys.path``, so a
+    source tree's ``./quantreg`` shadows the installed package there, while the ``quantreg``
+    command imports the installed one: two copies, two answers (and two fingerprints).
+    """
+    here = os.path.abspath(cwd or os.getcwd())
+    candidate = os.path.join(here, "quantreg", "__init__.py")
+    if not os.path.isfile(candidate):
+        return None
+    this = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    other = os.path.realpath(os.path.dirname(candidate))
+    if this == other:
+        return None
+    return (f"the current directory holds another quantreg ({other}); `python -m vllm...` started here imports "
+            f"that copy, not this one ({this}): run vLLM from another directory, or install this tree")

@@ -164,7 +164,30 @@ def load_tables(
         problems += ambiguity_problems(pairs)
         bad = {r.path for pair in pairs for r in pair}
         tables = [t for t in tables if t.path not in bad]
-    return tables, headers, problems
+    problems += reference_problems(headers, {t.path for t in parsed}, known)
+    return tables, headers, by_line(problems)
+
+
+def reference_problems(headers: Sequence[TableHeader], valid: set[str], known: Mapping[str, Method]
+                       ) -> list[Problem]:
+    """The name and reference checks for files left out for other problems (their readable rules),
+    so a file's every problem is reported in one pass; its own ``methods:`` count as known."""
+    problems: list[Problem] = []
+    for header in headers:
+        if header.path in valid or not header.references:
+            continue
+        own = {name: Method(name=name, target="", plugin=f"table {header.path}") for name in header.own_methods}
+        table = TableFile(header.path, header.layer, header.references)
+        problems += method_problems(table, {**known, **own}) + verify_problems(table, {**known, **own})
+    return problems
+
+
+def by_line(problems: Sequence[Problem]) -> list[Problem]:
+    """Problems grouped by file (in the order files first appear), each file's sorted by line."""
+    order: dict[str, int] = {}
+    for problem in problems:
+        order.setdefault(problem.path, len(order))
+    return sorted(problems, key=lambda p: (order[p.path], p.line if p.line is not None else 0))
 
 
 def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -405,12 +405,13 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
     for device, d in data["devices"].items():
         lines.append(f"{device:<9} {d['method']} [{d['rule']}]  experts hold {_human(d['expert_bytes'])}")
         lines += [f"  warning {w}" for w in d["warnings"]]
-    lines += [f"problem   {p}" for p in data["problems"]]
+    lines += [f"problem   {p['text'] if isinstance(p, Mapping) else p}" for p in data["problems"]]
     return "\n".join(lines)
 
 
 def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool,
-                 use_vllm: bool | None = None) -> int:
+                 use_vllm: bool | None = None,
+                 envelope: Callable[[Any, Sequence[str]], Mapping[str, Any]] | None = None) -> int:
     """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all.
 
     ``use_vllm=None`` asks vLLM's quant config classes when vLLM is installed (imports vLLM and
@@ -421,5 +422,13 @@ def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], 
 
     registry = Registry.build(config=config)
     data = plan(model_dir, list(devices) or [guess_device()], registry, use_vllm=use_vllm)
-    print(json.dumps(data, indent=2, default=str) if as_json else render(data, model_dir))
-    return 1 if not data["key"]["model_type"] or data["key"]["model_type"] == "unknown" else 0
+    unreadable = not data["key"]["model_type"] or data["key"]["model_type"] == "unknown"
+    if envelope is not None:  # the CLI's --json envelope: problems as objects, left_out, vllm_would_refuse
+        data = {**data, **envelope(registry, data["problems"])}
+    if as_json:
+        print(json.dumps(data, indent=2, default=str))
+    elif unreadable:  # no checkpoint to describe: only why (no "0 MoE layer(s) [none], None experts")
+        print("\n".join(f"problem   {p['text'] if isinstance(p, Mapping) else p}" for p in data["problems"]))
+    else:
+        print(render(data, model_dir))
+    return 1 if unreadable else 0

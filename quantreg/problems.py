@@ -122,3 +122,32 @@ def type_name(value: object) -> str:
         if isinstance(value, kind):
             return word
     return type(value).__name__
+
+
+_LOCATED = re.compile(r"^(?P<path>[^\n]*?):(?P<line>\d+): (?P<message>.*)$", re.S)
+_PATHED = re.compile(r"^(?P<path>[^\s:][^\n]*?): (?P<message>.*)$", re.S)
+
+
+def problem_json(fault: object) -> dict[str, object]:
+    """A problem as the ``--json`` envelope's object: ``{path, line, key, message, text}``.
+
+    ``text`` is the one-line form the terminal shows (what consumers of the older string lists read).
+    A :class:`Problem` gives its fields; anything else (a plugin failure, a checkpoint problem kept
+    as ``PATH[:LINE]: message`` text) is split at its location prefix, or kept whole as the message.
+    """
+    if isinstance(fault, Problem):
+        return {"path": fault.path, "line": fault.line, "key": fault.key, "message": fault.message,
+                "text": str(fault)}
+    text = str(fault)
+    plugin = getattr(fault, "plugin", None)
+    if plugin is not None:
+        return {"path": None, "line": None, "key": str(getattr(fault, "hook", "") or ""),
+                "message": str(getattr(fault, "message", text)), "plugin": str(plugin), "text": text}
+    found = _LOCATED.match(text)
+    if found:
+        return {"path": found["path"], "line": int(found["line"]), "key": "", "message": found["message"],
+                "text": text}
+    found = _PATHED.match(text)
+    if found and ("/" in found["path"] or "." in found["path"]):
+        return {"path": found["path"], "line": None, "key": "", "message": found["message"], "text": text}
+    return {"path": None, "line": None, "key": "", "message": text, "text": text}

@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from .decision import Candidate, ChainStep, Decision, rule_json, why_lost, why_won
 from .index import Index
@@ -22,7 +23,7 @@ from .methods import VLLM_METHOD, Availability, Method
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
 from .problems import Problem
-from .table.file import TableFile, TableHeader
+from .table.file import Rule, TableFile, TableHeader
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -141,10 +142,27 @@ class Registry:
         return m.plugin if m is not None else ""
 
     def fingerprint(self) -> str:
-        """Hash of the effective rules and the plugins that made them, to compare processes."""
+        """Hash of the effective rules and the plugins that made them, to compare processes and nodes.
+
+        Content, not install paths: each table is named by :mod:`quantreg.table.identity`
+        (``DIST:relative/path`` for a packaged table, ``LAYER#N`` for the others), so two installs
+        at different paths, or one table kept at two paths, give one fingerprint.
+        """
+        from .table.identity import table_names
+
+        names = table_names([(t.path, str(t.layer)) for t in self.tables])
+
+        def named(rule: Rule) -> dict[str, Any]:
+            data = rule_json(rule)
+            data["path"] = names.get(rule.path, rule.path)
+            return data
+
+        def plugin(name: str) -> str:  # a table's ``methods:`` entries belong to "table PATH"
+            return f"table {names.get(name[6:], name[6:])}" if name.startswith("table ") else name
+
         payload = {
-            "rules": [rule_json(r) for r in self.index.rules],
-            "methods": sorted((m.name, m.target, m.plugin) for m in self.methods.values()),
+            "rules": [named(r) for r in self.index.rules],
+            "methods": sorted((m.name, m.target, plugin(m.plugin)) for m in self.methods.values()),
             "plugins": sorted((p.name, p.distribution, p.version, p.status) for p in self.plugins.infos),
         }
         blob = json.dumps(payload, sort_keys=True, default=str).encode()

@@ -155,13 +155,13 @@ def test_summarise_tolerates_a_truncated_last_line(tmp_path: Path) -> None:
     trail = tmp_path / "d.jsonl"
     _write_lines(trail, [_item(10, "EngineCore", "vllm"), _item(11, "Worker", "vllm")], tail=b'{"time": "2026-')
     summary = audit.summarise(trail)
-    assert summary.lines == 2 and not summary.disagreements
+    assert summary.lines == 3 and not summary.disagreements  # every line of the file counts, the cut one too
     assert summary.problems == [f"{trail}:3: last line is cut short (a writer was stopped mid-line or is still "
                                 "writing); ignored"]
     garbage = tmp_path / "g.jsonl"
     garbage.write_bytes(b"not json\n" + json.dumps(_item(1, "Worker", "vllm")).encode() + b"\n")
     found = audit.summarise(garbage)
-    assert found.lines == 1 and found.problems[0].startswith(f"{garbage}:1: not a decision line")
+    assert found.lines == 2 and found.problems[0].startswith(f"{garbage}:1: not a decision line")
 
 
 def test_summarise_missing_file_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
@@ -181,6 +181,76 @@ def test_verify_lines_share_the_trail_without_counting_as_decisions(tmp_path: Pa
     assert audit.append_record({**line, "ok": True}, path=trail)
     assert audit.append_record({**line, "call": 2, "error": 0.5, "ok": False}, path=trail)
     summary = audit.summarise(trail)
-    assert summary.lines == 0 and summary.keys == {} and summary.disagreements == []
-    assert summary.events == {"verify": 2}
-    assert len(summary.problems) == 1 and "exceeds tolerance 0.02" in summary.problems[0]
+    assert summary.lines == 2 and summary.keys == {} and summary.disagreements == []
+    assert summary.events == {"verify": 2} and summary.exceedances == 1 and not summary.ok
+    assert "1 EXCEED, worst error 0.5, tolerance 0.02" in summary.render()
+
+
+def _verify(pid: int, layer: int, call: int, error: object, ok: bool) -> dict[str, object]:
+    return {"event": "verify", "time": "2026-12-01T00:00:00.000Z", "pid": pid,
+            "prefix": f"model.layers.{layer}.mlp.experts",
+            "key": {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss", "device": "cpu"},
+            "method": "nibbles_swapped", "against": "mxfp4_reference", "phase": "live", "call": call,
+            "error": error, "tolerance": 0.02, "ok": ok}
+
+
+def test_doctor_decisions_one_line_per_verified_layer_and_exit_1_on_exceedance(tmp_path: Path) -> None:
+    """9 lines: 2 decisions, 7 verify lines over two layers (one of them exceeding 3 times): the
+    summary counts 9 lines, prints one line per layer with rounded floats, and doctor exits 1."""
+    import argparse
+
+    from quantreg.cli import _doctor_decisions
+
+    trail = tmp_path / "d.jsonl"
+    items = [_item(10, "EngineCore", "nibbles_swapped"), _item(11, "Worker_TP0", "nibbles_swapped")]
+    items += [_verify(11, 0, c, 0.001234567891, True) for c in (1, 2, 3, 4)]
+    items += [_verify(11, 1, c, e, False) for c, e in ((1, 0.123456789), (2, 0.31415926535), (3, 0.2))]
+    _write_lines(trail, items)
+    assert len(trail.read_text().splitlines()) == 9
+    data: dict[str, object] = {}
+    lines: list[str] = []
+    assert _doctor_decisions(argparse.Namespace(decisions=str(trail)), data, lines) == 1
+    text = "\n".join(lines)
+    assert f"decisions {trail}: 9 line(s), 1 key(s), 2 process(es)" in text
+    assert ("  verify model.layers.0.mlp.experts: nibbles_swapped vs mxfp4_reference: 4 call(s), all within, "
+            "worst error 0.001235, tolerance 0.02") in text
+    assert ("  verify model.layers.1.mlp.experts: nibbles_swapped vs mxfp4_reference: 3 call(s), 3 EXCEED, "
+            "worst error 0.3142, tolerance 0.02") in text
+    assert "0.31415926535" not in text and "VERIFY: 3 comparison(s) exceeded their tolerance" in text
+    layers = data["decisions"]["verified"]  # type: ignore[index]
+    assert [(v["prefix"], v["calls"], v["exceedances"]) for v in layers] == [
+        ("model.layers.0.mlp.experts", 4, 0), ("model.layers.1.mlp.experts", 3, 3)]
+    within = tmp_path / "ok.jsonl"
+    _write_lines(within, items[:6])
+    assert _doctor_decisions(argparse.Namespace(decisions=str(within)), {}, []) == 0
+
+
+def test_trail_is_strict_json_with_one_time_format(tmp_path: Path) -> None:
+    """A non-finite verify error is written as a string (``jq`` reads the trail); times are ISO-8601
+    UTC with ms; the reader still takes an old trail's Unix float time; terminal output is escaped."""
+    trail = tmp_path / "d.jsonl"
+    assert audit.append_record(_verify(3, 0, 1, float("inf"), False), path=trail)
+    assert audit.append_record({**_verify(3, 0, 2, float("nan"), False), "extra": [float("-inf")]}, path=trail)
+    for raw in trail.read_text().splitlines():  # strict JSON: the standard parser without NaN/Infinity
+        json.loads(raw, parse_constant=lambda name: pytest.fail(f"bare {name} in the trail"))
+    first, second = (json.loads(raw) for raw in trail.read_text().splitlines())
+    assert (first["error"], second["error"], second["extra"]) == ("inf", "nan", ["-inf"])
+    assert "worst error inf" in audit.summarise(trail).render()
+    old = tmp_path / "old.jsonl"
+    _write_lines(old, [{**_item(5, "Worker\x1b[31mRED", "vllm"), "time": 1764547200.5}])
+    summary = audit.summarise(old)
+    [choice] = summary.keys["(gpt_oss_mxfp4, gpt_oss, cpu)"]
+    assert choice.time == "2025-12-01T00:00:00.500Z" == audit.read_time(1764547200.5)
+    assert audit.utc_time(0).endswith("Z") and audit.utc_time(0) == "1970-01-01T00:00:00.000Z"
+    text = summary.render()
+    assert "\x1b" not in text and r"Worker\x1b[31mRED" in text
+
+
+def test_a_trail_path_with_a_newline_cannot_forge_a_log_line(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    target = tmp_path / "no-such-dir" / "x\nquantreg: FORGED line.jsonl"
+    audit._warned.discard(str(target))
+    with caplog.at_level("WARNING", logger="vllm.quantreg.audit"):
+        assert audit.append_record({"event": "verify"}, path=target) is False
+    [message] = [r.getMessage() for r in caplog.records if r.name == "vllm.quantreg.audit"]
+    assert "\n" not in message and "x\\nquantreg: FORGED" in message

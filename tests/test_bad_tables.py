@@ -76,7 +76,7 @@ def test_all_bad_tables_at_once_report_every_file() -> None:
     data = json.loads(out.stdout)
     assert data["ok"] is False
     for name in names:
-        assert any(p.startswith(f"{BAD_TABLES / name}:") for p in data["problems"]), name
+        assert any(p["text"].startswith(f"{BAD_TABLES / name}:") for p in data["problems"]), name
 
 
 @pytest.mark.parametrize("kind", ["missing", "directory"])
@@ -102,9 +102,14 @@ def test_validate_json_for_a_bad_table() -> None:
     out = run_cli("validate", "--json", str(BAD_TABLES / "08_version_2.yaml"))
     assert out.returncode == 1
     data = json.loads(out.stdout)
-    assert data == {
+    path = str(BAD_TABLES / "08_version_2.yaml")
+    message = "unsupported schema version 2; this quantreg reads version 1"
+    assert data == {  # the envelope: problems as objects (with the terminal's text), left_out, vllm_would_refuse
         "ok": False,
-        "problems": [f"{BAD_TABLES / '08_version_2.yaml'}:2: version: unsupported schema version 2; "
-                     "this quantreg reads version 1"],
-        "files": [str(BAD_TABLES / "08_version_2.yaml")],
+        "problems": [{"path": path, "line": 2, "key": "version", "message": message,
+                      "text": f"{path}:2: version: {message}"}],
+        "files": [path],
+        "warnings": [],
+        "left_out": [],
+        "vllm_would_refuse": None,
     }

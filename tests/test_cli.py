@@ -280,6 +280,7 @@ def test_doctor(tables: dict[str, Path]) -> None:
     as_json, text, untested_json, amx_text, avx2_text = out.stdout.split(SEPARATOR + "\n")
     data = json.loads(as_json)
     assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
+                         "fingerprint_covers",
                          "strict", "vllm_tested_range", "findings", "warnings", "problems", "left_out",
                          "vllm_would_refuse", "vllm_cpu_mxfp4_kernel"}
     kernel = data["vllm_cpu_mxfp4_kernel"]
@@ -383,7 +384,12 @@ def test_tiny_model_then_plan(cli: Run, tmp_path: Path, table: Callable[[str, st
 def test_plan_of_a_directory_without_config_is_a_located_problem(cli: Run, tmp_path: Path) -> None:
     code, out, _ = cli("plan", str(tmp_path), "--device", "cpu", "--no-vllm", "--json")
     assert code == 1
-    assert f"{tmp_path / 'config.json'}: missing" in " ".join(json.loads(out)["problems"])
+    data = json.loads(out)
+    assert f"{tmp_path / 'config.json'}: missing" in " ".join(p["text"] for p in data["problems"])
+    assert data["problems"][0]["path"] == str(tmp_path / "config.json")
+    assert data["left_out"] == [] and data["vllm_would_refuse"] is None  # the documented envelope
+    code, out, _ = cli("plan", str(tmp_path), "--device", "cpu", "--no-vllm")
+    assert code == 1 and out.startswith("problem   ") and "MoE layer(s)" not in out  # only its error
 
 
 # -- the console script and argument errors ---------------------------------------------------
@@ -447,3 +453,44 @@ def test_doctor_shows_what_plugins_find_and_a_raising_hook_as_an_error(plugin_si
     assert any("qrt says: careful" in w for w in data["warnings"])
     assert not any("all is well" in w for w in data["warnings"])  # info is not a warning
     assert not any("HPU_MXFP4_NATIVE" in w for w in data["warnings"])  # no core special case for vllm-gaudi
+
+
+# -- CLI edges (issue 22 classes 4 and 7) ---------------------------------------------------------
+def test_version_and_a_top_level_help_in_whole_sentences(capsys: pytest.CaptureFixture[str]) -> None:
+    from quantreg import environment
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    version = f"quantreg {environment.dist_version('quantreg')}"
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == version
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    head = capsys.readouterr().out.split("positional arguments")[0]
+    description = " ".join(head.split("\n\n", 1)[1].split())
+    assert description.endswith(".") and "``" not in head and ":func:" not in head, head
+
+
+def test_explain_help_names_its_positionals_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    out = capsys.readouterr().out
+    for fragment in ("quant_format", "vLLM's quant format name", "model_type", "device", "vLLM's device type",
+                     "quantreg explain gpt_oss_mxfp4 gpt_oss cpu", "quantreg plan MODEL_DIR"):
+        assert fragment in out, fragment
+
+
+@pytest.mark.parametrize("command", [["list"], ["plugins"], ["rules"], ["explain", "fp8", "llama", "cpu"],
+                                     ["validate"], ["doctor"], ["plan", "."], ["check-method", "vllm"]])
+def test_a_named_missing_config_is_an_error_for_every_command(command: list[str], tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.yaml"
+    assert main([*command, "--config", str(missing)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"quantreg: error: --config {missing}: no such file\n"
+
+
+@pytest.mark.parametrize("command", [["schema"], ["tiny-model", "somewhere"], ["demo"]])
+def test_config_is_offered_only_where_tables_matter(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--config", "t.yaml"])
+    assert info.value.code == 2 and "unrecognized arguments: --config" in capsys.readouterr().err

@@ -53,8 +53,10 @@ def test_validate_json_reports_construction_faults(name: str) -> None:
     assert "Traceback" not in out.stderr
     data = json.loads(out.stdout)
     assert data["ok"] is False
-    assert_located_only(data["problems"], path)
-    assert any(p.startswith(f"{path}:{EXPECTED[name]['line']}: ") for p in data["problems"]), data["problems"]
+    texts = [p["text"] for p in data["problems"]]
+    assert_located_only(texts, path)
+    assert all(p["path"] == path and isinstance(p["line"], int) for p in data["problems"]), data["problems"]
+    assert any(p.startswith(f"{path}:{EXPECTED[name]['line']}: ") for p in texts), texts
 
 
 def test_lenient_register_survives_every_construction_fault() -> None:
@@ -193,7 +195,7 @@ def test_validate_exits_0_or_1_with_located_lines_on_random_bytes(tmp_path: Path
     assert out.returncode in (0, 1), out.stderr
     data = json.loads(out.stdout)
     for problem in data["problems"]:
-        assert any(problem.startswith(p + ":") for p in paths), problem
+        assert any(problem["text"].startswith(p + ":") for p in paths), problem
 
 
 # -- class 3: only regular files, never more than cap + 1 bytes, every path error located -----
@@ -219,9 +221,9 @@ def test_validate_and_register_do_not_hang_on_a_fifo_or_dev_zero(tmp_path: Path)
     out = run_cli("validate", "--json", paths["fifo"], paths["dev_zero"])
     assert out.returncode == 1
     data = json.loads(out.stdout)
-    assert sorted(data["problems"]) == sorted(f"{p}: is not a regular file ({w}); expected a YAML file"
-                                              for p, w in ((paths["fifo"], "a FIFO"),
-                                                           (paths["dev_zero"], "a character device")))
+    texts = sorted(p["text"] for p in data["problems"])
+    assert texts == sorted(f"{p}: is not a regular file ({w}); expected a YAML file"
+                           for p, w in ((paths["fifo"], "a FIFO"), (paths["dev_zero"], "a character device")))
 
 
 def test_lenient_register_does_not_hang_on_a_fifo_or_dev_zero(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ same thing. A file with any problem contributes no rules (nothing half-applied).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import re
@@ -87,6 +88,11 @@ class TableHeader:
     version: int | None = None
     strict: bool | None = None
     allow_import_targets: bool = False
+    references: tuple[Rule, ...] = ()
+    """Of a table left out for its problems: every rule whose method names could be read (with
+    placeholders for its broken keys), so the name and reference checks that need the registered
+    methods still run and a file's every problem arrives in one pass (issue 22 class 6)."""
+    own_methods: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,7 @@ class _Checker:
         self.path = path
         self.layer = layer
         self.problems: list[Problem] = []
+        self.references: list[Rule] = []
 
     def fail(self, line: int | None, key: str, message: str) -> None:
         self.problems.append(Problem(self.path, line, key, message))
@@ -169,6 +176,8 @@ class _Checker:
         readable = isinstance(version, int) and not isinstance(version, bool)
         header = TableHeader(self.path, self.layer, version if readable else None, strict, allow)
         if self.problems:
+            header = dataclasses.replace(header, references=tuple(self.references),
+                                         own_methods=tuple(m.name for m in methods))
             return None, header
         method_lines = MappingProxyType(dict(getattr(doc.get("methods"), "key_lines", {})))
         return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow, method_lines), header
@@ -205,8 +214,14 @@ class _Checker:
                                   # a broken match is reported already; do not add a float64 complaint to it
                                   match.quant_format if match is not None else FLOAT64_FORMATS)
         if len(self.problems) > before or match is None:
+            if methods:  # the name and reference checks still apply to what could be read
+                self.references.append(Rule(
+                    match=match or Match(), methods=methods, path=self.path, line=line, layer=self.layer,
+                    options=MappingProxyType(_plain(options) if isinstance(options, dict) else {}),
+                    method_lines=method_lines, options_line=key_lines.get("options"), where=where,
+                    verify=verify, verify_line=key_lines.get("verify")))
             return None
-        return Rule(
+        self.references.append(rule := Rule(
             match=match,
             methods=methods,
             path=self.path,
@@ -220,7 +235,8 @@ class _Checker:
             where=where,
             verify=verify,
             verify_line=key_lines.get("verify"),
-        )
+        ))
+        return rule
 
     def match(self, raw: Any, where: str, line: int, present: bool) -> Match | None:
         if not present:

@@ -7,8 +7,9 @@ vLLM before the checks need them.
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..methods import VLLM_METHOD, Method
@@ -87,7 +88,8 @@ def run_checks(
 
 
 def check_method_command(name: str, *, device: str | None = None, config: Sequence[str] = (),
-                         as_json: bool = False) -> int:
+                         as_json: bool = False,
+                         envelope: Callable[[Registry], Mapping[str, Any]] | None = None) -> int:
     """``quantreg check-method``: run the suite, print the table (or JSON), 0 if nothing failed.
 
     The run happens under :func:`~quantreg.testing.env.quiet_vllm`, so that stdout carries the
@@ -100,5 +102,8 @@ def check_method_command(name: str, *, device: str | None = None, config: Sequen
         print(f"warning: {fault}", file=sys.stderr)
     with quiet_vllm():
         report = run_checks(name, registry=registry, device=device or guess_device())
-    print(report.for_terminal(as_json=as_json))
+    if as_json and envelope is not None:  # the CLI's envelope: problems as objects, left_out, vllm_would_refuse
+        print(json.dumps({**report.to_json(), **envelope(registry)}, indent=2, default=str))
+    else:
+        print(report.for_terminal(as_json=as_json))
     return 0 if report.ok else 1

@@ -33,8 +33,9 @@ is printed inside vLLM's 80-line "WorkerProc failed to start." traceback (which 
 quantreg's ``raise`` line) and vLLM's generic "Engine core initialization failed" follows it.
 :func:`fail_strict` instead logs ONE ``quantreg (strict): ...`` ERROR line and raises
 ``SystemExit(1)``: ``run_engine_core`` handles ``SystemExit`` without a traceback
-(``v1/engine/core.py:1498``) and ``WorkerProc.worker_main`` catches only ``Exception``. In the
-driver or in-process use (``LLM(...)`` without multiprocessing, tests) it raises the
+(``v1/engine/core.py:1498``) and ``WorkerProc.worker_main`` catches only ``Exception``. The API server process itself
+(``python -m vllm.entrypoints.openai.api_server``, :func:`in_vllm_server`) ends the same way. In a
+library caller's process (``LLM(...)`` without multiprocessing, tests) it raises the
 ``QuantregError`` ``from None``: a library must not exit its caller.
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
 from types import FrameType
 from typing import Any, NoReturn
@@ -129,6 +131,27 @@ def in_vllm_child() -> bool:
     return any(name.startswith(CHILD_PREFIXES) for name in names)
 
 
+#: ``__main__`` modules of vLLM's own server processes (``python -m vllm.entrypoints.openai.api_server``,
+#: the ``vllm`` console script's ``vllm.entrypoints.cli.main``): a program, not a library caller.
+SERVER_MAINS = ("vllm.entrypoints.",)
+
+
+def in_vllm_server() -> bool:
+    """True in the process of vLLM's API server / CLI (its ``__main__`` is a vLLM entry point).
+
+    There a raise ends as a 25-line traceback with quantreg's message last (``register()`` runs
+    inside ``add_cli_args``); a user's script that builds ``LLM(...)`` is a library caller and gets
+    the exception instead.
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = str(getattr(spec, "name", "") or "")
+    if name.startswith(SERVER_MAINS):
+        return True
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return argv0 == "vllm"
+
+
 def strict_text(error: QuantregError) -> str:
     """The error as one ``quantreg (strict): ...`` line (several problems joined by ``; ``)."""
     text = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
@@ -138,9 +161,13 @@ def strict_text(error: QuantregError) -> str:
 
 
 def fail_strict(error: QuantregError) -> NoReturn:
-    """End start-up for ``error``: one ERROR line and ``SystemExit(1)`` in a vLLM child, else raise it."""
-    if in_vllm_child():
-        logger.error("%s", strict_text(error))
+    """End start-up for ``error``: one ERROR line and ``SystemExit(1)`` in a vLLM child or vLLM's own
+    server process, else (a library caller) raise it."""
+    if in_vllm_child() or in_vllm_server():
+        if logger.hasHandlers():
+            logger.error("%s", strict_text(error))
+        else:  # vLLM's log format is not set up yet (the API server's register() runs in add_cli_args)
+            print(f"ERROR {strict_text(error)}", file=sys.stderr)
         for handler in logging.getLogger("vllm").handlers:
             handler.flush()
         sys.stderr.flush()

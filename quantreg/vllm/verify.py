@@ -13,6 +13,11 @@ at three points:
   layer (a shallow copy with its own parameters) and only then lets the chosen method change the
   originals (repacking, prepacking, dequantising); the ``against`` method then processes the
   shadow. The cost is one copy of the packed weights per verified layer, logged at start-up;
+* at the end of ``process_weights_after_loading`` (both methods hold their processed weights,
+  vLLM has not yet reported the engine ready) a *load check* runs both methods on a synthetic
+  batch (:data:`LOAD_TOKENS` seeded tokens, router logits of the layer's width) through the real
+  weights: an exceedance there refuses the start in strict mode (one ``quantreg (strict): verify:``
+  line, :func:`quantreg.vllm.startup.fail_strict`) and is a WARNING before serving in lenient mode;
 * on a verified forward call (the first ``first`` calls, then one in ``every``) the ``against``
   method runs on the same input with the same routing (the chosen method's ``topk_ids`` /
   ``topk_weights`` when vLLM routed, the same router logits when the methods route inside), the
@@ -21,6 +26,13 @@ at three points:
 
 ``against: float64`` is the format's float64 definition (:mod:`quantreg.models.gpt_oss_moe`) on
 the shadow's packed weights, decoding only the experts a call routes to.
+
+**The verifying side is contained** (:meth:`VerifyingMethod._against_output`): whatever the
+``against`` method does -- raise (``SystemExit`` included), return ``None``, a wrongly shaped or
+non-finite tensor -- the chosen method's output is returned untouched and verification of that
+layer is turned off with one WARNING. Strict mode fails closed *at load* (the load check); on a
+live request nothing is raised in either mode (an ERROR line in strict), because a raise there would
+end the engine mid-request with a traceback. Only ``KeyboardInterrupt`` passes through.
 """
 
 from __future__ import annotations
@@ -28,7 +40,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +50,7 @@ from ..decision import Decision
 from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
-from ..problems import QuantregError
+from ..problems import QuantregError, printable
 from ..registry import get_registry
 from ..table.verify import FLOAT64, VerifySpec, layer_index, relative_error
 
@@ -64,25 +75,57 @@ class _Report:
         return f"quantreg verify: {self.prefix} {self.key}: {self.method} vs {self.against}"
 
     def result(self, call: int, error: float) -> None:
+        """One live comparison: INFO within tolerance, WARNING (ERROR in strict) beyond it; never raises."""
         ok = error <= self.spec.tolerance
-        _audit_line({"event": "verify", "time": time.time(), "pid": os.getpid(), "prefix": self.prefix,
-                     "key": dict(self.key._asdict()), "method": self.method, "against": self.against,
-                     "call": call, "error": error, "tolerance": self.spec.tolerance, "ok": ok})
-        text = (f"{self.head()}: call {call}: max|out-ref|/max|ref| = {error:.3g} "
+        self._record(call, error, ok, "live")
+        text = (f"{self.head()}: call {call}: max|out-ref|/max|ref| = {error:.4g} "
                 f"{'within' if ok else 'EXCEEDS'} tolerance {self.spec.tolerance:g}")
         if ok:
             logger.log(logging.INFO if call <= self.spec.first else logging.DEBUG, "%s", text)
-            return
-        logger.warning("%s", text)
-        if self.strict:
-            raise QuantregError(f"{text} (strict mode: refusing to serve a kernel that disagrees with {self.against})")
+        else:  # strict refused such a kernel at load; a raise here would end the engine mid-request
+            logger.log(logging.ERROR if self.strict else logging.WARNING, "%s", text)
 
-    def cannot(self, why: str) -> None:
-        """Verification of this layer is off (the chosen method still runs); strict mode refuses that."""
-        text = f"{self.head()}: cannot verify ({why}); {self.method} runs unverified"
+    def load_result(self, error: float, tokens: int) -> None:
+        """The load check: INFO within tolerance; beyond it a WARNING before serving, or (strict) the end."""
+        ok = error <= self.spec.tolerance
+        self._record(0, error, ok, "load")
+        text = (f"{self.head()}: load: max|out-ref|/max|ref| = {error:.4g} {'within' if ok else 'EXCEEDS'} "
+                f"tolerance {self.spec.tolerance:g} ({tokens} synthetic tokens through the loaded weights)")
+        if ok:
+            logger.info("%s", text)
+            return
         if self.strict:
-            raise QuantregError(f"{text} (strict mode)")
+            from .startup import fail_strict
+
+            fail_strict(QuantregError(
+                f"quantreg (strict): verify: {self.prefix} {self.key}: {self.method} vs {self.against}: error "
+                f"{error:.4g} on {tokens} synthetic tokens at load exceeds tolerance {self.spec.tolerance:g}; "
+                "refusing to start"))
         logger.warning("%s", text)
+
+    def _record(self, call: int, error: float, ok: bool, phase: str) -> None:
+        from ..audit import utc_time
+
+        _audit_line({"event": "verify", "time": utc_time(), "pid": os.getpid(), "prefix": self.prefix,
+                     "key": dict(self.key._asdict()), "method": self.method, "against": self.against,
+                     "phase": phase, "call": call, "error": error, "tolerance": self.spec.tolerance, "ok": ok})
+
+    def cannot(self, why: str, *, when: str = "load") -> None:
+        """Verification of this layer is off (the chosen method still runs).
+
+        Strict mode refuses that while the layer is built (``when="route"``: a ``QuantregError``
+        the seam's boundary passes on) or loaded (one line, :func:`fail_strict`); on a live request
+        (``when="live"``) it is an ERROR line, never a raise.
+        """
+        text = f"{self.head()}: cannot verify ({why}); {self.method} runs unverified"
+        if self.strict and when != "live":
+            error = QuantregError(f"quantreg (strict): verify: {printable(text.removeprefix('quantreg verify: '))}")
+            if when == "route":
+                raise error
+            from .startup import fail_strict
+
+            fail_strict(error)
+        logger.log(logging.ERROR if self.strict else logging.WARNING, "%s", printable(text))
 
 
 class _State:
@@ -143,6 +186,7 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
     def create_weights(self, layer: Any, *args: Any, **kwargs: Any) -> Any:
         result = self._quantreg_inner.create_weights(layer, *args, **kwargs)
         state, against = self._quantreg_state, self._quantreg_against
+        why = None
         try:
             if isinstance(against, Float64Reference):
                 state.reads = tuple(n for n in against.PARAMETERS if n in layer._parameters)
@@ -155,9 +199,13 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
                 state.extras = {k: v for k, v in scratch.__dict__.items()
                                 if k not in _MODULE_STATE and layer.__dict__.get(k, _MISSING) is not v}
                 _check_layout(scratch, layer)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: the verifying side never stops the layer
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
             state.active = False
-            self._quantreg_report.cannot(f"{type(exc).__name__}: {exc}")
+            self._quantreg_report.cannot(why)
         return result
 
     def process_weights_after_loading(self, layer: Any) -> None:
@@ -175,18 +223,68 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
         self._quantreg_inner.process_weights_after_loading(layer)
         if shadow is None:
             return
+        why = None
         try:
             if not isinstance(self._quantreg_against, Float64Reference):
                 self._quantreg_against.process_weights_after_loading(shadow)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            why = f"{type(exc).__name__} in its process_weights_after_loading: {exc}"
+        if why is not None:
             state.active = False
-            self._quantreg_report.cannot(f"{type(exc).__name__} in its process_weights_after_loading: {exc}")
+            self._quantreg_report.cannot(why)
             return
         state.shadow = shadow
         spec = self._quantreg_spec
-        logger.info("%s: verifying the first %d forward calls, then 1 in %d, tolerance %g; shadow copy of the "
-                    "loaded weights (%s): %.2f MiB", self._quantreg_report.head(), spec.first, spec.every,
+        logger.info("%s: verifying at load, the first %d forward calls, then 1 in %d, tolerance %g; shadow copy "
+                    "of the loaded weights (%s): %.2f MiB", self._quantreg_report.head(), spec.first, spec.every,
                     spec.tolerance, ", ".join(state.reads), copied / 2**20)
+        self._load_check(layer)
+
+    def _load_check(self, layer: Any) -> None:
+        """Both methods on a seeded synthetic batch through the loaded weights, before any traffic.
+
+        The chosen method runs on the real layer exactly as a forward would call it (its own
+        routing if it routes inside, vLLM's plain top-k otherwise); the comparison is the live one.
+        If the chosen method cannot run outside vLLM's runner here, the load check is skipped with
+        one WARNING (strict: refused, because nothing would then be checked before traffic).
+        """
+        report, state = self._quantreg_report, self._quantreg_state
+        why: str | None = None
+        try:
+            x, logits = synthetic_batch(layer)
+            inner = self._quantreg_inner
+            with torch.no_grad():
+                topk = None if inner.is_monolithic else vllm_default_routing(layer, logits)
+                if topk is None:
+                    out = inner.apply_monolithic(layer=layer, x=x.clone(), router_logits=logits.clone(),
+                                                 input_ids=None)
+                else:
+                    out = inner.apply(layer=layer, x=x.clone(), topk_weights=topk[0].clone(),
+                                      topk_ids=topk[1].clone(), shared_experts=None, shared_experts_input=None)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            logger.log(logging.ERROR if report.strict else logging.WARNING,
+                       "%s: the load check could not run %s outside vLLM's runner (%s); live sampling still "
+                       "verifies", report.head(), report.method, printable(why))
+            if report.strict:
+                from .startup import fail_strict
+
+                fail_strict(QuantregError(f"quantreg (strict): verify: {report.prefix} {report.key}: no load check "
+                                          f"possible ({printable(why)}); refusing to start unverified"))
+            return
+        if not isinstance(out, torch.Tensor):
+            logger.warning("%s: load check skipped (the method returned %s, not a tensor); live sampling "
+                           "still verifies", report.head(), type(out).__name__)
+            return
+        with torch.no_grad():
+            error = self._compare(x, out, topk=topk, logits=logits, input_ids=None, when="load")
+        if error is not None and state.active:
+            report.load_result(error, int(x.shape[0]))
 
     def get_fused_moe_quant_config(self, layer: Any) -> Any:
         return self._quantreg_inner.get_fused_moe_quant_config(layer)
@@ -221,22 +319,49 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
             return
         if not isinstance(out, torch.Tensor):
             state.active = False
-            report.cannot(f"the method returned {type(out).__name__}, not a tensor (deferred finalisation)")
-            return
-        if not bool(torch.isfinite(x).all()):  # e.g. a warm-up pass on uninitialised memory: nothing to compare
-            logger.debug("%s: call %d: input not finite, not compared", report.head(), call)
+            report.cannot(f"the method returned {type(out).__name__}, not a tensor (deferred finalisation)",
+                          when="live")
             return
         try:
-            ref = self._reference(x.clone(), topk, logits, input_ids)
-        except Exception as exc:
-            state.active = False
-            report.cannot(f"{report.against} raised {type(exc).__name__}: {exc}")
+            finite = bool(torch.isfinite(x).all())
+        except Exception:
+            finite = False
+        if not finite:  # e.g. a warm-up pass on uninitialised memory: nothing to compare
+            logger.debug("%s: call %d: input not finite, not compared", report.head(), call)
             return
-        hidden = out.shape[-1]
-        report.result(call, relative_error(out.reshape(-1, hidden), ref.reshape(-1, hidden)))
+        error = self._compare(x, out, topk=topk, logits=logits, input_ids=input_ids, when="live")
+        if error is not None:
+            report.result(call, error)
+
+    def _compare(self, x: torch.Tensor, out: torch.Tensor, *, topk: tuple[torch.Tensor, torch.Tensor] | None,
+                 logits: torch.Tensor | None, input_ids: torch.Tensor | None, when: str) -> float | None:
+        """The error of ``out`` against the ``against`` method's output, or ``None`` (verification now off).
+
+        The boundary of the verifying side: the against method gets copies of the inputs and the
+        shadow layer; whatever it raises (``SystemExit`` included) or returns that is not a finite
+        tensor of ``out``'s shape turns verification of this layer off with one report.
+        """
+        why = None
+        error = None
+        try:
+            ref = self._reference(x.clone(), None if topk is None else (topk[0].clone(), topk[1].clone()),
+                                  None if logits is None else logits.clone(), input_ids)
+            why = _unusable(ref, out)
+            if why is None:
+                hidden = out.shape[-1]
+                error = relative_error(out.reshape(-1, hidden), ref.reshape(-1, hidden))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            why = f"{self._quantreg_report.against} raised {type(exc).__name__}: {exc}"
+        if why is not None:
+            self._quantreg_state.active = False
+            self._quantreg_report.cannot(why, when=when)
+            return None
+        return error
 
     def _reference(self, x: torch.Tensor, topk: tuple[torch.Tensor, torch.Tensor] | None,
-                   logits: torch.Tensor | None, input_ids: torch.Tensor | None) -> torch.Tensor:
+                   logits: torch.Tensor | None, input_ids: torch.Tensor | None) -> Any:
         shadow, against = self._quantreg_state.shadow, self._quantreg_against
         if isinstance(against, Float64Reference):
             if topk is None:
@@ -244,17 +369,46 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
                 topk = against.route(shadow, logits)
             return against.run(shadow, x, *topk)
         if topk is not None:  # vLLM routed: the very ids and weights the chosen method got
-            result: torch.Tensor = against.apply(layer=shadow, x=x, topk_weights=topk[0], topk_ids=topk[1],
-                                                 shared_experts=None, shared_experts_input=None)
-            return result
+            return against.apply(layer=shadow, x=x, topk_weights=topk[0], topk_ids=topk[1],
+                                 shared_experts=None, shared_experts_input=None)
         if against.is_monolithic:  # both route inside, from the same logits
-            result = against.apply_monolithic(layer=shadow, x=x, router_logits=logits, input_ids=input_ids)
-            return result
+            return against.apply_monolithic(layer=shadow, x=x, router_logits=logits, input_ids=input_ids)
         assert logits is not None
         weights, ids = vllm_default_routing(shadow, logits)
-        result = against.apply(layer=shadow, x=x, topk_weights=weights, topk_ids=ids,
-                               shared_experts=None, shared_experts_input=None)
-        return result
+        return against.apply(layer=shadow, x=x, topk_weights=weights, topk_ids=ids,
+                             shared_experts=None, shared_experts_input=None)
+
+
+#: Tokens in the load check's synthetic batch (seeded, so every process checks the same batch).
+LOAD_TOKENS = 8
+LOAD_SEED = 20261201
+
+
+def synthetic_batch(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded hidden states ``[LOAD_TOKENS, hidden]`` in the layer's activation dtype and router
+    logits ``[LOAD_TOKENS, global experts]`` (float32), on the device of the layer's weights."""
+    moe = layer.moe_config
+    params = list(layer._parameters.values())
+    device = params[0].device if params else torch.device("cpu")
+    dtype = getattr(moe, "in_dtype", None) or torch.bfloat16
+    generator = torch.Generator().manual_seed(LOAD_SEED)
+    x = torch.randn(LOAD_TOKENS, int(moe.hidden_dim), generator=generator).to(dtype=dtype, device=device)
+    logits = torch.randn(LOAD_TOKENS, int(moe.num_experts), generator=generator).to(device=device)
+    return x, logits
+
+
+def _unusable(ref: Any, out: torch.Tensor) -> str | None:
+    """Why the against method's result cannot be compared with ``out`` (``None``: it can)."""
+    if not isinstance(ref, torch.Tensor):
+        return f"it returned {type(ref).__name__}, not a tensor"
+    hidden = out.shape[-1] if out.dim() else 1
+    if ref.dim() == 0 or ref.shape[-1] != hidden or ref.numel() != out.numel():
+        return f"it returned shape {tuple(ref.shape)}, the chosen method {tuple(out.shape)}"
+    if ref.is_complex() or not (ref.is_floating_point() or ref.dtype in (torch.int32, torch.int64)):
+        return f"it returned dtype {ref.dtype}"
+    if not bool(torch.isfinite(ref).all()):
+        return "it returned non-finite values"
+    return None
 
 
 def _delegate(name: str) -> property:
@@ -416,7 +570,9 @@ def maybe_verify(method: Any, decision: Decision, prefix: str, layer: Any, moe_c
     report = _Report(prefix, decision.key, decision.method, spec.against, spec, mode.strict)
     try:
         against = build_against(spec, decision, prefix, layer, moe_config)
-    except Exception as exc:
-        report.cannot(f"building {spec.against} failed: {type(exc).__name__}: {exc}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: the verifying side never changes the chosen method
+        report.cannot(f"building {spec.against} failed: {type(exc).__name__}: {exc}", when="route")
         return method
     return VerifyingMethod(method, against, spec, report)

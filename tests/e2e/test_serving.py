@@ -230,6 +230,15 @@ def strict_server(tmp_path_factory: pytest.TempPathFactory, served_model: Path,
     yield from _server_fixture(tmp_path_factory, served_model, ("--additional-config", extra))
 
 
+@pytest.fixture(scope="module")
+def strict_env_server(tmp_path_factory: pytest.TempPathFactory, served_model: Path,
+                      tables: dict[str, Path]) -> Iterator[Server]:
+    """Case (d): strict from the environment with a broken table: the API server process itself stops
+    (its ``register()`` runs inside ``add_cli_args``, before any engine exists; no model is loaded)."""
+    yield from _server_fixture(tmp_path_factory, served_model, (),
+                               {"QUANTREG_CONFIG": str(tables["broken"]), "QUANTREG_STRICT": "1"})
+
+
 def _check_serves(server: Server) -> None:
     assert server.healthy, f"server not healthy after {server.startup_s:.0f}s (exit {server.returncode}); " \
                            f"log tail:\n{server.log[-4000:]}"
@@ -327,6 +336,18 @@ def test_strict_broken_table_stops_the_server(strict_server: Server, tables: dic
     assert re.match(r"^\(EngineCore[^)]*pid=\d+\) ERROR ", strict_lines[-1]), strict_lines[-1]
     assert "WorkerProc failed to start." not in strict_server.log
     assert "Engine core initialization failed" in strict_server.log.splitlines()[-1]
+
+
+def test_strict_in_the_api_server_process_is_one_error_line_and_exit_1(strict_env_server: Server,
+                                                                       tables: dict[str, Path]) -> None:
+    """Not a 25-line traceback with the message last: one ERROR line, exit status 1 (issue 22 class 6)."""
+    log = strict_env_server.log
+    assert not strict_env_server.healthy and strict_env_server.returncode == 1, log[-4000:]
+    assert "Traceback" not in log, log[-4000:]
+    every = [line for line in log.splitlines() if "quantreg (strict)" in line]
+    assert len(every) == 1 and "ERROR " in every[0], "\n".join(every) or log[-4000:]
+    assert every[0] == log.strip().splitlines()[-1]  # the last line: nothing of vLLM's after it
+    assert f"{tables['broken']}:4: rules[0].method: unknown method 'no_such_method'" in every[0]
 
 
 def test_strict_last_quantreg_line_is_the_one_strict_line(strict_server: Server) -> None:

@@ -8,6 +8,7 @@ one :func:`quantreg.vllm.verify.maybe_verify` returns, as the seam would hand it
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,8 @@ def test_verified_layer_is_the_chosen_method_with_unchanged_output(
     outs = [layer.forward(X, LOGITS) for _ in range(8)]
     assert all(torch.equal(out, expected) for out in outs)  # the chosen method's output, unchanged
     records = audit()
-    assert [r["call"] for r in records] == [1, 2, 3, 5, 7]  # the first 3 calls, then 1 in 2
+    assert [(r["phase"], r["call"]) for r in records] == [("load", 0)] + [("live", c) for c in (1, 2, 3, 5, 7)]
+    # the load check (synthetic tokens, before any forward), then the first 3 calls, then 1 in 2
     assert all(r["ok"] and 0 < r["error"] < 0.02 and r["prefix"] == PREFIX for r in records), records
     assert {(r["method"], r["against"]) for r in records} == {("mxfp4_reference", "float64")}
 
@@ -113,15 +115,26 @@ def test_the_shadow_copy_is_taken_before_the_chosen_method_changes_the_weights(
     assert torch.equal(layer.forward(X, LOGITS), broken.forward(X, LOGITS))
     layer.forward(X, LOGITS)
     errors = [r["error"] for r in audit()]
-    assert len(errors) == 2 and min(errors) > 0.1  # against the weights as loaded, not as swapped
+    assert len(errors) == 3 and min(errors) > 0.05  # load + 2 calls, against the weights as loaded, not as swapped
 
 
-def test_strict_mode_raises_on_the_first_exceedance(harness: Any, audit: Callable[[], list[dict[str, Any]]]) -> None:
-    layer = harness.ready(verified(NibblesSwapped, VerifySpec("mxfp4_reference"), strict=True), EXPERTS, top_k=2)
-    with pytest.raises(QuantregError, match=r"quantreg verify: model\.layers\.0\.mlp\.experts .*EXCEEDS tolerance "
-                                            r"0\.02 \(strict mode"):
-        layer.forward(X, LOGITS)
-    assert [r["ok"] for r in audit()] == [False]
+def test_strict_mode_refuses_at_load_before_any_forward(harness: Any,
+                                                       audit: Callable[[], list[dict[str, Any]]]) -> None:
+    with pytest.raises(QuantregError, match=r"^quantreg \(strict\): verify: model\.layers\.0\.mlp\.experts "
+                                            r"\(gpt_oss_mxfp4, gpt_oss, cpu\): mxfp4_reference vs mxfp4_reference: "
+                                            r"error \S+ on 8 synthetic tokens at load exceeds tolerance 0\.02; "
+                                            r"refusing to start$"):
+        harness.ready(verified(NibblesSwapped, VerifySpec("mxfp4_reference"), strict=True), EXPERTS, top_k=2)
+    assert [(r["phase"], r["ok"]) for r in audit()] == [("load", False)]
+
+
+def test_lenient_load_exceedance_warns_before_the_first_forward(
+        harness: Any, audit: Callable[[], list[dict[str, Any]]], caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="vllm.quantreg"):
+        harness.ready(verified(NibblesSwapped, VerifySpec("mxfp4_reference", first=1)), EXPERTS, top_k=2)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and ": load: " in warned[0] and "EXCEEDS tolerance 0.02" in warned[0], warned
+    assert [(r["phase"], r["ok"]) for r in audit()] == [("load", False)]  # no forward yet
 
 
 def test_uncovered_layers_get_the_method_itself(harness: Any, audit: Callable[[], list[dict[str, Any]]]) -> None:

@@ -4,8 +4,8 @@
   multiprocessing (the comparison runs inside the Worker): INFO lines within tolerance, the audit
   trail gets one JSON line per verification, and the tokens are those of ``mxfp4_reference`` alone.
 * a deliberately broken method (``nibbles_swapped`` from a throwaway plugin distribution) verified
-  against ``mxfp4_reference`` on layer 1 only: a WARNING naming that layer (lenient), and a failed
-  start in strict mode.
+  against ``mxfp4_reference`` on layer 1 only: the load check's WARNING naming that layer before the
+  first forward (lenient), and in strict mode a start refused at load with one line (no traffic).
 """
 
 from __future__ import annotations
@@ -24,8 +24,11 @@ from quantreg.testing.vllm_run import RunResult
 HERE = Path(__file__).resolve().parent
 KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
 MATCH = "match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}"
-LINE = re.compile(r"quantreg verify: (\S+) (\(.*?\)): (\S+) vs (\S+): call (\d+): max\|out-ref\|/max\|ref\| = (\S+) "
-                  r"(within|EXCEEDS) tolerance (\S+)")
+LINE = re.compile(r"quantreg verify: (\S+) (\(.*?\)): (\S+) vs (\S+): (?:call )?(\d+|load): "
+                  r"max\|out-ref\|/max\|ref\| = (\S+) (within|EXCEEDS) tolerance (\S+)")
+STRICT_LOAD = re.compile(r"quantreg \(strict\): verify: model\.layers\.1\.mlp\.experts "
+                         r"\(gpt_oss_mxfp4, gpt_oss, cpu\): nibbles_swapped vs mxfp4_reference: error (\S+) "
+                         r"on 8 synthetic tokens at load exceeds tolerance 0\.02; refusing to start")
 VllmRun = Any
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
@@ -77,11 +80,13 @@ def test_reference_against_float64_in_the_worker_stays_within_tolerance(
     by_layer: dict[str, list[float]] = {}
     for prefix, key, method, against, call, error, verdict, tolerance in lines:
         assert (key, method, against, verdict, tolerance) == (KEY, "mxfp4_reference", "float64", "within", "0.02")
-        assert 1 <= int(call) <= 4
+        assert call == "load" or 1 <= int(call) <= 4
         by_layer.setdefault(prefix, []).append(float(error))
     assert sorted(by_layer) == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"], lines
-    assert all(1 <= len(errors) <= 4 and max(errors) <= 0.02 for errors in by_layer.values()), by_layer
-    assert all(f"{prefix} {KEY}: mxfp4_reference vs float64: verifying the first 4 forward calls" in verified.log
+    assert all(2 <= len(errors) <= 5 and max(errors) <= 0.02 for errors in by_layer.values()), by_layer
+    assert sorted(prefix for prefix, *_rest in lines if _rest[3] == "load") == sorted(by_layer)  # a load check each
+    assert all(f"{prefix} {KEY}: mxfp4_reference vs float64: verifying at load, the first 4 forward calls"
+               in verified.log
                and "MiB" in verified.log for prefix in by_layer)  # the shadow copy's size, at start-up
     # the comparison ran in the Worker process, and each verification is a line of the audit trail
     trail = [json.loads(line) for line in audit.read_text().splitlines()]
@@ -90,6 +95,7 @@ def test_reference_against_float64_in_the_worker_stays_within_tolerance(
     assert decisions and all(r["method"] == "mxfp4_reference" for r in decisions)
     assert len(records) == len(lines) and {r["pid"] for r in records} == set(verified.worker_pids)
     assert all(r["ok"] and r["against"] == "float64" for r in records)
+    assert all(isinstance(r["time"], str) and r["time"].endswith("Z") for r in trail)  # one time format
     # the chosen method's output is returned unchanged: the tokens are those of mxfp4_reference alone
     assert verified.token_ids == alone.token_ids
 
@@ -97,22 +103,25 @@ def test_reference_against_float64_in_the_worker_stays_within_tolerance(
 @pytest.mark.parametrize("strict", [False, True])
 def test_broken_method_against_the_reference_is_reported_per_layer(
         vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path], verify_plugin: Path, strict: bool) -> None:
+    """Strict: refused at load (``LLM()`` raises with one line; nothing is generated). Lenient: a WARNING
+    from the load check before the first forward, then the sampled live comparisons."""
     env = env_with(verify_plugin, QUANTREG_CONFIG=str(tables["broken"]), QUANTREG_STRICT="1" if strict else "0")
     result: RunResult = vllm_run(tiny_model, multiprocessing=False, env=env)
     lines = verify_lines(result)
-    assert lines, result.log[-6000:]
     for prefix, key, method, against, _call, error, verdict, tolerance in lines:
         assert (prefix, key, method, against) == ("model.layers.1.mlp.experts", KEY, "nibbles_swapped",
                                                   "mxfp4_reference")  # layers: [1] only
-        assert verdict == "EXCEEDS" and float(error) > 0.1 and tolerance == "0.02"
+        assert verdict == "EXCEEDS" and float(error) > 0.05 and tolerance == "0.02"
+    if strict:  # refused at load: the one line, no comparison of a forward call, nothing generated
+        assert not result.ok and not result.token_ids
+        assert lines == [], lines
+        [error] = {float(e) for e in STRICT_LOAD.findall(result.log)}
+        assert error > 0.05, result.log[-4000:]
+        assert "QuantregError: quantreg (strict): verify: model.layers.1.mlp.experts" in result.log
+        return
+    assert result.ok, result.log[-4000:]
     warnings = [line for line in result.log.splitlines()
                 if "WARNING" in line and "quantreg verify: model.layers.1.mlp.experts" in line]
-    if strict:
-        assert not result.ok
-        assert len(warnings) == 1  # the first exceedance stops the server (its text is also the error's)
-        assert {call for *_, call, _e, _v, _t in lines} == {"1"}
-        assert "QuantregError: quantreg verify: model.layers.1.mlp.experts" in result.log
-        assert "strict mode: refusing to serve a kernel that disagrees with mxfp4_reference" in result.log
-    else:
-        assert result.ok, result.log[-4000:]
-        assert len(warnings) == len(lines) == 2  # first: 2, a WARNING each time
+    assert ": load: " in warnings[0]  # the load check comes first, before any forward call
+    assert [call for *_, call, _e, _v, _t in lines] == ["load", "1", "2"]  # first: 2, a WARNING each time
+    assert len(warnings) == 3

@@ -1,0 +1,84 @@
+"""Fingerprints are content, not install paths (issue 22 class 1).
+
+Two installs of the same quantreg + plugin #1 at different paths (each a copy of the installed
+files: packages and their dist-info, what ``pip install --target`` writes), each run in an isolated
+interpreter that sees only its own copy, with one user table kept at two different paths: one
+fingerprint. Editing the table changes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import quantreg
+
+SITE = Path(quantreg.__file__).resolve().parent.parent
+COPIED = ("quantreg", "quantreg-*.dist-info", "quantreg_hpu_mxfp4", "quantreg_hpu_mxfp4-*.dist-info",
+          "pluggy", "pluggy-*.dist-info", "yaml", "_yaml", "[Pp]y[Yy][Aa][Mm][Ll]-*.dist-info")
+PROBE = ("import json, sys; sys.path[:0] = [sys.argv[1]]; from quantreg.registry import get_registry; "
+         "r = get_registry(); print(json.dumps({'fp': r.fingerprint(), 'tables': [t.path for t in r.tables], "
+         "'file': __import__('quantreg').__file__}))")
+TABLE = "version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n    method: mxfp4_reference\n"
+
+
+def install_copy(root: Path) -> Path:
+    root.mkdir(parents=True)
+    for pattern in COPIED:
+        for item in SITE.glob(pattern):
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, root / item.name)
+    return root
+
+
+def fingerprint(site: Path, table: Path) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env["QUANTREG_CONFIG"] = str(table)
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", PROBE, str(site)], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=site)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert str(result["file"]).startswith(str(site))  # this copy, not the venv's
+    return result
+
+
+@pytest.mark.skipif(not any(SITE.glob("quantreg_hpu_mxfp4")), reason="plugin #1 is not installed")
+def test_two_installs_at_different_paths_give_one_fingerprint(tmp_path: Path) -> None:
+    one, two = install_copy(tmp_path / "node-a" / "site"), install_copy(tmp_path / "elsewhere" / "b" / "lib")
+    (tmp_path / "etc").mkdir()
+    table_a, table_b = tmp_path / "etc" / "moe.yaml", tmp_path / "b-table.yaml"
+    table_a.write_text(TABLE)
+    table_b.write_text(TABLE)
+    a, b = fingerprint(one, table_a), fingerprint(two, table_b)
+    assert any("quantreg_hpu_mxfp4" in p for p in a["tables"])  # type: ignore[attr-defined]
+    assert a["tables"] != b["tables"]  # different install paths and table paths ...
+    assert a["fp"] == b["fp"]  # ... one fingerprint
+    table_b.write_text(TABLE.replace("device: cpu", "device: hpu"))
+    assert fingerprint(two, table_b)["fp"] != a["fp"]  # the content counts
+
+
+def test_packaged_tables_are_named_relative_to_their_distribution() -> None:
+    from quantreg.table.identity import package_name, table_names
+
+    shipped = str(Path(quantreg.__file__).parent / "registry.yaml")
+    assert package_name(shipped) == "quantreg:quantreg/registry.yaml"
+    assert table_names([(shipped, "builtin"), ("/x/a.yaml", "user"), ("/y/b.yaml", "user")]) == {
+        shipped: "quantreg:quantreg/registry.yaml", "/x/a.yaml": "user#0", "/y/b.yaml": "user#1"}
+
+
+def test_doctor_warns_when_a_source_tree_in_the_cwd_shadows_this_copy(tmp_path: Path) -> None:
+    """``python -m vllm...`` started in a clone's root imports ``./quantreg``, the command the installed one."""
+    from quantreg.environment import shadowing_copy
+
+    assert shadowing_copy(str(tmp_path)) is None  # nothing to shadow
+    (tmp_path / "quantreg").mkdir()
+    (tmp_path / "quantreg" / "__init__.py").write_text("")
+    warning = shadowing_copy(str(tmp_path))
+    assert warning is not None and str(tmp_path / "quantreg") in warning and "python -m vllm" in warning
+    this_copy = Path(quantreg.__file__).resolve().parent.parent
+    assert shadowing_copy(str(this_copy)) is None  # the copy in use is not a shadow of itself
