@@ -301,10 +301,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(keep=args.keep, as_json=args.json)
 
 
+def _kit_shape(text: str) -> str:
+    """argparse type of ``check-method --shape``: checked before any heavy import, passed on as text."""
+    from .testing.shapes import parse_shape
+
+    try:
+        parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
-    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json)
+    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,
+                                shape=args.shape)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -347,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="registered method name (see `quantreg list`)")
     p.add_argument("--device", help="device to check for (default: guessed); checks needing a device where the "
                    "method cannot run are SKIPPED with the reason")
+    p.add_argument("--shape", type=_kit_shape, default="small", metavar="SHAPE",
+                   help="layer the weights and numerical checks build: small (default), 20b, 120b (GPT-OSS "
+                        "MoE layers) or E,H,I; real shapes run 1 and 16 tokens at top-4")
     p = add("demo", cmd_demo, "build a tiny GPT-OSS MXFP4 model and run it in vLLM-CPU with two tables")
     p.add_argument("--keep", metavar="DIR", help="write the checkpoint here and keep it")
     return parser
