@@ -191,7 +191,8 @@ def _forward(ctx: Context, bias: bool) -> None:
     grid = grid_for(ctx.shape)
     experts = experts_for(ctx, bias, seed=100 if bias else 200)
     runs = (run for k in grid.top_ks for run in layer_runs(ctx, experts, k, grid.tokens, seed=1000 * k))
-    numeric(ctx, runs, f"tokens {', '.join(map(str, grid.tokens))} x top-k {', '.join(map(str, grid.top_ks))}"
+    ks = f"{grid.top_ks[0]}..{grid.top_ks[-1]}" if len(grid.top_ks) > 1 else str(grid.top_ks[0])
+    numeric(ctx, runs, f"tokens {', '.join(map(str, grid.tokens))} x top-k {ks}"
                        + ("" if ctx.shape.small else f" at {ctx.shape.label()}"))
 
 
