@@ -384,11 +384,22 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     return new_plugin_command(args.name, args.directory, as_json=args.json)
 
 
+def _kit_shape(text: str) -> str:
+    """argparse type of ``check-method --shape``: checked before any heavy import, passed on as text."""
+    from .testing.shapes import parse_shape
+
+    try:
+        parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
     return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,
-                                envelope=lambda registry: envelope(registry, args))
+                                envelope=lambda registry: envelope(registry, args), shape=args.shape)
 
 
 DESCRIPTION = ("Decide which Mixture-of-Experts quantization method vLLM runs for each (quant format, model "
@@ -401,7 +412,7 @@ The key is vLLM's: the quant format is vLLM's quantization method name (gpt_oss_
 checkpoint's "mxfp4"), the device vLLM's device type (cuda, cpu, hpu, xpu, ...).
 `quantreg plan MODEL_DIR` prints the exact key of a local checkpoint."""
 #: Commands whose answer depends on the rule tables: only these take ``--config``.
-NO_TABLES = ("tiny-model", "schema", "demo")
+NO_TABLES = ("tiny-model", "schema", "demo", "new-plugin")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -451,6 +462,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="registered method name (see `quantreg list`)")
     p.add_argument("--device", help="device to check for (default: guessed); checks needing a device where the "
                    "method cannot run are SKIPPED with the reason")
+    p.add_argument("--shape", type=_kit_shape, default="small", metavar="SHAPE",
+                   help="layer the weights and numerical checks build: small (default), 20b, 120b (GPT-OSS "
+                        "MoE layers) or E,H,I; real shapes run 1 and 16 tokens at top-4")
     p = add("new-plugin", cmd_new_plugin, "write a ready-to-install method plugin distribution named NAME")
     p.add_argument("name", metavar="NAME", help="lower-case identifier, e.g. my_mxfp4: the method and entry-point "
                    "name; the distribution is quantreg-NAME, the package quantreg_NAME")

@@ -28,5 +28,9 @@ CORE_WHEEL=$(realpath "$(ls "$DIST"/quantreg-*.whl)")
 PLUGIN_WHEEL=$(realpath "$(ls "$DIST"/quantreg_hpu_mxfp4-*.whl)")
 $PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL"
 $PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL"
+# Plugin #2 (quantreg-cpu-mxfp4). Until its compiled kernel's build lands this is the pure-Python
+# build (a torch stand-in of the kernel); the kernel's build line (--no-build-isolation, against
+# the torch installed above) replaces this one.
+$PIP install -q --force-reinstall --no-deps ./plugins/cpu_mxfp4
 $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "setup: $VENV ready ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null | tail -1))"

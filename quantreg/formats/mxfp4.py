@@ -248,8 +248,12 @@ def _decode(packed: torch.Tensor, scale_bytes: torch.Tensor, out: torch.Tensor, 
         return
     share = -(-rows // workers)
     share += -share % step
+    # Inference mode is per thread: the pool's threads take the caller's, or writing into an
+    # inference tensor made by a caller under torch.inference_mode() raises there.
+    inference = torch.is_inference_mode_enabled()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mxfp4-dequant") as pool:
-        jobs = [pool.submit(_decode_range, source, base, table, target, start, min(start + share, rows), step, width)
+        jobs = [pool.submit(_decode_range_in_mode, inference, source, base, table, target, start,
+                            min(start + share, rows), step, width)
                 for start in range(0, rows, share)]
         for job in jobs:
             job.result()
@@ -261,6 +265,13 @@ def _as_int16(packed: torch.Tensor) -> torch.Tensor:
         return packed.view(torch.int16)
     except RuntimeError:  # rows not contiguous, or an odd byte offset
         return packed.clone(memory_format=torch.contiguous_format).view(torch.int16)
+
+
+def _decode_range_in_mode(inference: bool, source: torch.Tensor, base: torch.Tensor, table: torch.Tensor,
+                          target: torch.Tensor, start: int, stop: int, step: int, width: int) -> None:
+    """:func:`_decode_range` in a pool thread, under the calling thread's inference mode."""
+    with torch.inference_mode(inference):
+        _decode_range(source, base, table, target, start, stop, step, width)
 
 
 def _decode_range(source: torch.Tensor, base: torch.Tensor, table: torch.Tensor, target: torch.Tensor,

@@ -19,6 +19,7 @@ from . import checks
 from .context import Context
 from .env import one_thread, quiet_vllm
 from .report import CheckResult, Report, Status
+from .shapes import DEFAULT_SHAPE, MoeShape, parse_shape
 
 if TYPE_CHECKING:
     from .harness import VllmMoeHarness
@@ -48,6 +49,7 @@ def run_checks(
     option_sets: Sequence[Mapping[str, Any]] = (),
     only: Iterable[str] | None = None,
     harness: VllmMoeHarness | None = None,
+    shape: MoeShape | str = DEFAULT_SHAPE,
 ) -> Report:
     """Run the conformance suite on a registered method (by name) or on a :class:`Method`.
 
@@ -56,7 +58,12 @@ def run_checks(
     ``quantreg_tolerance``; ``option_sets`` are tried in addition to the rules' options; ``only``
     restricts the run to some of :data:`~quantreg.testing.checks.CHECK_IDS`; ``harness`` reuses a
     :class:`~quantreg.testing.harness.VllmMoeHarness` (one is made and removed otherwise).
+    ``shape`` is the layer the weights and numerical checks build: a
+    :class:`~quantreg.testing.shapes.MoeShape`, or ``"20b"``/``"120b"``/``"E,H,I"``
+    (:func:`~quantreg.testing.shapes.parse_shape`); real shapes run a smaller grid of forwards.
     """
+    if isinstance(shape, str):
+        shape = parse_shape(shape)
     ids = checks.CHECK_IDS
     selected = set(ids if only is None else only)
     unknown = selected - set(ids)
@@ -64,7 +71,7 @@ def run_checks(
         raise ValueError(f"unknown check(s) {', '.join(sorted(unknown))}; checks are: {', '.join(ids)}")
     name = method if isinstance(method, str) else method.name
     found, registry, why = resolve_method(method, registry)
-    report = Report(method=name, device=device)
+    report = Report(method=name, device=device, shape=shape.label())
     if found is None or found.name == VLLM_METHOD:
         status, rest = (Status.FAIL, "not registered") if found is None else (Status.SKIPPED, "nothing to check")
         why = why or f"'{VLLM_METHOD}' stands for vLLM's own method choice; there is no plugin class to check"
@@ -74,7 +81,7 @@ def run_checks(
         report.results += [CheckResult(c.id, c.title, Status.SKIPPED, rest, c.needs_device)
                            for c in others if c.id in selected]
         return report
-    ctx = Context(found, registry, device, tolerance, option_sets, selected, harness, checks.PROBE_BUDGET_S)
+    ctx = Context(found, registry, device, tolerance, option_sets, selected, harness, checks.PROBE_BUDGET_S, shape)
     try:
         with one_thread():
             checks.run_suite(ctx)
@@ -89,7 +96,8 @@ def run_checks(
 
 def check_method_command(name: str, *, device: str | None = None, config: Sequence[str] = (),
                          as_json: bool = False,
-                         envelope: Callable[[Registry], Mapping[str, Any]] | None = None) -> int:
+                         envelope: Callable[[Registry], Mapping[str, Any]] | None = None,
+                         shape: str = "small") -> int:
     """``quantreg check-method``: run the suite, print the table (or JSON), 0 if nothing failed.
 
     The run happens under :func:`~quantreg.testing.env.quiet_vllm`, so that stdout carries the
@@ -101,7 +109,7 @@ def check_method_command(name: str, *, device: str | None = None, config: Sequen
     for fault in [*registry.problems, *registry.failures]:
         print(f"warning: {fault}", file=sys.stderr)
     with quiet_vllm():
-        report = run_checks(name, registry=registry, device=device or guess_device())
+        report = run_checks(name, registry=registry, device=device or guess_device(), shape=shape)
     if as_json and envelope is not None:  # the CLI's envelope: problems as objects, left_out, vllm_would_refuse
         print(json.dumps({**report.to_json(), **envelope(registry)}, indent=2, default=str))
     else:

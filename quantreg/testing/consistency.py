@@ -11,22 +11,23 @@ from __future__ import annotations
 from .context import Context, fail
 from .forward import EP_SIZE, case_for, experts_for, layer_runs, numeric
 
-EP_TOP_KS = (1, 4)
-EP_TOKENS = (7, 64)
-
 
 def expert_parallel(ctx: Context) -> None:
-    experts = experts_for(bias=True, seed=300)
-    runs = (run for rank in range(EP_SIZE) for k in EP_TOP_KS
-            for run in layer_runs(ctx, experts, k, EP_TOKENS, seed=3000 + 100 * k, ep_rank=rank, ep_size=EP_SIZE))
-    numeric(ctx, runs, f"ranks 0 and 1 of {EP_SIZE} x tokens {', '.join(map(str, EP_TOKENS))} x "
-                       f"top-k {', '.join(map(str, EP_TOP_KS))}, biases on")
+    from .shapes import grid_for
+
+    grid = grid_for(ctx.shape)
+    experts = experts_for(ctx, bias=True, seed=300)
+    runs = (run for rank in range(EP_SIZE) for k in grid.ep_top_ks
+            for run in layer_runs(ctx, experts, k, grid.ep_tokens, seed=3000 + 100 * k, ep_rank=rank,
+                                  ep_size=EP_SIZE))
+    numeric(ctx, runs, f"ranks 0 and 1 of {EP_SIZE} x tokens {', '.join(map(str, grid.ep_tokens))} x "
+                       f"top-k {', '.join(map(str, grid.ep_top_ks))}, biases on")
 
 
 def deterministic(ctx: Context) -> None:
     import torch
 
-    experts = experts_for(bias=True, seed=400)
+    experts = experts_for(ctx, bias=True, seed=400)
     first = ctx.harness.ready(ctx.factory(), experts, top_k=2)
     case = case_for(experts, 64, 2, seed=4000)
     other = case_for(experts, 7, 2, seed=4100)

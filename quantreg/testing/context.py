@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..methods import Availability, Method
 from ..registry import Registry
 from .report import CheckResult, Status
+from .shapes import DEFAULT_SHAPE, MoeShape
 
 if TYPE_CHECKING:
     from .harness import VllmMoeHarness
@@ -104,8 +105,10 @@ class Context:
 
     def __init__(self, method: Method, registry: Registry | None, device: str, tolerance: float | None,
                  option_sets: Sequence[Mapping[str, Any]], only: set[str], harness: VllmMoeHarness | None,
-                 probe_budget: float) -> None:
+                 probe_budget: float, shape: MoeShape = DEFAULT_SHAPE) -> None:
         self.method = method
+        self.shape = shape
+        """The layer shape the weights and numerical checks build (:mod:`~quantreg.testing.shapes`)."""
         self.registry = registry
         self.device = device
         self.tolerance_override = tolerance

@@ -59,9 +59,25 @@ class Case:
                   limit: float | None = None) -> torch.Tensor:
         ex = experts if experts is not None else self.local
         kwargs = {} if limit is None else {"limit": limit}
-        return ex.reference(self.x, self.topk_ids if topk_ids is None else topk_ids,
-                            self.topk_weights if topk_weights is None else topk_weights,
-                            experts_min=self.experts_min if experts_min is None else experts_min, **kwargs)
+        return routed_reference(ex, self.x, self.topk_ids if topk_ids is None else topk_ids,
+                                self.topk_weights if topk_weights is None else topk_weights,
+                                self.experts_min if experts_min is None else experts_min, **kwargs)
+
+
+def routed_reference(experts: GptOssMxfp4Experts, x: torch.Tensor, topk_ids: torch.Tensor,
+                     topk_weights: torch.Tensor, experts_min: int, **kwargs: float) -> torch.Tensor:
+    """The float64 reference, decoding only the routed experts, one at a time.
+
+    Why: at real shapes a float64 copy of every expert is gigabytes (GPT-OSS-20B's layer: 6.4 GB);
+    one expert at a time it is ~200 MB. The sum over experts is the same float64 math.
+    """
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    local = topk_ids.long() - experts_min
+    for e in torch.unique(local).tolist():
+        if 0 <= e < experts.num_experts:
+            out += experts.slice(e, e + 1).reference(x, topk_ids, topk_weights, experts_min=experts_min + e,
+                                                     **kwargs)
+    return out
 
 
 Variant = Callable[[Case], "torch.Tensor | None"]

@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from .diagnose import Case
     from .harness import MoeLayer
 
-TOKENS = (1, 7, 64)
-TOP_KS = (1, 2, 3, 4)
 EP_SIZE = 2
 
 Run = Callable[[], "tuple[float, str | None]"]
@@ -32,12 +30,11 @@ def tokens_label(n: int) -> str:
     return f"{n} token" if n == 1 else f"{n} tokens"
 
 
-def experts_for(bias: bool, seed: int) -> GptOssMxfp4Experts:
-    """Random valid experts in the harness's default layer shape."""
+def experts_for(ctx: Context, bias: bool, seed: int) -> GptOssMxfp4Experts:
+    """Random valid experts in the run's layer shape (``ctx.shape``)."""
     from ..models.gpt_oss_moe import random_gpt_oss_mxfp4_experts
-    from .harness import MoeShape
 
-    shape = MoeShape()
+    shape = ctx.shape
     return random_gpt_oss_mxfp4_experts(shape.num_experts, shape.hidden, shape.intermediate, bias=bias, seed=seed)
 
 
@@ -55,15 +52,13 @@ def case_for(experts: GptOssMxfp4Experts, tokens: int, top_k: int, seed: int, la
 
 
 def weights(ctx: Context) -> None:
-    from .harness import MoeShape
-
-    shape = MoeShape()
+    shape = ctx.shape
     notes: list[str] = []
     for bias, ep_rank, ep_size in ((True, 0, 1), (False, 0, 1), (True, 1, EP_SIZE)):
         label = ("with biases" if bias else "without biases") + (
             f", EP rank {ep_rank} of {ep_size}" if ep_size > 1 else "")
         layer = ctx.harness.build(ctx.factory(), shape=shape, top_k=2, bias=bias, ep_size=ep_size, ep_rank=ep_rank)
-        notes += _check_parameters(layer, layer.local_slice(experts_for(bias, seed=7)), label)
+        notes += _check_parameters(layer, layer.local_slice(experts_for(ctx, bias, seed=7)), label)
     ctx.passed("w13_weight/_scale, w2_weight/_scale (uint8), w13_bias/w2_bias (float) registered and "
                "written by vLLM's loader, with and without biases and on EP rank 1 of 2"
                + (f"; padded beyond the loaded shape: {', '.join(dict.fromkeys(notes))}" if notes else ""))
@@ -191,9 +186,14 @@ def layer_runs(ctx: Context, experts: GptOssMxfp4Experts, top_k: int, tokens: Se
 
 
 def _forward(ctx: Context, bias: bool) -> None:
-    experts = experts_for(bias, seed=100 if bias else 200)
-    runs = (run for k in TOP_KS for run in layer_runs(ctx, experts, k, TOKENS, seed=1000 * k))
-    numeric(ctx, runs, f"tokens {', '.join(map(str, TOKENS))} x top-k {TOP_KS[0]}..{TOP_KS[-1]}")
+    from .shapes import grid_for
+
+    grid = grid_for(ctx.shape)
+    experts = experts_for(ctx, bias, seed=100 if bias else 200)
+    runs = (run for k in grid.top_ks for run in layer_runs(ctx, experts, k, grid.tokens, seed=1000 * k))
+    ks = f"{grid.top_ks[0]}..{grid.top_ks[-1]}" if len(grid.top_ks) > 1 else str(grid.top_ks[0])
+    numeric(ctx, runs, f"tokens {', '.join(map(str, grid.tokens))} x top-k {ks}"
+                       + ("" if ctx.shape.small else f" at {ctx.shape.label()}"))
 
 
 def forward_bias(ctx: Context) -> None:

@@ -13,7 +13,9 @@ with the quantization config vLLM uses for GPT-OSS MXFP4 (``GptOssMxfp4Config``)
 3. **load** hands each parameter's ``weight_loader`` the tensors vLLM's GPT-OSS MXFP4 loader hands
    it (``gpt_oss.py: _load_weights_mxfp4``), narrowed to the rank's experts under EP;
 4. ``process_weights_after_loading`` is called as vLLM's model loader calls it;
-5. the forward goes through ``MoERunner.forward`` in a forward context, under ``inference_mode``.
+5. the forward goes through ``MoERunner.forward`` in a forward context, under ``inference_mode``
+   (as vLLM's model runner does; :func:`quantreg.formats.mxfp4.dequantize_mxfp4` works there at
+   any size).
 
 Expert parallelism without a process group: vLLM derives a layer's ``FusedMoEParallelConfig``
 from the distributed state; the harness substitutes an explicit one (``ep_size``, ``ep_rank``,
@@ -31,7 +33,6 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from ..models.gpt_oss import tiny_gpt_oss_config
 from ..models.gpt_oss_moe import GptOssMxfp4Experts
+from .shapes import DEFAULT_SHAPE, MoeShape
 
 MethodFactory = Callable[[Any], Any]
 """``moe_config -> method``: how the seam builds a method (``lambda cfg: cls(cfg, **options)``)."""
@@ -55,16 +57,6 @@ MethodFactory = Callable[[Any], Any]
 TINY_GPT_OSS_CONFIG: dict[str, Any] = tiny_gpt_oss_config(
     hidden=64, intermediate=96, layers=1, experts=8, top_k=2, vocab=128, heads=2, kv_heads=1, head_dim=32,
     mxfp4=False)
-
-
-@dataclass(frozen=True)
-class MoeShape:
-    """A GPT-OSS MoE layer's sizes. The defaults are small (fast) yet exercise padding:
-    intermediate 96 is not a multiple of 64, which vLLM's MXFP4 methods round up to."""
-
-    num_experts: int = 8
-    hidden: int = 64
-    intermediate: int = 96
 
 
 class _Captured(Exception):
@@ -222,7 +214,7 @@ class VllmMoeHarness:
             "tp_size": 1, "dp_size": 1, "pcp_size": 1, "reduce_results": ep_size == 1,
         }
 
-    def moe_config(self, *, shape: MoeShape = MoeShape(), top_k: int = 2, bias: bool = True, ep_size: int = 1,
+    def moe_config(self, *, shape: MoeShape = DEFAULT_SHAPE, top_k: int = 2, bias: bool = True, ep_size: int = 1,
                    ep_rank: int = 0) -> Any:
         """The ``FusedMoEConfig`` vLLM hands the seam for such a layer (captured, the layer is not built)."""
 
@@ -236,7 +228,7 @@ class VllmMoeHarness:
             return captured.moe_config
         raise RuntimeError("vLLM built a MoE layer without asking RoutedExperts._get_quant_method for its method")
 
-    def build(self, factory: MethodFactory, *, shape: MoeShape = MoeShape(), top_k: int = 2, bias: bool = True,
+    def build(self, factory: MethodFactory, *, shape: MoeShape = DEFAULT_SHAPE, top_k: int = 2, bias: bool = True,
               ep_size: int = 1, ep_rank: int = 0) -> MoeLayer:
         """A layer whose method is ``factory(moe_config)``; ``create_weights`` has run, nothing is loaded."""
         with self.context(), torch.device(self.device), _seam(factory), _expert_parallel(ep_size, ep_rank):
@@ -244,7 +236,7 @@ class VllmMoeHarness:
         return MoeLayer(self, runner, shape, top_k, bias, ep_size, ep_rank)
 
     def build_routed(self, *, routed_experts_cls: type[Any] | None = None, quant_config: Any = "gpt_oss_mxfp4",
-                     shape: MoeShape = MoeShape(), top_k: int = 2, bias: bool = True,
+                     shape: MoeShape = DEFAULT_SHAPE, top_k: int = 2, bias: bool = True,
                      **factory_kwargs: Any) -> MoeLayer:
         """A layer whose method ``RoutedExperts._get_quant_method`` chooses, unreplaced: vLLM's own, or
         quantreg's seam when it is installed (the seam's coverage tests build layers this way).

@@ -50,6 +50,8 @@ class Report:
     available: bool = False
     tolerance: float | None = None
     quant_format: str = ""
+    shape: str = ""
+    """The layer shape the weights and numerical checks built (``E=.., H=.., I=..``)."""
     results: list[CheckResult] = field(default_factory=list)
 
     @property
@@ -80,7 +82,7 @@ class Report:
                         + (f" ({self.availability})" if self.availability else ""))
         if self.quant_format:
             tol = f", tolerance {self.tolerance:g} (max |out - ref| / max |ref|)" if self.tolerance is not None else ""
-            head.append(f"format {self.quant_format}{tol}")
+            head.append(f"format {self.quant_format}{tol}" + (f", layer {self.shape}" if self.shape else ""))
         name_w = max([len(r.check) for r in self.results] + [5])
         lines = [*head, ""]
         indent = " " * (2 + 7 + 2 + name_w + 2)
@@ -105,7 +107,7 @@ class Report:
         return {
             "method": self.method, "device": self.device, "target": self.target, "plugin": self.plugin,
             "available": self.available, "availability": self.availability, "quant_format": self.quant_format,
-            "tolerance": self.tolerance, "ok": self.ok,
+            "tolerance": self.tolerance, "shape": self.shape, "ok": self.ok,
             "counts": {s.value: n for s, n in self.counts().items()},
             "results": [r.to_json() for r in self.results],
         }

@@ -1,0 +1,55 @@
+"""Rule options of ``cpu_mxfp4`` (``options:`` in a quantreg table), checked at construction.
+
+* ``alpha``, ``limit`` (defaults GPT-OSS's, :mod:`quantreg.models.gpt_oss`): SwiGLU-OAI parameters.
+* ``routing``: how tokens pick experts. ``auto`` (default): GPT-OSS layers take top-k of the
+  logits then softmax over those k (the same experts and weights as softmax -> top-k ->
+  renormalise), other models softmax over all experts -> top-k -> renormalise; any routing the
+  method does not compute (grouped top-k, a custom routing function, hash routing, ...; see
+  :func:`.routing.unsupported_routing`) goes to vLLM's router. ``topk_softmax`` / ``softmax_topk``
+  force one in-method order (refused on a layer whose routing they do not compute); ``vllm``
+  always uses vLLM's router (the method then runs modular).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
+
+from .plugin import OPTIONS
+
+ROUTINGS = ("auto", "topk_softmax", "softmax_topk", "vllm")
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    alpha: float = DEFAULT_ALPHA
+    limit: float = DEFAULT_LIMIT
+    routing: str = "auto"
+
+    @classmethod
+    def parse(cls, method: str, options: Mapping[str, Any]) -> MethodOptions:
+        """Validate ``options``; unknown names are a TypeError naming them and the accepted ones."""
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"method '{method}' got unknown option(s) {', '.join(repr(u) for u in unknown)}; "
+                            f"accepted: {', '.join(OPTIONS)}")
+        alpha = _positive(method, "alpha", options.get("alpha", cls.alpha))
+        limit = _positive(method, "limit", options.get("limit", cls.limit))
+        routing = options.get("routing", cls.routing)
+        if routing not in ROUTINGS:
+            raise ValueError(f"method '{method}': option routing={routing!r} is not one of {', '.join(ROUTINGS)}")
+        return cls(alpha, limit, routing)
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(MethodOptions))
+"""One field per registered option (a plugin test checks ``FIELDS == plugin.OPTIONS``)."""
+
+
+def _positive(method: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"method '{method}': option {name}={value!r} must be a positive finite number")
+    return float(value)

@@ -1,0 +1,45 @@
+"""quantreg hook implementations: the ``cpu_mxfp4`` method and the package's rule table.
+
+Written as a third party would write it: only quantreg's documented plugin API
+(:data:`quantreg.hookimpl`, :class:`quantreg.Method`, the ``register_methods`` and
+``register_tables`` hooks). Everything here is strings and tuples, so listing plugins or
+resolving keys in every vLLM process imports neither torch nor vLLM nor the kernel; quantreg
+imports the target only when it is chosen, and the probe only when a chain reaches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import quantreg
+
+PACKAGE = "quantreg_cpu_mxfp4"
+METHOD = "cpu_mxfp4"
+
+#: Rule options the method accepts: the one list (``options.MethodOptions`` has a field for each,
+#: which the plugin's tests check). Here so that registering imports nothing but this module.
+OPTIONS = ("alpha", "limit", "routing")
+
+
+def rules_path() -> Path:
+    return Path(str(resources.files(PACKAGE).joinpath("rules.yaml")))
+
+
+@quantreg.hookimpl
+def register_methods(register: Callable[[quantreg.Method], None]) -> None:
+    register(quantreg.Method(
+        name=METHOD,
+        target=f"{PACKAGE}.method:CpuMxfp4MoEMethod",
+        devices=("cpu",),
+        requires=("torch", "vllm"),
+        probe=f"{PACKAGE}.probe:kernel_available",
+        options=OPTIONS,
+        description="MXFP4 experts kept packed, fused dequant + GEMV/GEMM kernel (AVX2+FMA or AVX-512), any x86-64 CPU",
+    ))
+
+
+@quantreg.hookimpl
+def register_tables(register: Callable[[Path | str], None]) -> None:
+    register(rules_path())
