@@ -22,6 +22,7 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ["csrc/moe.cpp", "csrc/gemv_avx2.cpp", "csrc/gemv_avx512.cpp"]
+FAILURE_FILE = "BUILD_FAILED.txt"
 NOT_BUILT = "quantreg-cpu-mxfp4: compiled kernel NOT built ({reason}); installing the pure-Python package only"
 
 
@@ -31,19 +32,41 @@ def _one_line(exc: BaseException) -> str:
 
 
 class OptionalBuildExt(build_ext):
-    """``build_ext`` whose failure is one printed line, not a failed install."""
+    """``build_ext`` whose failure is one printed line, not a failed install.
+
+    The reason also goes into the package as ``BUILD_FAILED.txt``, so ``kernel.status()`` can say
+    why even when the installer (pip) hid the build's output.
+    """
+
+    failed = False
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        reason = _one_line(exc)
+        print(NOT_BUILT.format(reason=reason), file=sys.stderr, flush=True)
+        # setuptools clears self.inplace while building and copies to the source tree afterwards
+        in_place = getattr(self, "_in_place", False)
+        target = HERE / "quantreg_cpu_mxfp4" if in_place else Path(self.build_lib) / "quantreg_cpu_mxfp4"
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            (target / FAILURE_FILE).write_text(reason + "\n")
+        except OSError:
+            pass
 
     def run(self) -> None:
+        self._in_place = bool(self.inplace)
         try:
             super().run()
         except Exception as exc:  # compiler missing, compile or link error, ...
-            print(NOT_BUILT.format(reason=_one_line(exc)), file=sys.stderr, flush=True)
+            self._failed(exc)
 
     def build_extension(self, ext: object) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:
-            print(NOT_BUILT.format(reason=_one_line(exc)), file=sys.stderr, flush=True)
+            self._failed(exc)
 
 
 def _extensions() -> tuple[list[object], dict[str, type]]:
@@ -65,7 +88,10 @@ def _extensions() -> tuple[list[object], dict[str, type]]:
         extra_compile_args=["-O3", "-fopenmp", "-Wall", "-Wno-unknown-pragmas", "-Wno-maybe-uninitialized"],
         extra_link_args=["-fopenmp"],
     )
-    return [ext], {"build_ext": Build.with_options(use_ninja=False)}
+    stale = HERE / "quantreg_cpu_mxfp4" / FAILURE_FILE  # from an earlier failed in-place build
+    if stale.exists():
+        stale.unlink()
+    return [ext], {"build_ext": Build}
 
 
 os.chdir(HERE)

@@ -17,14 +17,13 @@
 namespace quantreg_cpu_mxfp4 {
 namespace {
 
-// The 2 E8M0 bytes of one half (missing: 0) as dword lanes 0..3 = byte 0, 4..7 = byte 1.
-QR_AVX2 inline __m256 half_weight_scales(const uint8_t* s, int valid) {
-  uint16_t packed = 0;
-  if (valid >= 2) {
-    std::memcpy(&packed, s, 2);
-  } else if (valid == 1) {
-    packed = s[0];
-  }
+#define QR_INLINE __attribute__((always_inline)) inline
+
+constexpr int64_t kPrefetch = 1024;
+
+// Dword lanes 0..3 = 2^(e0 - 127), lanes 4..7 = 2^(e1 - 127) for the half's 2 E8M0 bytes
+// (little-endian in one uint16; a missing block is byte 0). Byte 0 -> +0, 255 -> +inf (gemv_avx512).
+QR_AVX2 QR_INLINE __m256 weight_scales(uint16_t packed) {
   const __m256i pattern = _mm256_setr_epi32(
       static_cast<int>(0x80808000), static_cast<int>(0x80808000), static_cast<int>(0x80808000),
       static_cast<int>(0x80808000), static_cast<int>(0x80808001), static_cast<int>(0x80808001),
@@ -33,49 +32,61 @@ QR_AVX2 inline __m256 half_weight_scales(const uint8_t* s, int valid) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(bytes, 23));
 }
 
-template <int R, int M>
-QR_AVX2 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_t nb,
-                  const uint8_t* const* act, float* const* out, int64_t row) {
+// One half group (2 blocks = 64 weights per row) for R rows x M tokens; kTail: only 1 block left.
+template <int R, int M, bool kTail>
+QR_AVX2 QR_INLINE void half_step(const uint8_t* const* wrow, const uint8_t* const* srow,
+                                 const uint8_t* const* act, int64_t h, __m256 (&acc)[R][M]) {
   const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                        12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
+  __m256i lo[R], hi[R];
+  __m256 ws[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* p = wrow[r] + h * 32;
+    __m256i w;
+    uint16_t packed;
+    if (kTail) {
+      w = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      packed = srow[r][h * 2];
+    } else {
+      if (h % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);  // see gemv_avx512
+      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      std::memcpy(&packed, srow[r] + h * 2, 2);
+    }
+    lo[r] = _mm256_shuffle_epi8(lut, _mm256_and_si256(w, nib));
+    hi[r] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(w, 4), nib));
+    ws[r] = weight_scales(packed);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    // This half's 32 bytes of each 64-byte section of the group (gemv.h).
+    const uint8_t* a = act[m] + (h / 2) * kGroupBytes + (h % 2) * 32;
+    const __m256i even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const __m256i odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64));
+    const __m256i corr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 128));
+    const __m256 as = _mm256_loadu_ps(reinterpret_cast<const float*>(a + 192));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], even), _mm256_maddubs_epi16(hi[r], odd));
+      const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), corr);
+      acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(ws[r], as), acc[r][m]);
+    }
+  }
+}
+
+template <int R, int M>
+QR_AVX2 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_t nb,
+                  const uint8_t* const* act, float* const* out, int64_t row) {
   __m256 acc[R][M];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
-  const int64_t nhalves = (nb + 1) / 2;
-  for (int64_t h = 0; h < nhalves; ++h) {
-    const int64_t g = h / 2;
-    const int64_t part = h % 2;  // which half of the group
-    const int valid = nb - 2 * h >= 2 ? 2 : 1;
-    __m256i lo[R], hi[R];
-    __m256 ws[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* p = wrow[r] + h * 32;
-      const __m256i w = valid == 2 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                                   : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-      lo[r] = _mm256_shuffle_epi8(lut, _mm256_and_si256(w, nib));
-      hi[r] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(w, 4), nib));
-      ws[r] = half_weight_scales(srow[r] + h * 2, valid);
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      const uint8_t* a = act[m] + g * kGroupBytes + part * 32;  // this half's 32 bytes of each section
-      const __m256i even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-      const __m256i odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64));
-      const __m256i corr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 128));
-      const __m256 as = _mm256_loadu_ps(reinterpret_cast<const float*>(a + 192));
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], even), _mm256_maddubs_epi16(hi[r], odd));
-        const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), corr);
-        acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(ws[r], as), acc[r][m]);
-      }
-    }
-  }
+  const int64_t full = nb / 2;
+  for (int64_t h = 0; h < full; ++h) half_step<R, M, false>(wrow, srow, act, h, acc);
+  if (nb % 2) half_step<R, M, true>(wrow, srow, act, full, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4

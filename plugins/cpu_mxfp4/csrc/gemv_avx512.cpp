@@ -19,14 +19,13 @@
 namespace quantreg_cpu_mxfp4 {
 namespace {
 
-// The 4 E8M0 bytes of one group (missing blocks: 0) placed as dword lanes 4b..4b+3 = byte b.
-QR_AVX512 inline __m512 group_weight_scales(const uint8_t* s, int valid) {
-  uint32_t packed = 0;
-  if (valid == 4) {
-    std::memcpy(&packed, s, 4);
-  } else {
-    for (int i = 0; i < valid; ++i) packed |= static_cast<uint32_t>(s[i]) << (8 * i);
-  }
+#define QR_INLINE __attribute__((always_inline)) inline
+
+constexpr int64_t kPrefetch = 1024;
+
+// Dword lanes 4b..4b+3 of the result = fp32 2^(e_b - 127) for the group's 4 E8M0 bytes
+// (packed little-endian in one uint32; missing blocks are byte 0).
+QR_AVX512 QR_INLINE __m512 weight_scales(uint32_t packed) {
   // Within 128-bit lane L (= block L), every dword takes byte L of the broadcast, others zero.
   const __m512i pattern = _mm512_set_epi32(
       static_cast<int>(0x80808003), static_cast<int>(0x80808003), static_cast<int>(0x80808003),
@@ -41,49 +40,73 @@ QR_AVX512 inline __m512 group_weight_scales(const uint8_t* s, int valid) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(bytes, 23));
 }
 
-template <int R, int M>
-QR_AVX512 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_t nb,
-                    const uint8_t* const* act, float* const* out, int64_t row) {
+QR_AVX512 QR_INLINE float hsum(__m512 v) {
+  const __m512 folded = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4E));  // lanes 0-7 += 8-15
+  const __m256 a = _mm512_castps512_ps256(folded);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
+}
+
+// One group (4 blocks = 128 weights per row) for R rows x M tokens. kTail: the last, partial
+// group (valid < 4 blocks): masked loads, so nothing past the row is read.
+template <int R, int M, bool kTail>
+QR_AVX512 QR_INLINE void group_step(const uint8_t* const* wrow, const uint8_t* const* srow,
+                                    const uint8_t* const* act, int64_t g, int valid, __m512 (&acc)[R][M]) {
   const __m512i lut = _mm512_broadcast_i32x4(
       _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i nib = _mm512_set1_epi8(0x0F);
+  __m512i lo[R], hi[R];
+  __m512 ws[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m512i w;
+    uint32_t packed = 0;
+    if (kTail) {
+      w = _mm512_maskz_loadu_epi8((1ULL << (16 * valid)) - 1, wrow[r] + g * 64);
+      for (int i = 0; i < valid; ++i) packed |= static_cast<uint32_t>(srow[r][g * kGroupBlocks + i]) << (8 * i);
+    } else {
+      // Software prefetch kPrefetch bytes ahead in every row stream (4 row streams plus their
+      // scale streams defeat the hardware prefetcher's look-ahead; see kernel.py's notes).
+      _mm_prefetch(reinterpret_cast<const char*>(wrow[r] + g * 64 + kPrefetch), _MM_HINT_T0);
+      w = _mm512_loadu_si512(wrow[r] + g * 64);
+      std::memcpy(&packed, srow[r] + g * kGroupBlocks, 4);
+    }
+    lo[r] = _mm512_shuffle_epi8(lut, _mm512_and_si512(w, nib));
+    hi[r] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(w, 4), nib));
+    ws[r] = weight_scales(packed);
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    const uint8_t* a = act[m] + g * kGroupBytes;
+    const __m512i even = _mm512_loadu_si512(a);
+    const __m512i odd = _mm512_loadu_si512(a + 64);
+    const __m512i corr = _mm512_loadu_si512(a + 128);
+    const __m512 as = _mm512_loadu_ps(reinterpret_cast<const float*>(a + 192));
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo[r], even), hi[r], odd);
+      acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws[r], as), acc[r][m]);
+    }
+  }
+}
+
+template <int R, int M>
+QR_AVX512 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_t nb,
+                    const uint8_t* const* act, float* const* out, int64_t row) {
   __m512 acc[R][M];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
-  const int64_t ng = (nb + kGroupBlocks - 1) / kGroupBlocks;
-  for (int64_t g = 0; g < ng; ++g) {
-    const int64_t left = nb - g * kGroupBlocks;
-    const int valid = left >= kGroupBlocks ? kGroupBlocks : static_cast<int>(left);
-    const __mmask64 mask = valid == kGroupBlocks ? ~0ULL : ((1ULL << (16 * valid)) - 1);
-    __m512i lo[R], hi[R];
-    __m512 ws[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512i w = _mm512_maskz_loadu_epi8(mask, wrow[r] + g * 64);
-      lo[r] = _mm512_shuffle_epi8(lut, _mm512_and_si512(w, nib));
-      hi[r] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(w, 4), nib));
-      ws[r] = group_weight_scales(srow[r] + g * kGroupBlocks, valid);
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      const uint8_t* a = act[m] + g * kGroupBytes;
-      const __m512i even = _mm512_loadu_si512(a);
-      const __m512i odd = _mm512_loadu_si512(a + 64);
-      const __m512i corr = _mm512_loadu_si512(a + 128);
-      const __m512 as = _mm512_loadu_ps(reinterpret_cast<const float*>(a + 192));
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo[r], even), hi[r], odd);
-        acc[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws[r], as), acc[r][m]);
-      }
-    }
-  }
+  const int64_t full = nb / kGroupBlocks;
+  for (int64_t g = 0; g < full; ++g) group_step<R, M, false>(wrow, srow, act, g, kGroupBlocks, acc);
+  const int rest = static_cast<int>(nb - full * kGroupBlocks);
+  if (rest) group_step<R, M, true>(wrow, srow, act, full, rest, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) out[m][row + r] = _mm512_reduce_add_ps(acc[r][m]);
+    for (int m = 0; m < M; ++m) out[m][row + r] = hsum(acc[r][m]);
 }
 
 template <int R>

@@ -41,6 +41,7 @@ import logging
 import os
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import torch
 
@@ -57,7 +58,13 @@ def _extension() -> tuple[object | None, str]:
     try:
         from . import _C  # type: ignore[attr-defined]
     except Exception as exc:  # ImportError (not built), OSError (ABI / missing symbols), ...
-        return None, f"{type(exc).__name__}: {exc}"
+        failure = Path(__file__).with_name("BUILD_FAILED.txt")  # written by setup.py when the build failed
+        try:
+            why = f"the build failed: {failure.read_text().strip()}"
+        except OSError:
+            why = f"{type(exc).__name__}: {exc}"
+        log.debug("quantreg_cpu_mxfp4._C not loaded: %s", why)
+        return None, why
     return _C, ""
 
 
