@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from quantreg_cpu_mxfp4 import kernel
 
 from quantreg.formats.mxfp4 import dequantize_mxfp4_f64, random_mxfp4
 from quantreg.models.gpt_oss_moe import (
@@ -21,7 +22,6 @@ from quantreg.models.gpt_oss_moe import (
     relative_error,
     swiglu_oai,
 )
-from quantreg_cpu_mxfp4 import kernel
 
 TOL = 0.02
 AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
@@ -171,10 +171,11 @@ def test_bad_inputs_raise_clear_errors(isa: str) -> None:
     # w13 and w2 swapped: 2I rows of K=H against I rows
     with pytest.raises(RuntimeError, match="w13"):
         kernel.moe_forward(x, ids, weights, w2, None, w13, None)
+    u8 = torch.uint8
     with pytest.raises(ValueError, match="multiple of 32"):
-        kernel.PackedExperts.from_vllm(torch.zeros(1, 4, 8, dtype=torch.uint8), torch.zeros(1, 4, 0, dtype=torch.uint8))
+        kernel.PackedExperts.from_vllm(torch.zeros(1, 4, 8, dtype=u8), torch.zeros(1, 4, 0, dtype=u8))
     with pytest.raises(ValueError, match="scales"):
-        kernel.PackedExperts.from_vllm(torch.zeros(1, 4, 16, dtype=torch.uint8), torch.zeros(1, 4, 2, dtype=torch.uint8))
+        kernel.PackedExperts.from_vllm(torch.zeros(1, 4, 16, dtype=u8), torch.zeros(1, 4, 2, dtype=u8))
 
 
 def test_non_finite_scale_and_input_propagate(isa: str) -> None:
