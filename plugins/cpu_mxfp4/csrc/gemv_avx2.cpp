@@ -19,7 +19,7 @@ namespace {
 
 #define QR_INLINE __attribute__((always_inline)) inline
 
-constexpr int64_t kPrefetch = 1024;
+constexpr int64_t kPrefetchRows = 8;
 
 // Dword lanes 0..3 = 2^(e0 - 127), lanes 4..7 = 2^(e1 - 127) for the half's 2 E8M0 bytes
 // (little-endian in one uint16; a missing block is byte 0). Byte 0 -> +0, 255 -> +inf (gemv_avx512).
@@ -35,7 +35,7 @@ QR_AVX2 QR_INLINE __m256 weight_scales(uint16_t packed) {
 // One half group (2 blocks = 64 weights per row) for R rows x M tokens; kTail: only 1 block left.
 template <int R, int M, bool kTail>
 QR_AVX2 QR_INLINE void half_step(const uint8_t* const* wrow, const uint8_t* const* srow,
-                                 const uint8_t* const* act, int64_t h, __m256 (&acc)[R][M]) {
+                                 const uint8_t* const* act, int64_t h, int64_t ahead, __m256 (&acc)[R][M]) {
   const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                        12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
   const __m256i nib = _mm256_set1_epi8(0x0F);
@@ -51,7 +51,7 @@ QR_AVX2 QR_INLINE void half_step(const uint8_t* const* wrow, const uint8_t* cons
       w = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
       packed = srow[r][h * 2];
     } else {
-      if (h % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetch), _MM_HINT_T0);  // see gemv_avx512
+      if (h % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);  // see gemv_avx512
       w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
       std::memcpy(&packed, srow[r] + h * 2, 2);
     }
@@ -85,8 +85,11 @@ QR_AVX2 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
   const int64_t full = nb / 2;
-  for (int64_t h = 0; h < full; ++h) half_step<R, M, false>(wrow, srow, act, h, acc);
-  if (nb % 2) half_step<R, M, true>(wrow, srow, act, full, acc);
+  const int64_t ahead = kPrefetchRows * nb * 16;  // see gemv_avx512
+  for (int64_t i = 0; i < 4 * nb; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(srow[0] + kPrefetchRows * nb + i), _MM_HINT_T0);
+  for (int64_t h = 0; h < full; ++h) half_step<R, M, false>(wrow, srow, act, h, ahead, acc);
+  if (nb % 2) half_step<R, M, true>(wrow, srow, act, full, ahead, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4

@@ -21,7 +21,7 @@ namespace {
 
 #define QR_INLINE __attribute__((always_inline)) inline
 
-constexpr int64_t kPrefetch = 1024;
+constexpr int64_t kPrefetchRows = 8;
 
 // Dword lanes 4b..4b+3 of the result = fp32 2^(e_b - 127) for the group's 4 E8M0 bytes
 // (packed little-endian in one uint32; missing blocks are byte 0).
@@ -52,7 +52,8 @@ QR_AVX512 QR_INLINE float hsum(__m512 v) {
 // group (valid < 4 blocks): masked loads, so nothing past the row is read.
 template <int R, int M, bool kTail>
 QR_AVX512 QR_INLINE void group_step(const uint8_t* const* wrow, const uint8_t* const* srow,
-                                    const uint8_t* const* act, int64_t g, int valid, __m512 (&acc)[R][M]) {
+                                    const uint8_t* const* act, int64_t g, int valid, int64_t ahead,
+                                    __m512 (&acc)[R][M]) {
   const __m512i lut = _mm512_broadcast_i32x4(
       _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
   const __m512i nib = _mm512_set1_epi8(0x0F);
@@ -66,9 +67,10 @@ QR_AVX512 QR_INLINE void group_step(const uint8_t* const* wrow, const uint8_t* c
       w = _mm512_maskz_loadu_epi8((1ULL << (16 * valid)) - 1, wrow[r] + g * 64);
       for (int i = 0; i < valid; ++i) packed |= static_cast<uint32_t>(srow[r][g * kGroupBlocks + i]) << (8 * i);
     } else {
-      // Software prefetch kPrefetch bytes ahead in every row stream (4 row streams plus their
-      // scale streams defeat the hardware prefetcher's look-ahead; see kernel.py's notes).
-      _mm_prefetch(reinterpret_cast<const char*>(wrow[r] + g * 64 + kPrefetch), _MM_HINT_T0);
+      // Software prefetch of the same bytes kPrefetchRows rows further on (2 quads ahead, ~11 KB
+      // at K=2880): rows are contiguous, so each quad is one region, fetched in full while the
+      // quad before it is computed. (Prefetches never fault, so running past the end is safe.)
+      _mm_prefetch(reinterpret_cast<const char*>(wrow[r] + ahead + g * 64), _MM_HINT_T0);
       w = _mm512_loadu_si512(wrow[r] + g * 64);
       std::memcpy(&packed, srow[r] + g * kGroupBlocks, 4);
     }
@@ -100,9 +102,13 @@ QR_AVX512 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int6
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
   const int64_t full = nb / kGroupBlocks;
-  for (int64_t g = 0; g < full; ++g) group_step<R, M, false>(wrow, srow, act, g, kGroupBlocks, acc);
+  const int64_t ahead = kPrefetchRows * nb * 16;  // bytes of kPrefetchRows rows
+  // The scales of the quad kPrefetchRows rows on: 4 * nb contiguous bytes.
+  for (int64_t i = 0; i < 4 * nb; i += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(srow[0] + kPrefetchRows * nb + i), _MM_HINT_T0);
+  for (int64_t g = 0; g < full; ++g) group_step<R, M, false>(wrow, srow, act, g, kGroupBlocks, ahead, acc);
   const int rest = static_cast<int>(nb - full * kGroupBlocks);
-  if (rest) group_step<R, M, true>(wrow, srow, act, full, rest, acc);
+  if (rest) group_step<R, M, true>(wrow, srow, act, full, rest, ahead, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
