@@ -2,7 +2,8 @@
 
 What runs: :func:`quantreg_cpu_mxfp4.kernel.moe_forward` on a GPT-OSS layer of random valid MXFP4
 experts (H = I = 2880, top-4, SwiGLU-OAI with biases), 20B (E=32) and 120B (E=128) expert counts,
-at 1, 16 and 256 tokens, on every ISA path this CPU has (AVX-512 and the forced AVX2 baseline).
+at 1, 16 and 256 tokens, on every ISA path this CPU has (AVX-512 and the forced AVX2 baseline),
+with the default ``q8x2`` activations, and the best path with plain ``q8`` (``"<isa>/q8"``) beside it.
 
 The floor: one read pass (``_C.read_pass``: threaded 256-bit loads, XOR-reduced) over exactly the
 packed bytes (nibbles + scales, w13 + w2) of the experts the same call routes to -- what any
@@ -94,7 +95,7 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
     weights = torch.softmax(torch.randn(tokens, TOP_K, generator=g), dim=-1)
     times: dict[str, list[float]] = {p: [] for p in [*paths, "floor"]}
     floor_bytes: list[int] = []
-    saved = os.environ.get(kernel.ISA_ENV)
+    saved = {name: os.environ.get(name) for name in (kernel.ISA_ENV, kernel.PRECISION_ENV)}
     try:
         for call in range(reps + 1):  # call 0 warms up (page tables, thread pool) and is dropped
             ids = routed_ids(tokens, e, call)
@@ -104,18 +105,21 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
                 start = time.perf_counter()
                 if path == "floor":
                     _C.read_pass(pieces)
-                else:
-                    os.environ[kernel.ISA_ENV] = path
+                else:  # "avx512", "avx2" (default q8x2 activations) or "avx512/q8" (plain Q8)
+                    isa, _, precision = path.partition("/")
+                    os.environ[kernel.ISA_ENV] = isa
+                    os.environ[kernel.PRECISION_ENV] = precision or "q8x2"
                     kernel.moe_forward(x, ids, weights, w13, layer["w13_bias"], w2, layer["w2_bias"])
                 if call:
                     times[path].append(time.perf_counter() - start)
             if call:
                 floor_bytes.append(sum(p.numel() for p in pieces))
     finally:
-        if saved is None:
-            os.environ.pop(kernel.ISA_ENV, None)
-        else:
-            os.environ[kernel.ISA_ENV] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     out: dict[str, Any] = {f"{p}_ms": statistics.median(v) * 1e3 for p, v in times.items()}
     for p in paths:
         out[f"{p}_over_floor"] = out[f"{p}_ms"] / out["floor_ms"]
@@ -130,8 +134,9 @@ def run(quick: bool) -> list[Metric]:
     ok, why = kernel.status()
     if not ok:
         raise RuntimeError(f"quantreg-cpu-mxfp4's kernel is not available: {why}")
-    paths = ["avx512", "avx2"] if kernel._supports("avx512") else ["avx2"]
-    best = paths[0]
+    isas = ["avx512", "avx2"] if kernel._supports("avx512") else ["avx2"]
+    best = isas[0]  # the path moe_forward picks by default, with its default q8x2 activations
+    paths = [*isas, f"{best}/q8"]
     llc = last_level_cache_bytes()
     host = {"host_isa": host_isa(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "vllm": machine()["vllm"], "last_level_cache_mb": llc / 2**20}

@@ -109,6 +109,27 @@ void quantize_q8(const float* x, int64_t k, uint8_t* dst) {
   }
 }
 
+// Q8 with a residual ("q8x2"): dst_hi = Q8(x), dst_lo = Q8(x - dequant(dst_hi)). The GEMV runs
+// both as two activation rows and adds the results: the residual's per-element error is
+// 1/254 of plain Q8's, at no extra weight traffic (the weights are decoded once per token tile).
+void quantize_q8x2(const float* x, int64_t k, uint8_t* dst_hi, uint8_t* dst_lo, float* scratch) {
+  quantize_q8(x, k, dst_hi);
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const uint8_t* group = dst_hi + (b / kGroupBlocks) * kGroupBytes;
+    const int slot = static_cast<int>(b % kGroupBlocks);
+    const int8_t* even = reinterpret_cast<const int8_t*>(group) + slot * 16;
+    const int8_t* odd = reinterpret_cast<const int8_t*>(group) + 64 + slot * 16;
+    float half_scale;
+    std::memcpy(&half_scale, group + 192 + slot * 16, sizeof half_scale);
+    const float d = half_scale * 2.f;
+    for (int j = 0; j < 16; ++j) {
+      scratch[b * 32 + 2 * j] = x[b * 32 + 2 * j] - d * static_cast<float>(even[j]);
+      scratch[b * 32 + 2 * j + 1] = x[b * 32 + 2 * j + 1] - d * static_cast<float>(odd[j]);
+    }
+  }
+  quantize_q8(scratch, k, dst_lo);
+}
+
 inline float load_float(const void* base, at::ScalarType dtype, int64_t i) {
   switch (dtype) {
     case at::kBFloat16: return static_cast<float>(static_cast<const c10::BFloat16*>(base)[i]);
@@ -158,9 +179,10 @@ void check_bias(const std::optional<at::Tensor>& bias, int64_t e, int64_t n, con
 // large enough that the per-job overhead (pointer set-up, atomics) is noise.
 constexpr int64_t kRowsPerJob = 64;
 
+// act/out hold `per` activation rows per routed pair (1 for Q8, 2 for q8x2), pairs in expert order.
 void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<int64_t>& experts,
               const std::vector<int64_t>& offsets, const std::vector<const uint8_t*>& act,
-              const std::vector<float*>& out) {
+              const std::vector<float*>& out, int64_t per) {
   const int64_t blocks_per_expert = (w.n + kRowsPerJob - 1) / kRowsPerJob;
   const int64_t njobs = static_cast<int64_t>(experts.size()) * blocks_per_expert;
   const int64_t row_bytes = w.k / 2, row_scales = w.k / 32;
@@ -173,9 +195,9 @@ void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<in
     g.k = w.k;
     g.row_begin = (job % blocks_per_expert) * kRowsPerJob;
     g.row_end = std::min(w.n, g.row_begin + kRowsPerJob);
-    g.act = act.data() + offsets[static_cast<size_t>(i)];
-    g.out = out.data() + offsets[static_cast<size_t>(i)];
-    g.m = offsets[static_cast<size_t>(i) + 1] - offsets[static_cast<size_t>(i)];
+    g.act = act.data() + per * offsets[static_cast<size_t>(i)];
+    g.out = out.data() + per * offsets[static_cast<size_t>(i)];
+    g.m = per * (offsets[static_cast<size_t>(i) + 1] - offsets[static_cast<size_t>(i)]);
     gemv(g);
   });
 }
@@ -183,7 +205,11 @@ void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<in
 at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                        const at::Tensor& w13, const at::Tensor& w13_scale, const std::optional<at::Tensor>& w13_bias,
                        const at::Tensor& w2, const at::Tensor& w2_scale, const std::optional<at::Tensor>& w2_bias,
-                       const std::string& activation, double alpha, double limit, const std::string& isa) {
+                       const std::string& activation, double alpha, double limit, const std::string& isa,
+                       const std::string& precision) {
+  TORCH_CHECK(precision == "q8" || precision == "q8x2", "quantreg_cpu_mxfp4: precision must be 'q8' or 'q8x2', "
+              "got '", precision, "'");
+  const int64_t per = precision == "q8x2" ? 2 : 1;
   TORCH_CHECK(activation == "swigluoai" || activation == "silu", "quantreg_cpu_mxfp4: activation must be "
               "'swigluoai' or 'silu', got '", activation, "'");
   TORCH_CHECK(cpu_supports(isa), "quantreg_cpu_mxfp4: this CPU does not support the '", isa, "' path");
@@ -252,38 +278,50 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
 
   // 2. Q8 of every token's x.
   const int64_t q1 = q8_groups(H) * kGroupBytes, q2 = q8_groups(I) * kGroupBytes;
-  std::vector<uint8_t> qx(static_cast<size_t>(T * q1));
+  std::vector<uint8_t> qx(static_cast<size_t>(per * T * q1));
   const void* xp = x.data_ptr();
   const at::ScalarType xdt = x.scalar_type();
   run_jobs(T, [&](int64_t t) {
-    std::vector<float> row(static_cast<size_t>(H));
+    std::vector<float> row(static_cast<size_t>(2 * H));
     for (int64_t h = 0; h < H; ++h) row[static_cast<size_t>(h)] = load_float(xp, xdt, t * H + h);
-    quantize_q8(row.data(), H, qx.data() + t * q1);
+    if (per == 2) {
+      quantize_q8x2(row.data(), H, qx.data() + 2 * t * q1, qx.data() + (2 * t + 1) * q1, row.data() + H);
+    } else {
+      quantize_q8(row.data(), H, qx.data() + t * q1);
+    }
   });
 
   // 3. w13.
-  std::vector<float> h13(static_cast<size_t>(routed * N1));
-  std::vector<const uint8_t*> act(static_cast<size_t>(routed));
-  std::vector<float*> dst(static_cast<size_t>(routed));
+  // Row j of a pair's `per` rows: its Q8 part j; the residual's output goes to a second buffer.
+  std::vector<float> h13(static_cast<size_t>(per * routed * N1));
+  std::vector<const uint8_t*> act(static_cast<size_t>(per * routed));
+  std::vector<float*> dst(static_cast<size_t>(per * routed));
   for (int64_t r = 0; r < routed; ++r) {
-    act[static_cast<size_t>(r)] = qx.data() + (pair_of[static_cast<size_t>(r)] / topk) * q1;
-    dst[static_cast<size_t>(r)] = h13.data() + r * N1;
+    const int64_t t = pair_of[static_cast<size_t>(r)] / topk;
+    for (int64_t j = 0; j < per; ++j) {
+      act[static_cast<size_t>(per * r + j)] = qx.data() + (per * t + j) * q1;
+      dst[static_cast<size_t>(per * r + j)] = h13.data() + (j * routed + r) * N1;
+    }
   }
-  run_gemv(gemv, s13, experts, offsets, act, dst);
+  run_gemv(gemv, s13, experts, offsets, act, dst, per);
 
   // 4. Bias, activation, Q8.
-  std::vector<uint8_t> qa(static_cast<size_t>(routed * q2));
+  std::vector<uint8_t> qa(static_cast<size_t>(per * routed * q2));
   const bool oai = activation == "swigluoai";
   const float fa = static_cast<float>(alpha), fl = static_cast<float>(limit);
   run_jobs(routed, [&](int64_t r) {
     const int64_t e = expert_of[static_cast<size_t>(r)];
     float* h = h13.data() + r * N1;
+    if (per == 2) {
+      const float* residual = h13.data() + (routed + r) * N1;
+      for (int64_t n = 0; n < N1; ++n) h[n] += residual[n];
+    }
     if (w13_bias.has_value()) {
       const void* b = w13_bias->data_ptr();
       const at::ScalarType bdt = w13_bias->scalar_type();
       for (int64_t n = 0; n < N1; ++n) h[n] += load_float(b, bdt, e * N1 + n);
     }
-    std::vector<float> a(static_cast<size_t>(I));
+    std::vector<float> a(static_cast<size_t>(2 * I));
     for (int64_t i = 0; i < I; ++i) {
       if (oai) {
         const float g = h[2 * i], u = h[2 * i + 1];
@@ -295,16 +333,22 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
         a[static_cast<size_t>(i)] = g / (1.f + std::exp(-g)) * u;
       }
     }
-    quantize_q8(a.data(), I, qa.data() + r * q2);
+    if (per == 2) {
+      quantize_q8x2(a.data(), I, qa.data() + 2 * r * q2, qa.data() + (2 * r + 1) * q2, a.data() + I);
+    } else {
+      quantize_q8(a.data(), I, qa.data() + r * q2);
+    }
   });
 
   // 5. w2 (reuses h13's storage: routed * H <= routed * 2I is not guaranteed, so its own buffer).
-  std::vector<float> y(static_cast<size_t>(routed * H));
+  std::vector<float> y(static_cast<size_t>(per * routed * H));
   for (int64_t r = 0; r < routed; ++r) {
-    act[static_cast<size_t>(r)] = qa.data() + r * q2;
-    dst[static_cast<size_t>(r)] = y.data() + r * H;
+    for (int64_t j = 0; j < per; ++j) {
+      act[static_cast<size_t>(per * r + j)] = qa.data() + (per * r + j) * q2;
+      dst[static_cast<size_t>(per * r + j)] = y.data() + (j * routed + r) * H;
+    }
   }
-  run_gemv(gemv, s2, experts, offsets, act, dst);
+  run_gemv(gemv, s2, experts, offsets, act, dst, per);
 
   // 6. Weighted sum per token, slots in order.
   void* op = out.data_ptr();
@@ -315,13 +359,15 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
       if (r < 0) continue;
       const float wk = wts[t * topk + s];
       const float* yr = y.data() + r * H;
-      if (w2_bias.has_value()) {
-        const void* b = w2_bias->data_ptr();
-        const at::ScalarType bdt = w2_bias->scalar_type();
-        const int64_t e = expert_of[static_cast<size_t>(r)];
-        for (int64_t h = 0; h < H; ++h) acc[static_cast<size_t>(h)] += wk * (yr[h] + load_float(b, bdt, e * H + h));
-      } else {
-        for (int64_t h = 0; h < H; ++h) acc[static_cast<size_t>(h)] += wk * yr[h];
+      const float* yl = per == 2 ? y.data() + (routed + r) * H : nullptr;  // residual part
+      const void* b = w2_bias.has_value() ? w2_bias->data_ptr() : nullptr;
+      const at::ScalarType bdt = w2_bias.has_value() ? w2_bias->scalar_type() : at::kFloat;
+      const int64_t e = expert_of[static_cast<size_t>(r)];
+      for (int64_t h = 0; h < H; ++h) {
+        float v = yr[h];
+        if (yl != nullptr) v += yl[h];
+        if (b != nullptr) v += load_float(b, bdt, e * H + h);
+        acc[static_cast<size_t>(h)] += wk * v;
       }
     }
     for (int64_t h = 0; h < H; ++h) {
@@ -339,7 +385,7 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
 at::Tensor moe_forward_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
                             const std::optional<at::Tensor>&, const std::string&, double, double,
-                            const std::string&) {
+                            const std::string&, const std::string&) {
   return at::empty_like(x);
 }
 
@@ -372,7 +418,7 @@ int64_t read_pass(const std::vector<at::Tensor>& tensors) {
 TORCH_LIBRARY(quantreg_cpu_mxfp4, m) {
   m.def("moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w13_scale, "
         "Tensor? w13_bias, Tensor w2, Tensor w2_scale, Tensor? w2_bias, str activation, float alpha, "
-        "float limit, str isa) -> Tensor");
+        "float limit, str isa, str precision) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quantreg_cpu_mxfp4, CPU, m) { m.impl("moe_forward", &quantreg_cpu_mxfp4::moe_forward); }

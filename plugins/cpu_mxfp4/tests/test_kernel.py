@@ -3,8 +3,8 @@
 Every case runs on both ISA paths (``QUANTREG_CPU_MXFP4_ISA``); the AVX-512 one is skipped, with
 the reason, on hosts without AVX-512 F/BW/VL/VNNI. The project's tolerance is a relative error
 (:func:`relative_error`, max abs error / max abs reference) of 0.02 against float64; the kernel's
-budget (two Q8 activation roundings, see ``quantreg_cpu_mxfp4.kernel``) measures 0.8-1.4 % on
-these random experts, so the tests hold it to ``TOL``.
+budget (see ``quantreg_cpu_mxfp4.kernel``): the default ``q8x2`` activations are held to the 1 %
+aim (``TOL``), plain ``q8`` (0.8-1.9 % measured on these experts) to the 2 % tolerance (``TOL_Q8``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from quantreg.models.gpt_oss_moe import (
     swiglu_oai,
 )
 
-TOL = 0.02
+TOL = 0.01
+TOL_Q8 = 0.02
 AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
 
 
@@ -115,6 +116,19 @@ def test_silu_without_biases_matches_float64(isa: str, tokens: int, hidden: int,
     ref = silu_moe_f64(x, ids, weights, dequantize_mxfp4_f64(w13_b, w13_s), dequantize_mxfp4_f64(w2_b, w2_s))
     err = relative_error(out, ref)
     assert err <= TOL, f"{isa}, T={tokens}, H={hidden}, I={inter}: relative error {err:.4f} > {TOL}"
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_plain_q8_within_tolerance(isa: str, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernel.PRECISION_ENV, "q8")
+    assert kernel.precision() == "q8"
+    ex = random_gpt_oss_mxfp4_experts(8, 96, 160, bias=True, seed=tokens)
+    x = random_hidden_states(tokens, 96, seed=tokens + 1)
+    ids, weights = routing(tokens, 8, 4, seed=tokens + 2, out_of_range=True)
+    w13, w2 = pack(ex)
+    out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias)
+    err = relative_error(out, ex.reference(x, ids, weights))
+    assert err <= TOL_Q8, f"{isa}, q8, T={tokens}: relative error {err:.4f} > {TOL_Q8}"
 
 
 def test_out_of_range_ids_contribute_nothing(isa: str) -> None:
