@@ -98,7 +98,7 @@ def status() -> tuple[bool, str]:
 
 
 def precision() -> str:
-    """Activation quantisation, read per call from ``QUANTREG_CPU_MXFP4_PRECISION``: ``"q8x2"`` (default) or ``"q8"``."""
+    """Activation quantisation, read per call from ``QUANTREG_CPU_MXFP4_PRECISION``: "q8x2" (default) or "q8"."""
     wanted = os.environ.get(PRECISION_ENV, "").strip().lower() or PRECISIONS[0]
     if wanted not in PRECISIONS:
         log.warning("%s=%r is not one of %s; using %s", PRECISION_ENV, wanted, PRECISIONS, PRECISIONS[0])
