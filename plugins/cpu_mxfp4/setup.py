@@ -85,7 +85,7 @@ def _extensions() -> tuple[list[object], dict[str, type]]:
     ext = CppExtension(
         "quantreg_cpu_mxfp4._C",
         SOURCES,
-        extra_compile_args=["-O3", "-fopenmp", "-Wall", "-Wno-unknown-pragmas", "-Wno-maybe-uninitialized"],
+        extra_compile_args=["-O3", "-g0", "-fopenmp", "-Wall", "-Wno-unknown-pragmas", "-Wno-maybe-uninitialized"],
         extra_link_args=["-fopenmp"],
     )
     stale = HERE / "quantreg_cpu_mxfp4" / FAILURE_FILE  # from an earlier failed in-place build

@@ -35,9 +35,19 @@ paths in one process): ``avx2`` forces the baseline; ``avx512`` (or unset) asks 
 (F/BW/VL/VNNI) and falls back to AVX2 where the CPU lacks it. AMX is never required.
 
 Weight layout: :class:`PackedExperts` keeps vLLM's layout as loaded (rows of packed nibbles
-``[E, N, K/2]`` and E8M0 bytes ``[E, N, K/32]``): the kernel streams 4 rows at a time straight
-from it, so no repack and no copy is needed (resident bytes = the input's, 1.0x) when the input
-is contiguous uint8; otherwise one contiguous copy is made.
+``[E, N, K/2]`` and E8M0 bytes ``[E, N, K/32]``): the kernel streams 4 consecutive rows at a time
+straight from it (one contiguous region per 4-row quad), with software prefetch of the quad 8 rows
+further on, so no repack and no copy is needed (resident bytes = the input's, 1.0x) when the input
+is contiguous uint8; otherwise one contiguous copy is made. A ggml-style row-interleaved repack
+was not tried (see the bench for where the decode path stands against the read floor).
+
+Prefill: the same int8 kernel, tiled (32 tokens x 4 rows per sweep, weights decoded once per
+4-row x 128-column tile and reused over 4 (AVX-512) or 2 (AVX2) tokens). It is compute-bound at
+many tokens per expert; a decode-to-bf16 + ATen GEMM path (AMX where present) is not implemented,
+so there is no tokens-per-expert threshold yet.
+
+Threads: every stage runs on torch's intra-op threads (``at::parallel_for``); GEMV jobs are
+(expert, 64-row block) pairs taken from a shared counter, so uneven experts balance.
 """
 
 from __future__ import annotations
@@ -204,8 +214,9 @@ def moe_forward(
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     op = _op()
-    return op(  # type: ignore[operator, no-any-return]
+    out: torch.Tensor = op(  # type: ignore[operator]
         x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), w13.blocks, w13.scales,
         None if w13_bias is None else w13_bias.contiguous(), w2.blocks, w2.scales,
         None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit), isa(),
         precision())
+    return out
