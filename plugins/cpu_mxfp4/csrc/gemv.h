@@ -22,6 +22,14 @@ namespace quantreg_cpu_mxfp4 {
 constexpr int kGroupBlocks = 4;
 constexpr int64_t kGroupBytes = 256;
 
+// Prefetch base + offset. The address is formed in integer arithmetic: it may lie past the end of
+// the tensor (the last quads prefetch rows that do not exist), where pointer arithmetic would be
+// undefined; a prefetch instruction never faults.
+#define QR_PREFETCH(base, offset)                                                                    \
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) +                     \
+                                             static_cast<uintptr_t>(offset)),                        \
+               _MM_HINT_T0)
+
 inline int64_t q8_groups(int64_t k) { return (k / 32 + kGroupBlocks - 1) / kGroupBlocks; }
 
 // One GEMV job: rows [row_begin, row_end) of one expert's MXFP4 weight ([N, K/2] blocks,

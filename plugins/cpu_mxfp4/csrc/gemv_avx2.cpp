@@ -51,7 +51,7 @@ QR_AVX2 QR_INLINE void half_step(const uint8_t* const* wrow, const uint8_t* cons
       w = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
       packed = srow[r][h * 2];
     } else {
-      if (h % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);  // see gemv_avx512
+      if (h % 2 == 0) QR_PREFETCH(p, ahead);  // see gemv_avx512
       w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
       std::memcpy(&packed, srow[r] + h * 2, 2);
     }
@@ -87,7 +87,7 @@ QR_AVX2 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_
   const int64_t full = nb / 2;
   const int64_t ahead = kPrefetchRows * nb * 16;  // see gemv_avx512
   for (int64_t i = 0; i < 4 * nb; i += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(srow[0] + kPrefetchRows * nb + i), _MM_HINT_T0);
+    QR_PREFETCH(srow[0], kPrefetchRows * nb + i);
   for (int64_t h = 0; h < full; ++h) half_step<R, M, false>(wrow, srow, act, h, ahead, acc);
   if (nb % 2) half_step<R, M, true>(wrow, srow, act, full, ahead, acc);
 #pragma GCC unroll 4

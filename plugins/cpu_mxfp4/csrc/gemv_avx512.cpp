@@ -70,7 +70,7 @@ QR_AVX512 QR_INLINE void group_step(const uint8_t* const* wrow, const uint8_t* c
       // Software prefetch of the same bytes kPrefetchRows rows further on (2 quads ahead, ~11 KB
       // at K=2880): rows are contiguous, so each quad is one region, fetched in full while the
       // quad before it is computed. (Prefetches never fault, so running past the end is safe.)
-      _mm_prefetch(reinterpret_cast<const char*>(wrow[r] + ahead + g * 64), _MM_HINT_T0);
+      QR_PREFETCH(wrow[r], ahead + g * 64);
       w = _mm512_loadu_si512(wrow[r] + g * 64);
       std::memcpy(&packed, srow[r] + g * kGroupBlocks, 4);
     }
@@ -105,7 +105,7 @@ QR_AVX512 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int6
   const int64_t ahead = kPrefetchRows * nb * 16;  // bytes of kPrefetchRows rows
   // The scales of the quad kPrefetchRows rows on: 4 * nb contiguous bytes.
   for (int64_t i = 0; i < 4 * nb; i += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(srow[0] + kPrefetchRows * nb + i), _MM_HINT_T0);
+    QR_PREFETCH(srow[0], kPrefetchRows * nb + i);
   for (int64_t g = 0; g < full; ++g) group_step<R, M, false>(wrow, srow, act, g, kGroupBlocks, ahead, acc);
   const int rest = static_cast<int>(nb - full * kGroupBlocks);
   if (rest) group_step<R, M, true>(wrow, srow, act, full, rest, ahead, acc);
