@@ -19,7 +19,7 @@ $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # from that sdist, so a file missing from the sdist fails here) and the built wheels -- not the
 # source tree -- are installed; vLLM's worker processes then find quantreg's entry points exactly
 # as they would after installing a release.
-$PIP install -q build "setuptools>=70.1"
+$PIP install -q build "setuptools>=77"
 DIST=${QUANTREG_DIST:-dist}
 rm -rf "$DIST"
 "$VENV/bin/python" -m build -q --outdir "$DIST" .
