@@ -19,18 +19,20 @@ $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # from that sdist, so a file missing from the sdist fails here) and the built wheels -- not the
 # source tree -- are installed; vLLM's worker processes then find quantreg's entry points exactly
 # as they would after installing a release.
-$PIP install -q build
+$PIP install -q build "setuptools>=77"
 DIST=${QUANTREG_DIST:-dist}
 rm -rf "$DIST"
 "$VENV/bin/python" -m build -q --outdir "$DIST" .
 "$VENV/bin/python" -m build -q --outdir "$DIST" ./plugins/hpu_mxfp4
-CORE_WHEEL=$(realpath "$(ls "$DIST"/quantreg-*.whl)")
-PLUGIN_WHEEL=$(realpath "$(ls "$DIST"/quantreg_hpu_mxfp4-*.whl)")
-$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL"
-$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL"
-# Plugin #2 (quantreg-cpu-mxfp4). Until its compiled kernel's build lands this is the pure-Python
-# build (a torch stand-in of the kernel); the kernel's build line (--no-build-isolation, against
-# the torch installed above) replaces this one.
-$PIP install -q --force-reinstall --no-deps ./plugins/cpu_mxfp4
+# quantreg-cpu-mxfp4 compiles a torch extension: --no-isolation so it builds against the venv's torch
+# (an isolated build would download a second torch). A missing or failing compiler is one printed
+# line and a wheel without the kernel (its status() then says "extension not built").
+"$VENV/bin/python" -m build -q --no-isolation --outdir "$DIST" ./plugins/cpu_mxfp4
+# Wheel names use underscores: quantreg-[0-9]* is the core only, never quantreg_<plugin>-*.
+CORE_WHEEL=$(realpath "$(ls "$DIST"/quantreg-[0-9]*.whl)")
+PLUGIN_WHEEL=$(realpath "$(ls "$DIST"/quantreg_hpu_mxfp4-[0-9]*.whl)")
+CPU_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_mxfp4-[0-9]*.whl)")
+$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL"
+$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL"
 $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "setup: $VENV ready ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null | tail -1))"

@@ -1,102 +1,224 @@
-"""The kernel API of quantreg-cpu-mxfp4, here as a pure-torch STAND-IN.
+"""The compiled CPU MXFP4 MoE kernel: Python API over ``torch.ops.quantreg_cpu_mxfp4.moe_forward``.
 
-Why a stand-in: the compiled kernel (C++ built as a torch extension, AVX2+FMA baseline and an
-AVX-512 variant) is written separately and replaces this one module, and only this module, when
-it lands. Everything else in the plugin codes against the API below and nothing imports this
-module's internals, so the swap changes speed, not behaviour:
+What runs (C++, ``csrc/``; torch's intra-op threads via ``at::parallel_for``): the routed
+(token, expert) pairs are grouped per expert; each token's activations are quantised to int8 per
+32-block (Q8_0: one fp32 scale per block, ``d = max|x| / 127``); then, for the routed experts only,
+a fused MXFP4-dequant + GEMV reads each expert's packed bytes once: E2M1 codes become int8 through
+a 16-entry table of doubled values (``vpshufb``), int8 dot products (AVX-512 VNNI ``vpdpbusd`` or
+AVX2 ``vpmaddubsw``/``vpmaddwd``) per 32-block, then one fp32 FMA per block with
+``2^(e-127) * d / 2``. Bias, activation (SwiGLU-OAI or SiLU) and a second Q8 quantisation of the
+activation follow, then the w2 GEMV and the routing-weighted sum per token. Many tokens per expert
+use the same kernel with weights decoded once per 4-row x 128-column tile and reused over tiles of
+4 (AVX-512) or 2 (AVX2) tokens.
 
-* :func:`status` -- ``(True, isa)`` when the kernel can run, ``(False, why)`` otherwise; never raises;
-* :func:`isa` -- the instruction-set path in use; ``QUANTREG_CPU_MXFP4_ISA=avx2`` forces the baseline;
-* :class:`PackedExperts` -- one projection's experts, packed (built once from vLLM's loaded
-  parameters, which the caller may then free);
-* :func:`moe_forward` -- the routed experts of a MoE layer on ``[T, H]`` bf16 tokens.
+Numerics -- what activation quantisation costs, and why there is a residual. The MXFP4 weights
+are used exactly (the int8 table holds 2x every E2M1 value). The approximation is rounding
+activations to int8 per 32 values, twice (``x`` before w13, the activation before w2). Plain Q8
+(``QUANTREG_CPU_MXFP4_PRECISION=q8``) has a per-element error of up to ``max|block| / 254``; a
+block holding one large value (GPT-OSS's SwiGLU clamps produce them: ``(up + 1) * 7``) rounds
+every other element of the block coarsely. Measured against float64 on random GPT-OSS-like experts
+(``relative_error``: max abs error / max abs reference): 0.8-1.0 % per quantisation at H=I=2880,
+1.1-1.3 % for both, and up to 1.9 % on small experts with clamped rows -- inside the project's 2 %
+tolerance, outside its 1 % aim. So the default, ``q8x2``, also quantises the residual
+``x - dequant(Q8(x))`` to a second int8 row and runs both through the same GEMV (the weights are
+decoded once per token tile, so no extra weight traffic; the dot-product work doubles): the error
+becomes ~1/254 of Q8's and what remains is fp32 accumulation and the final rounding to ``x``'s
+dtype (bf16: 0.4 % of an element, ~0.3 % ``relative_error``). The tests hold both settings to
+the 2 % tolerance and ``q8x2`` to 1 %. Cost (bench/cpu_mxfp4_bench.py, shared 2-core host): free
+at 1 token (memory-bound), +30 % at 16 tokens, ~3.6x at 256 tokens (compute-bound) -- set
+``q8`` where prefill throughput matters more than the last percent of accuracy.
 
-This stand-in decodes each routed expert exactly to bf16 (:func:`quantreg.formats.mxfp4.dequantize_mxfp4`)
-for the duration of its matmul only, so the resident weights stay the packed bytes; matmuls run
-in bf16 with fp32 accumulation, activations and the weighted sum in fp32.
+Format edge cases: E8M0 byte 255 (NaN in the OCP spec) yields non-finite outputs for the rows
+that use it; byte 0 (2^-127) is treated as 0 (a difference below 1e-38 relative). Non-finite
+activations make their block's outputs NaN.
+
+ISA choice: :func:`isa` reads ``QUANTREG_CPU_MXFP4_ISA`` on **every call** (so tests can switch
+paths in one process): ``avx2`` forces the baseline; ``avx512`` (or unset) asks for AVX-512
+(F/BW/VL/VNNI) and falls back to AVX2 where the CPU lacks it. AMX is never required.
+
+Weight layout: :class:`PackedExperts` keeps vLLM's layout as loaded (rows of packed nibbles
+``[E, N, K/2]`` and E8M0 bytes ``[E, N, K/32]``): the kernel streams 4 consecutive rows at a time
+straight from it (one contiguous region per 4-row quad), with software prefetch of the quad 8 rows
+further on, so no repack and no copy is needed (resident bytes = the input's, 1.0x) when the input
+is contiguous uint8; otherwise one contiguous copy is made. A ggml-style row-interleaved repack
+was not tried (see the bench for where the decode path stands against the read floor).
+
+Prefill: the same int8 kernel, tiled (32 tokens x 4 rows per sweep, weights decoded once per
+4-row x 128-column tile and reused over 4 (AVX-512) or 2 (AVX2) tokens). It is compute-bound at
+many tokens per expert; a decode-to-bf16 + ATen GEMM path (AMX where present) is not implemented,
+so there is no tokens-per-expert threshold yet.
+
+Threads: every stage runs on torch's intra-op threads (``at::parallel_for``); GEMV jobs are
+(expert, 64-row block) pairs taken from a shared counter, so uneven experts balance.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from quantreg.formats.mxfp4 import BLOCK_SIZE, dequantize_mxfp4
+log = logging.getLogger("vllm.quantreg.cpu_mxfp4")
 
 ISA_ENV = "QUANTREG_CPU_MXFP4_ISA"
-ISAS = ("avx512", "avx2")
+PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
+PRECISIONS = ("q8x2", "q8")
+ACTIVATIONS = ("swigluoai", "silu")
+BLOCK_SIZE = 32
+
+
+@cache
+def _extension() -> tuple[object | None, str]:
+    """(the loaded ``_C`` module or None, why not); importing it registers the torch op."""
+    try:
+        from . import _C  # type: ignore[attr-defined]
+    except Exception as exc:  # ImportError (not built), OSError (ABI / missing symbols), ...
+        failure = Path(__file__).with_name("BUILD_FAILED.txt")  # written by setup.py when the build failed
+        try:
+            why = f"the build failed: {failure.read_text().strip()}"
+        except OSError:
+            why = f"{type(exc).__name__}: {exc}"
+        log.debug("quantreg_cpu_mxfp4._C not loaded: %s", why)
+        return None, why
+    return _C, ""
+
+
+def _supports(isa_name: str) -> bool:
+    module, _ = _extension()
+    return bool(module is not None and module.cpu_supports(isa_name))  # type: ignore[attr-defined]
 
 
 def status() -> tuple[bool, str]:
-    """Whether the kernel can run here, and on which path (the stand-in: always, in torch)."""
-    return True, "torch-stand-in"
+    """``(True, "avx512" | "avx2")``: the kernel can run and this path would; else ``(False, why)``.
+
+    Never raises: a fallback chain asks this first. The reasons are ``"extension not built: ..."``
+    (the build had no compiler, failed, or the module does not load) and ``"CPU lacks avx2+fma"``.
+    """
+    try:
+        module, why = _extension()
+        if module is None:
+            return False, f"extension not built: {why}"
+        if not _supports("avx2"):
+            return False, "CPU lacks avx2+fma"
+        return True, isa()
+    except Exception as exc:  # pragma: no cover - defensive: status() must never raise
+        return False, f"extension not usable: {type(exc).__name__}: {exc}"
+
+
+def precision() -> str:
+    """Activation quantisation, read per call from ``QUANTREG_CPU_MXFP4_PRECISION``: "q8x2" (default) or "q8"."""
+    wanted = os.environ.get(PRECISION_ENV, "").strip().lower() or PRECISIONS[0]
+    if wanted not in PRECISIONS:
+        log.warning("%s=%r is not one of %s; using %s", PRECISION_ENV, wanted, PRECISIONS, PRECISIONS[0])
+        return PRECISIONS[0]
+    return wanted
 
 
 def isa() -> str:
-    """``avx512`` or ``avx2``: the path :func:`moe_forward` takes (``QUANTREG_CPU_MXFP4_ISA`` forces one)."""
-    forced = os.environ.get(ISA_ENV, "").strip().lower()
-    return "avx2" if forced == "avx2" else "avx512"
+    """The path :func:`moe_forward` will run now: ``"avx512"`` or ``"avx2"`` (read per call)."""
+    wanted = os.environ.get(ISA_ENV, "").strip().lower()
+    if wanted not in ("", "avx2", "avx512"):
+        log.warning("%s=%r is not 'avx2' or 'avx512'; ignoring it", ISA_ENV, wanted)
+        wanted = ""
+    if wanted == "avx2":
+        return "avx2"
+    return "avx512" if _supports("avx512") else "avx2"
 
 
+@dataclass(frozen=True)
 class PackedExperts:
-    """One projection of a layer's local experts: MXFP4 blocks uint8 ``[E, N, K/2]`` + E8M0 scales ``[E, N, K/32]``."""
+    """One MXFP4 weight stack (all experts of w13 or of w2) in the kernel's layout, made once at load.
 
-    def __init__(self, blocks: torch.Tensor, scales: torch.Tensor) -> None:
-        self._blocks = blocks
-        self._scales = scales
-        self.num_experts, self.rows = int(blocks.shape[0]), int(blocks.shape[1])
-        self.cols = int(blocks.shape[2]) * 2
-        self.nbytes = blocks.numel() * blocks.element_size() + scales.numel() * scales.element_size()
+    ``blocks`` uint8 ``[E, N, K/2]`` (element ``2j`` = low nibble of byte ``j``) and ``scales``
+    uint8 ``[E, N, K/32]`` (E8M0), contiguous. This is vLLM's parameter layout, which the kernel
+    reads directly (see the module docstring), so :meth:`from_vllm` shares the input's storage
+    when it can: the caller may drop its own references afterwards.
+    """
+
+    blocks: torch.Tensor
+    scales: torch.Tensor
 
     @classmethod
     def from_vllm(cls, blocks: torch.Tensor, scales: torch.Tensor) -> PackedExperts:
-        """From vLLM's loaded parameters (the stand-in keeps them as they are: no copy)."""
-        if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
-            raise TypeError(f"MXFP4 blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
-        if blocks.dim() != 3 or scales.dim() != 3 or blocks.shape[:2] != scales.shape[:2] \
-                or blocks.shape[2] * 2 != scales.shape[2] * BLOCK_SIZE:
+        """Check vLLM's ``w*_weight`` / ``w*_weight_scale`` and wrap them (copy only if not contiguous)."""
+        if blocks.dim() != 3 or scales.dim() != 3:
             raise ValueError(f"expected blocks [E, N, K/2] and scales [E, N, K/32], got {tuple(blocks.shape)} "
                              f"and {tuple(scales.shape)}")
-        return cls(blocks.detach().contiguous(), scales.detach().contiguous())
+        if blocks.device.type != "cpu" or scales.device.type != "cpu":
+            raise ValueError(f"MXFP4 weights must be on the CPU, got {blocks.device} / {scales.device}")
+        if blocks.dtype not in (torch.uint8, torch.int8) or scales.dtype not in (torch.uint8, torch.int8):
+            raise ValueError(f"blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+        e, n, half = blocks.shape
+        k = 2 * half
+        if k == 0 or k % BLOCK_SIZE:
+            raise ValueError(f"K = {k} (2 x blocks' last dimension) must be a positive multiple of {BLOCK_SIZE}")
+        if tuple(scales.shape) != (e, n, k // BLOCK_SIZE):
+            raise ValueError(f"scales {tuple(scales.shape)} do not match blocks {tuple(blocks.shape)}: expected "
+                             f"{(e, n, k // BLOCK_SIZE)}")
+        blocks = blocks.detach().view(torch.uint8).contiguous()
+        scales = scales.detach().view(torch.uint8).contiguous()
+        return cls(blocks, scales)
 
-    def _dense(self, expert: int) -> torch.Tensor:
-        return dequantize_mxfp4(self._blocks[expert], self._scales[expert])
+    @property
+    def num_experts(self) -> int:
+        return int(self.blocks.shape[0])
+
+    @property
+    def rows(self) -> int:
+        """N: output features per expert."""
+        return int(self.blocks.shape[1])
+
+    @property
+    def cols(self) -> int:
+        """K: input features per expert (elements, not bytes)."""
+        return int(self.blocks.shape[2]) * 2
+
+    @property
+    def nbytes(self) -> int:
+        """Resident bytes of the packed form (blocks + scales)."""
+        return int(self.blocks.numel() + self.scales.numel())
 
 
-def moe_forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                w13: PackedExperts, w13_bias: torch.Tensor | None,
-                w2: PackedExperts, w2_bias: torch.Tensor | None, *,
-                activation: str = "swigluoai", alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
-    """``sum_k w[t,k] * expert_{id[t,k]}(x[t])`` for local expert ids (others contribute 0), bf16 ``[T, H]``.
+def _op() -> object:
+    module, why = _extension()
+    if module is None:
+        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available (extension not built: {why})")
+    return torch.ops.quantreg_cpu_mxfp4.moe_forward
 
-    ``swigluoai``: interleaved gate/up rows of w13 (gate 0::2, up 1::2), GPT-OSS's clamped SwiGLU;
-    ``silu``: concatenated halves ``[gate; up]``, ``silu(gate) * up``.
+
+def moe_forward(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13: PackedExperts,
+    w13_bias: torch.Tensor | None,
+    w2: PackedExperts,
+    w2_bias: torch.Tensor | None,
+    *,
+    activation: str = "swigluoai",
+    alpha: float = 1.702,
+    limit: float = 7.0,
+) -> torch.Tensor:
+    """``sum_k topk_weights[t, k] * (W2_e act(W13_e x_t + b13_e) + b2_e)`` for ``e = topk_ids[t, k]``.
+
+    ``x`` bf16 (or fp16/fp32) ``[T, H]``; ``topk_ids`` int32/int64 ``[T, k]`` of *local* expert ids
+    (ids outside ``[0, E)`` contribute 0, as on an expert-parallel rank); ``topk_weights``
+    ``[T, k]`` (fp32). ``activation`` ``"swigluoai"``: w13 rows interleaved (gate = rows 0::2,
+    up = rows 1::2), ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`` with
+    ``g = min(gate, limit)``; ``"silu"``: w13 = ``[gate; up]`` halves, ``silu(gate) * up``
+    (``alpha``/``limit`` unused). Biases bf16/fp32 ``[E, 2I]`` / ``[E, H]`` or None. Returns
+    ``[T, H]`` in ``x``'s dtype. Raises ``RuntimeError`` if the extension is not built.
     """
-    if activation not in ("swigluoai", "silu"):
-        raise ValueError(f"activation {activation!r} is not computed (swigluoai or silu)")
-    tokens = x.shape[0]
-    out = torch.zeros(tokens, w2.rows, dtype=torch.float32, device=x.device)
-    ids = topk_ids.to(torch.int64)
-    weights = topk_weights.float()
-    for e in torch.unique(ids).tolist():
-        if not 0 <= e < w13.num_experts:
-            continue
-        token, slot = (ids == e).nonzero(as_tuple=True)
-        xs = x[token].to(torch.bfloat16)
-        h = (xs @ w13._dense(e).t()).float()
-        if w13_bias is not None:
-            h = h + w13_bias[e].float()
-        if activation == "swigluoai":
-            gate = h[:, 0::2].clamp(max=limit)
-            up = h[:, 1::2].clamp(-limit, limit)
-            act = (up + 1) * gate * torch.sigmoid(alpha * gate)
-        else:
-            half = h.shape[1] // 2
-            act = F.silu(h[:, :half]) * h[:, half:]
-        y = (act.to(torch.bfloat16) @ w2._dense(e).t()).float()
-        if w2_bias is not None:
-            y = y + w2_bias[e].float()
-        out.index_add_(0, token, y * weights[token, slot].unsqueeze(1))
-    return out.to(torch.bfloat16)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    op = _op()
+    out: torch.Tensor = op(  # type: ignore[operator]
+        x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), w13.blocks, w13.scales,
+        None if w13_bias is None else w13_bias.contiguous(), w2.blocks, w2.scales,
+        None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit), isa(),
+        precision())
+    return out

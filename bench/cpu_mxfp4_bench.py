@@ -1,0 +1,192 @@
+"""``cpu_mxfp4_*``: the compiled CPU MXFP4 MoE kernel (``quantreg-cpu-mxfp4``) against the MXFP4 read floor.
+
+What runs: :func:`quantreg_cpu_mxfp4.kernel.moe_forward` on a GPT-OSS layer of random valid MXFP4
+experts (H = I = 2880, top-4, SwiGLU-OAI with biases), 20B (E=32) and 120B (E=128) expert counts,
+at 1, 16 and 256 tokens, on every ISA path this CPU has (AVX-512 and the forced AVX2 baseline),
+with the default ``q8x2`` activations, and the best path with plain ``q8`` (``"<isa>/q8"``) beside it.
+
+The floor: one read pass (``_C.read_pass``: threaded 256-bit loads, XOR-reduced) over exactly the
+packed bytes (nibbles + scales, w13 + w2) of the experts the same call routes to -- what any
+kernel that reads each routed weight once must at least spend. Kernel and floor calls are
+interleaved (A B A B ...), medians are reported, and the routed experts rotate from call to call
+over the whole layer (1 token: 4 disjoint experts per call, so a call's 53 MB come back only after
+the whole 423 MB / 1.7 GB layer, >= 4x this machine's last-level cache), so every call reads DRAM.
+
+:func:`measure` is the building block, for other benchmarks (vLLM-layer comparisons) to call.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import Metric, child_main, load_average, machine
+
+HIDDEN = INTER = 2880
+TOP_K = 4
+
+
+def host_isa() -> str:
+    """The host class the issue asks results to carry: "AMX", "AVX-512", "AVX2-only" or "no AVX2"."""
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    if "amx_tile" in flags:
+        return "AMX"
+    if "avx512f" in flags:
+        return "AVX-512"
+    return "AVX2-only" if "avx2" in flags else "no AVX2"
+
+
+def last_level_cache_bytes() -> int:
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        best = max(best, int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+    return best or 32 << 20
+
+
+def random_layer(num_experts: int, seed: int) -> dict[str, torch.Tensor]:
+    """Valid random MXFP4 experts (every byte is two E2M1 codes; trained-like scale bytes 118..122)."""
+    g = torch.Generator().manual_seed(seed)
+    u8 = torch.uint8
+    return {
+        "w13": torch.randint(0, 256, (num_experts, 2 * INTER, HIDDEN // 2), dtype=u8, generator=g),
+        "w13_scale": torch.randint(118, 123, (num_experts, 2 * INTER, HIDDEN // 32), dtype=u8, generator=g),
+        "w2": torch.randint(0, 256, (num_experts, HIDDEN, INTER // 2), dtype=u8, generator=g),
+        "w2_scale": torch.randint(118, 123, (num_experts, HIDDEN, INTER // 32), dtype=u8, generator=g),
+        "w13_bias": (torch.randn(num_experts, 2 * INTER, generator=g) * 0.1).to(torch.bfloat16),
+        "w2_bias": (torch.randn(num_experts, HIDDEN, generator=g) * 0.1).to(torch.bfloat16),
+    }
+
+
+def routed_ids(tokens: int, num_experts: int, call: int) -> torch.Tensor:
+    """1 token: experts 4c..4c+3 (mod E) for call c, so consecutive calls read disjoint weights;
+    more tokens: independent random top-4 per token (seeded by the call)."""
+    if tokens == 1:
+        return torch.tensor([[(TOP_K * call + j) % num_experts for j in range(TOP_K)]], dtype=torch.int32)
+    g = torch.Generator().manual_seed(1000 + call)
+    return torch.stack([torch.randperm(num_experts, generator=g)[:TOP_K] for _ in range(tokens)]).to(torch.int32)
+
+
+def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[str]) -> dict[str, Any]:
+    """Median ms of ``moe_forward`` per ISA path and of the read floor, interleaved, same routing per rep."""
+    from quantreg_cpu_mxfp4 import _C, kernel  # type: ignore[attr-defined]
+
+    e = layer["w13"].shape[0]
+    w13 = kernel.PackedExperts.from_vllm(layer["w13"], layer["w13_scale"])
+    w2 = kernel.PackedExperts.from_vllm(layer["w2"], layer["w2_scale"])
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, HIDDEN, generator=g).to(torch.bfloat16)
+    weights = torch.softmax(torch.randn(tokens, TOP_K, generator=g), dim=-1)
+    times: dict[str, list[float]] = {p: [] for p in [*paths, "floor"]}
+    floor_bytes: list[int] = []
+    saved = {name: os.environ.get(name) for name in (kernel.ISA_ENV, kernel.PRECISION_ENV)}
+    try:
+        for call in range(reps + 1):  # call 0 warms up (page tables, thread pool) and is dropped
+            ids = routed_ids(tokens, e, call)
+            used = torch.unique(ids).tolist()
+            pieces = [layer[name][i] for i in used for name in ("w13", "w13_scale", "w2", "w2_scale")]
+            for path in [*paths, "floor"]:
+                start = time.perf_counter()
+                if path == "floor":
+                    _C.read_pass(pieces)
+                else:  # "avx512", "avx2" (default q8x2 activations) or "avx512/q8" (plain Q8)
+                    isa, _, precision = path.partition("/")
+                    os.environ[kernel.ISA_ENV] = isa
+                    os.environ[kernel.PRECISION_ENV] = precision or "q8x2"
+                    kernel.moe_forward(x, ids, weights, w13, layer["w13_bias"], w2, layer["w2_bias"])
+                if call:
+                    times[path].append(time.perf_counter() - start)
+            if call:
+                floor_bytes.append(sum(p.numel() for p in pieces))
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    out: dict[str, Any] = {f"{p}_ms": statistics.median(v) * 1e3 for p, v in times.items()}
+    for p in paths:
+        out[f"{p}_over_floor"] = out[f"{p}_ms"] / out["floor_ms"]
+    out.update(tokens=tokens, experts=e, samples=reps, routed_mb=statistics.median(floor_bytes) / 1e6,
+               floor_gb_s=statistics.median(floor_bytes) / (out["floor_ms"] * 1e-3) / 1e9)
+    return out
+
+
+def run(quick: bool) -> list[Metric]:
+    from quantreg_cpu_mxfp4 import kernel
+
+    ok, why = kernel.status()
+    if not ok:
+        raise RuntimeError(f"quantreg-cpu-mxfp4's kernel is not available: {why}")
+    isas = ["avx512", "avx2"] if kernel._supports("avx512") else ["avx2"]
+    best = isas[0]  # the path moe_forward picks by default, with its default q8x2 activations
+    paths = [*isas, f"{best}/q8"]
+    llc = last_level_cache_bytes()
+    host = {"host_isa": host_isa(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "vllm": machine()["vllm"], "last_level_cache_mb": llc / 2**20}
+    results: dict[str, dict[str, Any]] = {}
+    with torch.inference_mode():
+        layer = random_layer(32, seed=20)
+        assert sum(t.numel() for t in layer.values()) >= 4 * llc, "20B layer smaller than 4x the LLC"
+        for tokens, reps in ((1, 15 if quick else 41), (16, 7 if quick else 21), (256, 3 if quick else 7)):
+            results[f"20b_{tokens}"] = measure(layer, tokens, reps, paths)
+        del layer
+        layer = random_layer(128, seed=120)
+        results["120b_1"] = measure(layer, 1, 15 if quick else 41, paths)
+        del layer
+
+    def line(key: str) -> str:
+        r = results[key]
+        per_path = ", ".join(f"{p} {r[f'{p}_ms']:.2f} ms (x{r[f'{p}_over_floor']:.2f})" for p in paths)
+        return (f"{key.replace('_', ' layer, ')} token(s): {per_path}; floor {r['floor_ms']:.2f} ms "
+                f"({r['routed_mb']:.0f} MB routed, {r['floor_gb_s']:.1f} GB/s)")
+
+    one, big = results["20b_1"], results["120b_1"]
+    r16, r256 = results["20b_16"], results["20b_256"]
+    notes = [line(k) for k in results] + [
+        f"host {host['host_isa']}, {host['logical_cpus']} CPUs, {host['torch_threads']} torch threads, "
+        f"torch {host['torch']}, vLLM {host['vllm']}; load average at the end {load_average()} (a shared "
+        "machine: absolute times are noisy, the interleaved ratios less so)"]
+    common = {"host": host, "results": results}
+    return [
+        Metric("cpu_mxfp4_floor_ratio", one[f"{best}_ms"], "ms", baseline=one["floor_ms"],
+               baseline_name="MXFP4 read floor: one read pass over the routed experts' packed bytes",
+               ratio=one[f"{best}_over_floor"], ratio_means="kernel / floor (lower is better)",
+               goal="<= 1.25x the floor at 1 token, GPT-OSS-20B layer", goal_met=one[f"{best}_over_floor"] <= 1.25,
+               notes=notes, extra={**common, "isa_path": best}),
+        Metric("cpu_mxfp4_floor_ratio_120b", big[f"{best}_ms"], "ms", baseline=big["floor_ms"],
+               baseline_name="MXFP4 read floor (120B layer, E=128)", ratio=big[f"{best}_over_floor"],
+               ratio_means="kernel / floor (lower is better)", goal="<= 1.25x the floor at 1 token, GPT-OSS-120B layer",
+               goal_met=big[f"{best}_over_floor"] <= 1.25, extra={"isa_path": best}),
+        Metric("cpu_mxfp4_tokens_16_256", results["20b_16"][f"{best}_ms"], "ms",
+               baseline=results["20b_16"]["floor_ms"], baseline_name="MXFP4 read floor, 16 tokens",
+               ratio=results["20b_16"][f"{best}_over_floor"], ratio_means="kernel / floor at 16 tokens",
+               goal="report (256 tokens in display)",
+               extra={"display_value": f"{r16[f'{best}_ms']:.1f} / {r256[f'{best}_ms']:.1f}",
+                      "display_baseline": f"floor {r16['floor_ms']:.1f} / {r256['floor_ms']:.1f}",
+                      "display_ratio": f"x{r16[f'{best}_over_floor']:.2f} / x{r256[f'{best}_over_floor']:.2f}"}),
+    ]
+
+
+def main() -> None:
+    child_main(run, __doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Correctness of the compiled MXFP4 MoE kernel against float64 (speed lives in bench/).
+
+Every case runs on both ISA paths (``QUANTREG_CPU_MXFP4_ISA``); the AVX-512 one is skipped, with
+the reason, on hosts without AVX-512 F/BW/VL/VNNI. The project's tolerance is a relative error
+(:func:`relative_error`, max abs error / max abs reference) of 0.02 against float64; the kernel's
+budget (see ``quantreg_cpu_mxfp4.kernel``): the default ``q8x2`` activations are held to the 1 %
+aim (``TOL``), plain ``q8`` (0.8-1.9 % measured on these experts) to the 2 % tolerance (``TOL_Q8``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from quantreg_cpu_mxfp4 import kernel
+
+from quantreg.formats.mxfp4 import dequantize_mxfp4_f64, random_mxfp4
+from quantreg.models.gpt_oss_moe import (
+    random_gpt_oss_mxfp4_experts,
+    random_hidden_states,
+    relative_error,
+    swiglu_oai,
+)
+
+TOL = 0.01
+TOL_Q8 = 0.02
+AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _isa_params() -> list[object]:
+    flags = cpu_flags()
+    missing = sorted(AVX512_FLAGS - flags)
+    return [
+        pytest.param("avx2", id="avx2"),
+        pytest.param("avx512", id="avx512", marks=pytest.mark.skipif(
+            bool(missing), reason=f"this CPU lacks {', '.join(missing)}: the AVX-512 path cannot run here")),
+    ]
+
+
+@pytest.fixture(params=_isa_params())
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    ok, why = kernel.status()
+    if not ok and why == "CPU lacks avx2+fma":
+        pytest.skip(why)
+    assert ok, f"the compiled kernel must be available for these tests: {why}"
+    monkeypatch.setenv(kernel.ISA_ENV, request.param)
+    assert kernel.isa() == request.param
+    return str(request.param)
+
+
+def routing(tokens: int, num_experts: int, top_k: int, *, seed: int,
+            out_of_range: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(num_experts, generator=g)[:top_k] for _ in range(tokens)])
+    if out_of_range and tokens:
+        ids[0, 0] = -1  # another rank's expert, below this slice
+        ids[tokens // 2, top_k - 1] = num_experts + 3  # and above it
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1)
+    return ids.to(torch.int32), weights
+
+
+def silu_moe_f64(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor,
+                 w2: torch.Tensor) -> torch.Tensor:
+    """Mixtral-style MoE in float64: w13 = [gate; up] halves, silu(gate) * up, no biases."""
+    inter = w13.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for s in range(ids.shape[1]):
+            e = int(ids[t, s])
+            if not 0 <= e < w13.shape[0]:
+                continue
+            h = w13[e] @ x[t].double()
+            a = torch.nn.functional.silu(h[:inter]) * h[inter:]
+            out[t] += float(weights[t, s]) * (w2[e] @ a)
+    return out
+
+
+def pack(experts: object) -> tuple[kernel.PackedExperts, kernel.PackedExperts]:
+    return (kernel.PackedExperts.from_vllm(experts.w13_weight, experts.w13_weight_scale),  # type: ignore[attr-defined]
+            kernel.PackedExperts.from_vllm(experts.w2_weight, experts.w2_weight_scale))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16, 64, 300])
+def test_swigluoai_with_biases_matches_float64(isa: str, tokens: int) -> None:
+    ex = random_gpt_oss_mxfp4_experts(8, 96, 160, bias=True, seed=tokens)  # K = 96 / 160: partial groups
+    x = random_hidden_states(tokens, 96, seed=tokens + 1)
+    ids, weights = routing(tokens, 8, 4, seed=tokens + 2, out_of_range=True)
+    w13, w2 = pack(ex)
+    out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias, activation="swigluoai")
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    err = relative_error(out, ex.reference(x, ids, weights))
+    assert err <= TOL, f"{isa}, T={tokens}: relative error {err:.4f} > {TOL}"
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 300])
+@pytest.mark.parametrize(("hidden", "inter"), [(64, 96), (224, 32)])
+def test_silu_without_biases_matches_float64(isa: str, tokens: int, hidden: int, inter: int) -> None:
+    w13_b, w13_s = random_mxfp4((8, 2 * inter, hidden), seed=hidden + tokens)
+    w2_b, w2_s = random_mxfp4((8, hidden, inter), seed=hidden + tokens + 1, scale_range=(118, 122))
+    x = random_hidden_states(tokens, hidden, seed=3)
+    ids, weights = routing(tokens, 8, 2, seed=tokens, out_of_range=True)
+    out = kernel.moe_forward(x, ids.long(), weights, kernel.PackedExperts.from_vllm(w13_b, w13_s), None,
+                             kernel.PackedExperts.from_vllm(w2_b, w2_s), None, activation="silu")
+    ref = silu_moe_f64(x, ids, weights, dequantize_mxfp4_f64(w13_b, w13_s), dequantize_mxfp4_f64(w2_b, w2_s))
+    err = relative_error(out, ref)
+    assert err <= TOL, f"{isa}, T={tokens}, H={hidden}, I={inter}: relative error {err:.4f} > {TOL}"
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_plain_q8_within_tolerance(isa: str, tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernel.PRECISION_ENV, "q8")
+    assert kernel.precision() == "q8"
+    ex = random_gpt_oss_mxfp4_experts(8, 96, 160, bias=True, seed=tokens)
+    x = random_hidden_states(tokens, 96, seed=tokens + 1)
+    ids, weights = routing(tokens, 8, 4, seed=tokens + 2, out_of_range=True)
+    w13, w2 = pack(ex)
+    out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias)
+    err = relative_error(out, ex.reference(x, ids, weights))
+    assert err <= TOL_Q8, f"{isa}, q8, T={tokens}: relative error {err:.4f} > {TOL_Q8}"
+
+
+def test_out_of_range_ids_contribute_nothing(isa: str) -> None:
+    ex = random_gpt_oss_mxfp4_experts(4, 64, 64, bias=True, seed=5)
+    x = random_hidden_states(3, 64, seed=6)
+    w13, w2 = pack(ex)
+    weights = torch.full((3, 2), 0.5)
+    ids = torch.tensor([[-1, 4], [7, -100], [1, 9]], dtype=torch.int32)  # token 2 keeps expert 1 only
+    out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias)
+    assert torch.equal(out[:2], torch.zeros(2, 64, dtype=torch.bfloat16))
+    assert relative_error(out, ex.reference(x, ids, weights)) <= TOL
+    assert out[2].abs().max() > 0
+
+
+def test_isa_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same integer dot products on both paths; only the fp32 summation order differs."""
+    if not AVX512_FLAGS <= cpu_flags():
+        pytest.skip("needs both ISA paths (this CPU lacks AVX-512 F/BW/VL/VNNI)")
+    ex = random_gpt_oss_mxfp4_experts(8, 160, 96, bias=True, seed=11)
+    x = random_hidden_states(20, 160, seed=12)
+    ids, weights = routing(20, 8, 4, seed=13)
+    w13, w2 = pack(ex)
+    outs = []
+    for path in ("avx2", "avx512"):
+        monkeypatch.setenv(kernel.ISA_ENV, path)
+        outs.append(kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias).float())
+    assert relative_error(outs[0], outs[1]) <= 1e-2 / 2
+
+
+def test_empty_and_no_routed_tokens(isa: str) -> None:
+    ex = random_gpt_oss_mxfp4_experts(2, 32, 32, bias=False, seed=1)
+    w13, w2 = pack(ex)
+    empty = kernel.moe_forward(torch.zeros(0, 32, dtype=torch.bfloat16), torch.zeros(0, 2, dtype=torch.int32),
+                               torch.zeros(0, 2), w13, None, w2, None)
+    assert empty.shape == (0, 32)
+    x = random_hidden_states(2, 32, seed=2)
+    none = kernel.moe_forward(x, torch.full((2, 2), 5, dtype=torch.int32), torch.ones(2, 2), w13, None, w2, None)
+    assert torch.equal(none, torch.zeros_like(x))
+
+
+def test_bad_inputs_raise_clear_errors(isa: str) -> None:
+    ex = random_gpt_oss_mxfp4_experts(2, 96, 32, bias=True, seed=1)  # w13_bias [2, 64], w2_bias [2, 96]
+    w13, w2 = pack(ex)
+    x = random_hidden_states(2, 96, seed=2)
+    ids, weights = routing(2, 2, 2, seed=3)
+    with pytest.raises(RuntimeError, match="hidden size"):
+        kernel.moe_forward(random_hidden_states(2, 64, seed=2), ids, weights, w13, None, w2, None)
+    with pytest.raises(RuntimeError, match="w13_bias"):
+        kernel.moe_forward(x, ids, weights, w13, ex.w2_bias, w2, None)
+    with pytest.raises(RuntimeError, match="topk_ids"):
+        kernel.moe_forward(x, ids.float(), weights, w13, None, w2, None)
+    with pytest.raises(ValueError, match="activation"):
+        kernel.moe_forward(x, ids, weights, w13, None, w2, None, activation="gelu")
+    # w13 and w2 swapped: 2I rows of K=H against I rows
+    with pytest.raises(RuntimeError, match="w13"):
+        kernel.moe_forward(x, ids, weights, w2, None, w13, None)
+    u8 = torch.uint8
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernel.PackedExperts.from_vllm(torch.zeros(1, 4, 8, dtype=u8), torch.zeros(1, 4, 0, dtype=u8))
+    with pytest.raises(ValueError, match="scales"):
+        kernel.PackedExperts.from_vllm(torch.zeros(1, 4, 16, dtype=u8), torch.zeros(1, 4, 2, dtype=u8))
+
+
+def test_non_finite_scale_and_input_propagate(isa: str) -> None:
+    """E8M0 byte 255 (NaN) and non-finite activations make the affected outputs non-finite."""
+    ex = random_gpt_oss_mxfp4_experts(2, 64, 32, bias=False, seed=4)
+    w13, w2 = pack(ex)
+    x = random_hidden_states(2, 64, seed=5)
+    ids = torch.tensor([[0], [1]], dtype=torch.int32)
+    scales = ex.w2_weight_scale.clone()
+    scales[1, 3, 0] = 255
+    bad = kernel.PackedExperts.from_vllm(ex.w2_weight, scales)
+    out = kernel.moe_forward(x, ids, torch.ones(2, 1), w13, None, bad, None, activation="silu")
+    assert torch.isfinite(out[0]).all() and not torch.isfinite(out[1, 3])
+    x[0, 5] = float("nan")
+    out = kernel.moe_forward(x, ids, torch.ones(2, 1), w13, None, w2, None, activation="silu")
+    assert not torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all()
+
+
+def test_packed_experts_resident_bytes() -> None:
+    blocks, scales = random_mxfp4((4, 96, 160), seed=1)
+    packed = kernel.PackedExperts.from_vllm(blocks, scales)
+    assert (packed.num_experts, packed.rows, packed.cols) == (4, 96, 160)
+    inputs = blocks.numel() + scales.numel()
+    assert packed.nbytes <= 1.1 * inputs
+    assert packed.blocks.data_ptr() == blocks.data_ptr()  # contiguous uint8: shared, no copy
+    strided = kernel.PackedExperts.from_vllm(blocks.transpose(0, 1).contiguous().transpose(0, 1), scales)
+    assert strided.blocks.is_contiguous() and torch.equal(strided.blocks, blocks)
+
+
+def test_status_and_isa_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    ok, path = kernel.status()
+    if not ok:
+        pytest.skip(path) if path == "CPU lacks avx2+fma" else pytest.fail(path)
+    monkeypatch.setenv(kernel.ISA_ENV, "avx2")
+    assert kernel.status() == (True, "avx2") and kernel.isa() == "avx2"
+    monkeypatch.setenv(kernel.ISA_ENV, "avx512")
+    expected = "avx512" if AVX512_FLAGS <= cpu_flags() else "avx2"
+    assert kernel.isa() == expected
+    monkeypatch.delenv(kernel.ISA_ENV)
+    assert kernel.isa() == expected
+
+
+def _routed_f64(ex: object, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                rows: torch.Tensor) -> torch.Tensor:
+    """:func:`moe_f64`'s math on output columns ``rows`` only, one routed expert decoded at a time (memory)."""
+    out = torch.zeros(x.shape[0], rows.numel(), dtype=torch.float64)
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        w13 = dequantize_mxfp4_f64(ex.w13_weight[e], ex.w13_weight_scale[e])  # type: ignore[attr-defined]
+        w2 = dequantize_mxfp4_f64(ex.w2_weight[e, rows], ex.w2_weight_scale[e, rows])  # type: ignore[attr-defined]
+        h = x[tok].double() @ w13.T + ex.w13_bias[e].double()  # type: ignore[attr-defined]
+        y = swiglu_oai(h) @ w2.T + ex.w2_bias[e, rows].double()  # type: ignore[attr-defined]
+        out.index_add_(0, tok, y * weights[tok, slot].double().unsqueeze(1))
+    return out
+
+
+_CASES: dict[int, tuple[torch.Tensor, ...]] = {}
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_20b_layer() -> object:
+    return random_gpt_oss_mxfp4_experts(32, 2880, 2880, bias=True, seed=20)
+
+
+def _case_20b(ex: object, tokens: int) -> tuple[torch.Tensor, ...]:
+    """Inputs and the float64 answer on 256 output columns, computed once for both ISA paths."""
+    if tokens not in _CASES:
+        x = random_hidden_states(tokens, 2880, seed=tokens)
+        g = torch.Generator().manual_seed(tokens)
+        pool = torch.randperm(32, generator=g)[:6]  # 64 tokens over 6 experts: many tokens per expert
+        ids = torch.stack([pool[torch.randperm(6, generator=g)[:4]] for _ in range(tokens)]).to(torch.int32)
+        weights = torch.softmax(torch.randn(tokens, 4, generator=g), dim=-1)
+        rows = torch.randperm(2880, generator=g)[:256]
+        _CASES[tokens] = (x, ids, weights, rows, _routed_f64(ex, x, ids, weights, rows))
+    return _CASES[tokens]
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_gpt_oss_20b_layer_shape(isa: str, tokens: int, gpt_oss_20b_layer: object) -> None:
+    """E=32, H=I=2880, top-4 (K = 2880 = 90 blocks: a partial last group on every row)."""
+    ex = gpt_oss_20b_layer
+    x, ids, weights, rows, ref = _case_20b(ex, tokens)
+    w13, w2 = pack(ex)
+    out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias)  # type: ignore[attr-defined]
+    err = relative_error(out[:, rows], ref)
+    assert err <= TOL, f"{isa}, T={tokens}: relative error {err:.4f} > {TOL}"
