@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import re
+from typing import Any
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -121,3 +122,27 @@ def no_mxfp4_backend_message(version: str | None) -> str:
     if parsed is not None and parsed < (0, 31):
         return NO_MXFP4_BACKEND_V0_28
     return NO_MXFP4_BACKEND
+
+
+#: The function that builds a MoE layer (``MoERunner`` + ``RoutedExperts`` + router) in
+#: ``vllm.model_executor.layers.fused_moe.layer``: ``FusedMoEFactory`` from 0.28 on; 0.26 has the
+#: same function (same keyword arguments quantreg passes) under its pre-rename name ``FusedMoE``.
+#: scripts/vllm_compat_check.py reads the same pair (``Symbol.alternatives``).
+MOE_FACTORY = "FusedMoEFactory"
+MOE_FACTORY_V0_26 = "FusedMoE"
+
+
+def moe_factory_v0_26(layer_module: object) -> Any:
+    """vLLM's MoE layer factory from its ``fused_moe.layer`` module, under either name (see above).
+
+    Raises ``RuntimeError`` naming both names and the installed release when neither exists, so
+    the kit fails with one sentence rather than an ``AttributeError`` deep in a build.
+    """
+    for name in (MOE_FACTORY, MOE_FACTORY_V0_26):
+        factory = getattr(layer_module, name, None)
+        if callable(factory):
+            return factory
+    raise RuntimeError(
+        f"quantreg.testing: vLLM {installed_version() or '(unknown version)'} has neither {MOE_FACTORY} nor "
+        f"{MOE_FACTORY_V0_26} in {getattr(layer_module, '__name__', 'fused_moe.layer')}; the kit builds MoE "
+        f"layers with one of them (vLLM 0.26-0.32); the seam and register() do not need it")
