@@ -58,7 +58,17 @@ class Metric:
             "notes": self.notes,
         }
         out.update(self.extra)
+        # Every figure says which kind of CPU produced it (AVX2-only and AMX hosts differ by 3x and
+        # more, and vLLM's own MXFP4 kernel runs only on the second): quantreg.host's reading.
+        out.setdefault("host_kind", _host_kind())
         return out
+
+
+def _host_kind() -> str:
+    from quantreg.host import host_facts
+
+    facts = host_facts()
+    return facts.kind + (" (simulated)" if facts.simulated else "")
 
 
 def median(values: Iterable[float]) -> float:

@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         durations[name] = round(time.perf_counter() - t0, 1)
         print(f"[bench] {name} done in {durations[name]} s", file=sys.stderr, flush=True)
     info["load_average_at_end"] = load_average()
+    for row in metrics.values():  # every figure carries the host kind it was measured on
+        if isinstance(row, dict):
+            row.setdefault("host_kind", info["host_kind"])
     result = {
         "metrics": metrics,
         "machine": info,
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(table(metrics))
-    print(f"\n{result['mode']} run, {result['duration_s']} s on {info['cpu']} ({info['logical_cpus']} CPUs, "
+    print(f"\n{result['mode']} run, {result['duration_s']} s on {info['cpu']} (host kind {info['host_kind']}, "
+          f"{info['logical_cpus']} CPUs, "
           f"load {info['load_average_at_start']} -> {info['load_average_at_end']}); JSON: {args.json}")
     loads = [x[0] for x in (info["load_average_at_start"], info["load_average_at_end"]) if x]
     busiest = max(loads, default=0.0)

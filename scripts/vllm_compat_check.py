@@ -57,6 +57,9 @@ class Symbol:
     parameters that implementation takes; vLLM's signature must be a prefix of it, and any
     keyword-only parameter vLLM adds is a change unless ``accepts_kwargs``.
     optional: quantreg copes without it (``getattr`` with a default): missing is reported, not a failure.
+    alternatives: other names quantreg accepts for the same thing (an older release's name, e.g. 0.26's
+    ``FusedMoE`` before the ``FusedMoEFactory`` rename): found under one of them, the symbol is present
+    (and its signature checked there), reported with the name it was found under.
     """
 
     kind: str
@@ -69,6 +72,7 @@ class Symbol:
     accepts: tuple[str, ...] | None = None
     accepts_kwargs: bool = False
     optional: bool = False
+    alternatives: tuple[str, ...] = ()
 
 
 # The one table. Order: the seam, the key and settings, plugin #1's base classes, the kit's harness, the demo runner.
@@ -125,7 +129,7 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.use_grouped_topk", f"{P}/routing.py", optional=True),
     Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.custom_routing_function", f"{P}/routing.py", optional=True),
     Symbol("member", SEAM_MODULE, f"{SEAM_CLASS}.router", f"{P}/routing.py (hasattr)", optional=True),
-    Symbol("name", f"{FUSED}.layer", "FusedMoEFactory", f"{H}, {P}/tests",
+    Symbol("name", f"{FUSED}.layer", "FusedMoEFactory", f"{H}, {P}/tests", alternatives=("FusedMoE",),
            keywords=("num_experts", "top_k", "hidden_size", "intermediate_size", "params_dtype", "renormalize",
                      "quant_config", "prefix", "apply_router_weight_on_input", "has_bias", "activation",
                      "tp_size", "dp_size", "pcp_size", "reduce_results")),
@@ -457,9 +461,19 @@ def check_symbol(resolver: Resolver, symbol: Symbol) -> dict[str, object]:
         return result("present" if has else "missing", "" if has else f"no string {symbol.name!r}", rel)
     owner_name, _, member_name = symbol.name.partition(".")
     found = resolver.find(symbol.module, owner_name)
+    found_as = ""
+    for alternative in symbol.alternatives if found is None else ():
+        found = resolver.find(symbol.module, alternative)
+        if found is not None:
+            found_as = alternative
+            entry["found_as"] = alternative
+            break
     if found is None:
-        return result("missing", f"{symbol.module} defines no {owner_name}")
+        also = "".join(f" (nor {a})" for a in symbol.alternatives)
+        return result("missing", f"{symbol.module} defines no {owner_name}{also}")
     where = _where(resolver, found.module, found.node)
+    if found_as:
+        where = f"{where} (as {found_as}, a name quantreg also takes)"
     if symbol.kind == "abstract":
         actual = _abstract_methods(resolver, found)
         new = sorted(actual - symbol.abstract)

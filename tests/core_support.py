@@ -194,3 +194,66 @@ def installed_copy(root: Path, source: Path, modules: tuple[str, ...], dist: str
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[quantreg]\n{entry_points}\n")
     return root
+
+
+# -- the host's kind of CPU -------------------------------------------------------------------
+
+#: The two branches of truth a CPU-dependent expectation has: vLLM's own CPU MXFP4 kernel runs (AMX) or not.
+HOST_KINDS = ("amx", "avx2")
+
+
+class HostKind:
+    """This host's CPU facts, read once (``quantreg.host.host_facts`` for quantreg's beliefs, torch's
+    AMX check for what vLLM will find), and how a test gets either kind's branch on it.
+
+    * :meth:`believe` -- the environment that makes quantreg believe ``kind`` (any host: only beliefs);
+    * :meth:`vllm_env` -- the environment a vLLM child needs to behave like ``kind``: nothing on a
+      host of that kind, AMX hidden (``quantreg.testing.host_kind.without_amx_env``) for ``avx2`` on
+      an AMX host, and a skip naming the hardware for ``amx`` on a host without it;
+    * :meth:`kernel_runs` -- what vLLM's own MXFP4 kernel does under ``kind`` (``amx``: runs).
+    """
+
+    def __init__(self) -> None:
+        from quantreg.host import host_facts
+        from quantreg.testing.host_kind import real_amx
+
+        self.facts = host_facts()
+        self.real_amx = real_amx()
+
+    @property
+    def kind(self) -> str:
+        """This host's own branch: ``amx`` when vLLM's kernel really runs here, else ``avx2``."""
+        return "amx" if self.real_amx else "avx2"
+
+    def believe(self, kind: str) -> dict[str, str]:
+        from quantreg.host import simulate
+
+        return simulate(kind)
+
+    def vllm_env(self, kind: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        from quantreg.testing.host_kind import needs_real_amx, without_amx_env
+
+        if kind == "amx":
+            if not self.real_amx:
+                pytest.skip(needs_real_amx("the branch where vLLM's own CPU MXFP4 kernel runs"))
+            return dict(base or {})
+        if kind != "avx2":
+            raise ValueError(f"unknown host kind {kind!r} (expected one of {HOST_KINDS})")
+        if not self.real_amx:
+            return dict(base or {})
+        return {**dict(base or {}), **without_amx_env({**os.environ, **dict(base or {})})}
+
+    @staticmethod
+    def kernel_runs(kind: str) -> bool:
+        return kind == "amx"
+
+
+_HOST_KIND: list[HostKind] = []
+
+
+@pytest.fixture(scope="session")
+def host_kind() -> HostKind:
+    """The session's :class:`HostKind` (facts read once)."""
+    if not _HOST_KIND:
+        _HOST_KIND.append(HostKind())
+    return _HOST_KIND[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import QUANTREG_VARS, PluginSite, run_cli
+from core_support import HOST_KINDS, QUANTREG_VARS, HostKind, PluginSite, run_cli
 
 from quantreg import host
 from quantreg.builtin import default_table_path
@@ -168,14 +168,19 @@ def test_explain_warns_about_faults_on_stderr(cli: Run, table: Callable[[str, st
     assert "rule     " in out and "(default layer)" in out  # the broken file contributed nothing
 
 
-def test_explain_says_when_vllms_own_method_cannot_run_here(cli: Run) -> None:
-    """The built-in fact depends on this host's CPU: the note appears exactly when it holds."""
-    from quantreg.vllm_limits import cpu_mxfp4_unsupported
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_explain_says_when_vllms_own_method_cannot_run_here(cli: Run, kind: str, host_kind: HostKind,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in fact depends on the host's CPU: the note appears exactly on a host without AMX.
 
+    Both kinds on any host: quantreg is made to believe ``kind`` (``quantreg.host.simulate``).
+    """
+    for name, value in host_kind.believe(kind).items():
+        monkeypatch.setenv(name, value)
     data = cli_json(cli, "explain", "gpt_oss_mxfp4", "gpt_oss", "cpu")
     code, out, _ = cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu")
     assert code == 0 and data["method"] == "vllm"
-    if cpu_mxfp4_unsupported():
+    if not host_kind.kernel_runs(kind):
         assert data["vllm_limitation"].startswith("vLLM's own method will fail for this key here: vLLM 0.32's only "
                                                   "CPU MXFP4 MoE kernel (CPUExpertsMxfp4) needs an x86 CPU with AMX")
         assert out.rstrip("\n").splitlines()[-1] == f"warning  {data['vllm_limitation']}"
@@ -354,10 +359,13 @@ def test_doctor_decisions_summarises_a_trail_and_fails_on_disagreement(tables: d
 
 
 # -- plan and tiny-model ----------------------------------------------------------------------
-def test_tiny_model_then_plan(cli: Run, tmp_path: Path, table: Callable[[str, str], Path]) -> None:
-    """The operator's path without vLLM: write the tiny checkpoint, then ask what each device gets."""
-    from quantreg.vllm_limits import cpu_mxfp4_unsupported
-
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_tiny_model_then_plan(cli: Run, tmp_path: Path, table: Callable[[str, str], Path], kind: str,
+                              host_kind: HostKind, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's path without vLLM: write the tiny checkpoint, then ask what each device gets
+    (on a host of either kind, as quantreg believes it: the CPU warning appears exactly without AMX)."""
+    for name, value in host_kind.believe(kind).items():
+        monkeypatch.setenv(name, value)
     model = tmp_path / "tiny"
     code, out, _ = cli("tiny-model", str(model))
     assert code == 0 and f"to {model}" in out and "python -m vllm.entrypoints.openai.api_server" in out
@@ -376,7 +384,7 @@ def test_tiny_model_then_plan(cli: Run, tmp_path: Path, table: Callable[[str, st
         assert set(data["devices"][device]) >= {"method", "rule", "expert_bytes", "warnings"}
         assert data["devices"][device]["method"] == "vllm" and data["devices"][device]["expert_bytes"] > 0
     cpu_warned = any("vLLM's own method will fail" in w for w in data["devices"]["cpu"]["warnings"])
-    assert cpu_warned == cpu_mxfp4_unsupported()
+    assert cpu_warned == (not host_kind.kernel_runs(kind))
     code, out, _ = cli("plan", str(model), "--device", "cpu", "--no-vllm")
     assert code == 0 and out.startswith(f"model     {model}\nkey       (gpt_oss_mxfp4, gpt_oss, <device>)")
 

@@ -239,3 +239,47 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert check.main([str(tmp_path / "nope")]) == 2
     assert check.main([str(tmp_path)]) == 2
     assert "no vllm/__init__.py here" in capsys.readouterr().err
+
+
+FACTORY = "vllm.model_executor.layers.fused_moe.layer.FusedMoEFactory"
+
+
+def test_pre_rename_factory_counts_as_present(tmp_path: Path) -> None:
+    """vLLM 0.26 builds MoE layers with ``FusedMoE`` (same function, before the ``FusedMoEFactory``
+    rename): the check finds it under that name, checks its keywords there, and counts it as present;
+    with neither name it is missing and says both."""
+    target = installed_vllm_dir()
+
+    def sources_only(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n == "__pycache__" or not (n.endswith(".py") or (Path(folder) / n).is_dir())]
+
+    site = tmp_path / "v026-like"
+    shutil.copytree(target, site / "vllm", ignore=sources_only)
+    layer = site / "vllm" / "model_executor" / "layers" / "fused_moe" / "layer.py"
+    text = layer.read_text()
+    assert "def FusedMoEFactory(" in text
+    layer.write_text(text.replace("FusedMoEFactory", "FusedMoE"))
+    entry = by_symbol(check.check(site))[FACTORY]
+    assert entry["status"] == "present" and entry["found_as"] == "FusedMoE", entry
+    assert "(as FusedMoE, a name quantreg also takes)" in str(entry["where"])
+    assert check.main([str(site)]) == 0
+    layer.write_text(text.replace("FusedMoEFactory", "BuildMoE"))
+    entry = by_symbol(check.check(site))[FACTORY]
+    assert entry["status"] == "missing" and "nor FusedMoE" in str(entry["detail"])
+
+
+def test_kit_takes_either_factory_name_or_says_what_it_needs() -> None:
+    """The kit's harness asks :func:`moe_factory_v0_26` for the factory: 0.28+'s name, 0.26's, or one clear error."""
+    from types import SimpleNamespace
+
+    from quantreg.vllm.versions import moe_factory_v0_26
+
+    def new() -> None: ...
+
+    def old() -> None: ...
+
+    assert moe_factory_v0_26(SimpleNamespace(FusedMoEFactory=new, FusedMoE=old)) is new
+    assert moe_factory_v0_26(SimpleNamespace(FusedMoE=old)) is old
+    with pytest.raises(RuntimeError, match=r"has neither FusedMoEFactory nor FusedMoE in fused_moe\.layer.*"
+                                           r"the seam and register\(\) do not need it"):
+        moe_factory_v0_26(SimpleNamespace(__name__="fused_moe.layer"))

@@ -28,6 +28,15 @@ def test_outside_the_tested_range_says_which_and_what_to_do(version: str) -> Non
     assert "tested: 0.28.0, 0.31.0, 0.32.0" in message and "quantreg doctor" in message
 
 
+@pytest.mark.parametrize("version", versions.READ_RELEASES)
+def test_releases_only_read_are_outside_and_say_so(version: str) -> None:
+    """0.26.0 and 0.33.0 are checked statically, not run: outside ``TESTED``, and the message says which."""
+    message = versions.check_tested(version)
+    assert message is not None and "(its sources were checked statically, it was not run)" in message
+    assert version not in versions.TESTED_RELEASES
+    assert "checked statically" not in (versions.check_tested("0.27.9") or "")
+
+
 def test_unknown_version_is_outside() -> None:
     message = versions.check_tested(None)
     assert message is not None and "of unknown version (no vLLM distribution metadata)" in message

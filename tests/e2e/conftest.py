@@ -54,11 +54,13 @@ def tiny_model_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def mxfp4_kernel_available() -> bool:
-    """Whether vLLM 0.32's own CPU MXFP4 MoE kernel can run here (x86 with AMX)."""
-    from quantreg.testing.vllm_run import vllm_cpu_mxfp4_kernel_available
+def mxfp4_kernel_available(host_kind: Any) -> bool:
+    """Whether vLLM's own CPU MXFP4 MoE kernel really runs here (x86 with AMX): ``host_kind.real_amx``.
 
-    return vllm_cpu_mxfp4_kernel_available()
+    The one reading of the host for the e2e tests (``host_kind``, tests/core_support.py); tests
+    that can show both branches take ``host_kind`` itself and parametrize over ``HOST_KINDS``.
+    """
+    return bool(host_kind.real_amx)
 
 
 class VllmRuns:

@@ -8,6 +8,10 @@ CPU MXFP4 MoE kernel (``CPUExpertsMxfp4``) needs AMX. So:
 * without AMX, vLLM alone must fail to start with its "no MXFP4 MoE backend" error: that is the
   gap quantreg exists to fill, and if a future vLLM closes it this test says so.
 
+Both branches on any host (``host_kind``, tests/core_support.py): on an AMX host the "without" run
+hides AMX from vLLM's check in the child (``quantreg.testing.host_kind.without_amx_env``); on a
+host without AMX the "with" branch skips, naming the hardware it needs.
+
 The bf16 twin checkpoint (same weights, experts dequantised exactly) runs everywhere, so the
 harness (generation, logprobs, worker-side inspection, the MoE probe, both process layouts) is
 always exercised. MoE outputs are checked against an fp32 oracle computed from the checkpoint
@@ -23,6 +27,7 @@ from typing import Any
 
 import pytest
 import torch
+from core_support import HOST_KINDS, HostKind
 
 from quantreg.models.gpt_oss import tiny_gpt_oss_config
 from quantreg.models.gpt_oss_moe import reference_moe_block
@@ -46,17 +51,17 @@ PROBE_TOKENS = 8
 VllmRun = Any
 
 
-def _options(multiprocessing: bool) -> dict[str, Any]:
+def _options(multiprocessing: bool, env: dict[str, str] | None = None) -> dict[str, Any]:
     return {
-        "env": VLLM_ONLY_ENV,
+        "env": VLLM_ONLY_ENV if env is None else env,
         "multiprocessing": multiprocessing,
         "max_tokens": MAX_TOKENS,
         "probe_tokens": PROBE_TOKENS,
     }
 
 
-def _run(vllm_run: VllmRun, model: Path, *, multiprocessing: bool) -> RunResult:
-    result: RunResult = vllm_run(model, **_options(multiprocessing))
+def _run(vllm_run: VllmRun, model: Path, *, multiprocessing: bool, env: dict[str, str] | None = None) -> RunResult:
+    result: RunResult = vllm_run(model, **_options(multiprocessing, env))
     return result
 
 
@@ -181,9 +186,11 @@ def test_checkpoint_has_the_real_gpt_oss_layout(tiny_model: Path, tiny_model_bf1
 
 @pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
-def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, mxfp4_kernel_available: bool) -> None:
-    result = _run(vllm_run, tiny_model, multiprocessing=False)
-    if mxfp4_kernel_available:
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind, kind: str) -> None:
+    """vLLM alone on the MXFP4 model, as a host of ``kind`` sees it: runs its own kernel (AMX) or refuses."""
+    result = _run(vllm_run, tiny_model, multiprocessing=False, env=host_kind.vllm_env(kind, VLLM_ONLY_ENV))
+    if host_kind.kernel_runs(kind):
         assert_generated_sanely(result)
         assert_moe_layers(result, VLLM_MXFP4_METHOD)
         assert result.worker_pids == [result.runner_pid]  # engine and worker live in the runner
@@ -198,12 +205,10 @@ def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, mx
 
 
 @pytest.mark.usefixtures("_start_runs")
-def test_vllm_alone_mxfp4_multiprocessing(vllm_run: VllmRun, tiny_model: Path, mxfp4_kernel_available: bool) -> None:
-    if not mxfp4_kernel_available:
-        pytest.skip(
-            "no AMX: vLLM 0.32 cannot run GPT-OSS MXFP4 on this CPU (pinned by the single-process test); "
-            "multiprocessing is covered by the bf16 twin"
-        )
+def test_vllm_alone_mxfp4_multiprocessing(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind) -> None:
+    """With AMX, the same in a worker process (without AMX the refusal is pinned by the single-process
+    test, and multiprocessing is covered by the bf16 twin)."""
+    host_kind.vllm_env("amx")
     result = _run(vllm_run, tiny_model, multiprocessing=True)
     assert_generated_sanely(result)
     assert_moe_layers(result, VLLM_MXFP4_METHOD)
@@ -212,11 +217,9 @@ def test_vllm_alone_mxfp4_multiprocessing(vllm_run: VllmRun, tiny_model: Path, m
 
 
 @pytest.mark.usefixtures("_start_runs")
-def test_vllm_alone_mxfp4_same_seed_same_tokens(
-    vllm_run: VllmRun, tiny_model: Path, mxfp4_kernel_available: bool
-) -> None:
-    if not mxfp4_kernel_available:
-        pytest.skip("no AMX: vLLM 0.32 cannot run GPT-OSS MXFP4 on this CPU; see the bf16 twin determinism test")
+def test_vllm_alone_mxfp4_same_seed_same_tokens(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind) -> None:
+    """With AMX, vLLM's own kernel is deterministic across process layouts (see the bf16 twin's test)."""
+    host_kind.vllm_env("amx")
     assert_same_run(
         _run(vllm_run, tiny_model, multiprocessing=False),
         _run(vllm_run, tiny_model, multiprocessing=True),
@@ -224,10 +227,9 @@ def test_vllm_alone_mxfp4_same_seed_same_tokens(
 
 
 @pytest.mark.usefixtures("_start_runs")
-def test_vllm_mxfp4_kernel_matches_reference(vllm_run: VllmRun, tiny_model: Path, mxfp4_kernel_available: bool) -> None:
-    """vLLM's own CPU MXFP4 kernel against the fp32 oracle on the same weights."""
-    if not mxfp4_kernel_available:
-        pytest.skip("no AMX: vLLM 0.32 cannot run GPT-OSS MXFP4 on this CPU")
+def test_vllm_mxfp4_kernel_matches_reference(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind) -> None:
+    """vLLM's own CPU MXFP4 kernel against the fp32 oracle on the same weights (needs real AMX)."""
+    host_kind.vllm_env("amx")
     assert_matches_reference(_run(vllm_run, tiny_model, multiprocessing=False), tiny_model)
 
 

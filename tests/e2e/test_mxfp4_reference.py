@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from core_support import HostKind
 
 from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD, VLLM_UNQUANTIZED_METHOD, RunResult
 
@@ -82,9 +83,9 @@ def test_reference_matches_vllms_kernel_on_exactly_dequantised_weights(
 
 @pytest.mark.compat
 def test_reference_matches_vllms_mxfp4_kernel(vllm_run: VllmRun, tiny_model: Path, reference_table: Path,
-                                              mxfp4_kernel_available: bool) -> None:
-    if not mxfp4_kernel_available:
-        pytest.skip("vLLM 0.32's CPU MXFP4 kernel needs AMX, which this CPU lacks; not verified here")
+                                              host_kind: HostKind) -> None:
+    """mxfp4_reference against vLLM's own CPU MXFP4 kernel on the same MXFP4 model (needs real AMX)."""
+    host_kind.vllm_env("amx")
     oracle: RunResult = vllm_run(tiny_model, multiprocessing=False, probe_tokens=PROBE, max_tokens=6,
                                  env={"QUANTREG_CONFIG": ""})
     assert set(oracle.moe_quant_methods.values()) == {VLLM_MXFP4_METHOD}

