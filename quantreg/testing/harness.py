@@ -48,8 +48,8 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from ..models.gpt_oss import tiny_gpt_oss_config
 from ..models.gpt_oss_moe import GptOssMxfp4Experts
-from .shapes import DEFAULT_SHAPE, MoeShape
 from ..vllm.versions import moe_factory_v0_26
+from .shapes import DEFAULT_SHAPE, MoeShape
 
 MethodFactory = Callable[[Any], Any]
 """``moe_config -> method``: how the seam builds a method (``lambda cfg: cls(cfg, **options)``)."""

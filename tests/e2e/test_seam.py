@@ -127,8 +127,8 @@ def test_default_table_keeps_vllms_own_mxfp4_method(vllm_run: VllmRun, tiny_mode
     """The default table keeps vLLM's own method on a host of either kind: it runs (AMX) or refuses in
     its own constructor (no AMX; an AMX host hides AMX from the child to show this branch). Plugins
     with their own rule for the key (quantreg-cpu-mxfp4) are left out: the default table alone."""
-    result: RunResult = vllm_run(tiny_model, multiprocessing=False,
-                                 env=host_kind.vllm_env(kind, env_with(e2e_plugin, QUANTREG_DISABLE_PLUGINS="cpu_mxfp4")))
+    env = host_kind.vllm_env(kind, env_with(e2e_plugin, QUANTREG_DISABLE_PLUGINS="cpu_mxfp4"))
+    result: RunResult = vllm_run(tiny_model, multiprocessing=False, env=env)
     assert_vllm_own_mxfp4_path(result, host_kind.kernel_runs(kind))
     lines = decision_lines(result, KEY)
     assert lines and all(re.search(r"-> vllm \[.*registry\.yaml:\d+\]$", line) for line in lines), lines
