@@ -34,12 +34,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import settings
+
 if TYPE_CHECKING:
     from .decision import Decision
 
 logger = logging.getLogger("vllm.quantreg.audit")
 
-DECISIONS_ENV = "QUANTREG_DECISIONS"
+DECISIONS_ENV = settings.DECISIONS
 #: Fields every line carries, in this order (scripts may rely on them).
 FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback")
 
@@ -67,8 +69,8 @@ def process_role() -> str:
 
 def decisions_path(env: Mapping[str, str] | None = None) -> str | None:
     """The trail's path from ``QUANTREG_DECISIONS``, or ``None`` when auditing is off."""
-    value = (os.environ if env is None else env).get(DECISIONS_ENV, "").strip()
-    return value or None
+    value = settings.value(DECISIONS_ENV, env)
+    return str(value) if value else None
 
 
 def line_for(

@@ -21,8 +21,10 @@ import platform
 from dataclasses import dataclass, field
 from functools import cache
 
+from . import settings
+
 CPUINFO = "/proc/cpuinfo"
-FLAGS_ENV = "QUANTREG_HOST_CPU_FLAGS"
+FLAGS_ENV = settings.HOST_CPU_FLAGS
 AMX_FLAGS = ("amx_tile", "amx_bf16")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl")
 AVX2_FLAGS = ("avx2", "fma")
@@ -129,7 +131,7 @@ def _real() -> tuple[frozenset[str], str, str]:
 def host_facts() -> HostFacts:
     """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
     flags, vendor, model = _real()
-    spec = os.environ.get(FLAGS_ENV)
+    spec = settings.raw(FLAGS_ENV)
     simulated = spec is not None
     if spec is not None:
         flags = apply_override(flags, spec)

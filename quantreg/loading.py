@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import settings
 from .builtin import default_table_path
 from .environment import setting_problems
 from .index import Index, ambiguity_problems
@@ -23,7 +24,7 @@ from .problems import Problem, did_you_mean, name_list
 from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
 from .table.verify import FLOAT64
 
-CONFIG_ENV = "QUANTREG_CONFIG"
+CONFIG_ENV = settings.CONFIG
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Loaded:
 
 def config_paths(env: Mapping[str, str]) -> tuple[str, ...]:
     """User table paths from ``QUANTREG_CONFIG`` (``os.pathsep``-separated, empty parts ignored)."""
-    return tuple(p for p in env.get(CONFIG_ENV, "").split(os.pathsep) if p.strip())
+    return tuple(settings.value(CONFIG_ENV, env))
 
 
 def load(

@@ -30,15 +30,15 @@ from typing import Any
 
 import pluggy
 
-from . import builtin, hookspecs
+from . import builtin, hookspecs, settings
 from .hookspecs import PROJECT
 from .problems import printable
 
 logger = logging.getLogger("vllm.quantreg")
 
 ENTRY_POINT_GROUP = "quantreg"
-ALLOW_ENV = "QUANTREG_PLUGINS"
-DENY_ENV = "QUANTREG_DISABLE_PLUGINS"
+ALLOW_ENV = settings.PLUGINS
+DENY_ENV = settings.DISABLE_PLUGINS
 SLOW_SECONDS = 1.0
 """An import or hook call taking longer than this is logged (WARNING) while it runs and when it ends."""
 
@@ -123,10 +123,9 @@ def contained(doing: str, call: Callable[[], Any]) -> tuple[Any, str | None]:
 
 
 def _names(env: Mapping[str, str], var: str) -> set[str] | None:
-    raw = env.get(var)
-    if raw is None:
+    if settings.raw(var, env) is None:
         return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
+    return set(settings.value(var, env))
 
 
 class Plugins:

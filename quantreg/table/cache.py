@@ -37,9 +37,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from .located import MAX_BYTES, ReadRefused, from_json, read_regular_file, to_json
 
-ENV = "QUANTREG_CACHE_DIR"
+ENV = settings.CACHE_DIR
 FORMAT = b"quantreg-located-json-2\0"  # bump when to_json or the parser's results change meaning
 MAX_ENTRY_BYTES = 8 * MAX_BYTES
 """Largest entry read or written: the located JSON of a table is a few times its text."""
@@ -47,9 +48,9 @@ MAX_ENTRY_BYTES = 8 * MAX_BYTES
 
 def directory() -> Path | None:
     """The cache directory, or ``None`` when caching is off."""
-    configured = os.environ.get(ENV)
-    if configured is not None:
-        return None if configured.strip().lower() in ("", "off", "0", "none") else Path(configured)
+    if settings.raw(ENV) is not None:
+        configured = settings.value(ENV)
+        return None if configured is None else Path(configured)
     base = os.environ.get("XDG_CACHE_HOME")
     if not base:
         home = os.path.expanduser("~")

@@ -64,6 +64,7 @@ import zlib
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
+from .. import settings
 from ..loading import CONFIG_ENV, config_paths
 from ..problems import Problem
 from ..registry import Registry, set_registry
@@ -75,10 +76,10 @@ logger = logging.getLogger("vllm.quantreg")
 #: vLLM's knob for extra variable-name prefixes its Ray executor copies to workers.
 RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
 #: The prefix every quantreg setting shares.
-PREFIX = "QUANTREG_"
+PREFIX = settings.PREFIX
 #: The shipped user tables (see the module docstring for the format).
-TABLES_ENV = "QUANTREG_TABLES"
-FINGERPRINT_ENV = "QUANTREG_FINGERPRINT"
+TABLES_ENV = settings.TABLES
+FINGERPRINT_ENV = settings.FINGERPRINT
 #: Largest encoded ``QUANTREG_TABLES`` value that carries table text. Linux refuses a single
 #: environment string over 128 KiB at exec (MAX_ARG_STRLEN); half of that leaves headroom.
 MAX_SHIPPED = 64 << 10
@@ -190,7 +191,7 @@ def publish(registry: Registry, env: MutableMapping[str, str] | None = None) -> 
     before = env.get(RAY_PREFIXES_ENV)
     if extend_ray_prefixes(env) and own:
         _changed.setdefault(RAY_PREFIXES_ENV, before)
-    if TABLES_ENV in env or env.get(FINGERPRINT_ENV) != registry.fingerprint():
+    if settings.raw(TABLES_ENV, env) is not None or settings.raw(FINGERPRINT_ENV, env) != registry.fingerprint():
         return None
     shipment = shipment_for(registry, env)
     env[TABLES_ENV] = _encoded_within_limit(shipment)
@@ -212,7 +213,7 @@ def withdraw() -> None:
 def received(env: Mapping[str, str] | None = None) -> Shipment | None:
     """The shipment this process received, or ``None``; a malformed one is reported once and ignored."""
     env = os.environ if env is None else env
-    value = env.get(TABLES_ENV)
+    value = settings.raw(TABLES_ENV, env)
     if not value:
         return None
     try:
