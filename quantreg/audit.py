@@ -21,7 +21,6 @@ This module imports neither vLLM nor torch.
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
@@ -31,10 +30,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import settings
+from . import jsonread, settings
+from .files import ReadRefused, WriteRefused, append_regular, read_regular
+from .problems import printable
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -44,6 +44,11 @@ logger = logging.getLogger("vllm.quantreg.audit")
 DECISIONS_ENV = settings.DECISIONS
 #: Fields every line carries, in this order (scripts may rely on them).
 FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback")
+
+MAX_TRAIL_BYTES = 1 << 30
+"""Largest trail appended to or read back (a line is ~300 bytes: millions of decisions)."""
+LINE_DEPTH = 8
+"""Deepest nesting of a trail line (quantreg writes 2; a verify line 3)."""
 
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -91,8 +96,8 @@ def line_for(
         "fingerprint": fingerprint,
         "fallback": decision.fallback,
     }
-    # ensure_ascii: one byte per character outside strings' escapes, so no multi-byte surprises.
-    return (json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")
+    # ASCII, one line, strict JSON (no bare NaN/Infinity): jq and summarise() read every line.
+    return (jsonread.dumps_strict(record) + "\n").encode("ascii")
 
 
 def record(
@@ -131,7 +136,7 @@ def append_record(record: Mapping[str, Any], path: str | os.PathLike[str] | None
         target = os.fspath(path) if path is not None else decisions_path()
         if not target:
             return False
-        data = (json.dumps(dict(record), ensure_ascii=True, separators=(",", ":"), default=str) + "\n").encode("ascii")
+        data = (jsonread.dumps_strict(dict(record)) + "\n").encode("ascii")
         return _append(target, data)
     except Exception as exc:  # best effort, like record()
         _warn_once(str(path), f"{type(exc).__name__}: {exc}")
@@ -139,22 +144,13 @@ def append_record(record: Mapping[str, Any], path: str | os.PathLike[str] | None
 
 
 def _append(target: str, data: bytes) -> bool:
+    """One bounded, non-blocking append (:func:`quantreg.files.append_regular`); a refusal warns once."""
     with _lock:  # threads of one process share the descriptor table, not the line
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as exc:
-            _warn_once(target, f"cannot open: {exc.strerror or exc}")
+            append_regular(target, data, MAX_TRAIL_BYTES)
+        except WriteRefused as exc:
+            _warn_once(target, str(exc))
             return False
-        try:
-            written = os.write(fd, data)
-        except OSError as exc:
-            _warn_once(target, f"cannot write: {exc.strerror or exc}")
-            return False
-        finally:
-            os.close(fd)
-    if written != len(data):
-        _warn_once(target, f"short write ({written} of {len(data)} bytes); the last line is cut")
-        return False
     return True
 
 
@@ -163,7 +159,7 @@ def _warn_once(target: str, why: str) -> None:
         return
     _warned.add(target)
     logger.warning("quantreg: decisions trail %s (%s) is not recorded by pid %d: %s",
-                   target, DECISIONS_ENV, os.getpid(), why)
+                   printable(target), DECISIONS_ENV, os.getpid(), printable(why))
 
 
 # -- reading a trail back -------------------------------------------------------------------
@@ -243,9 +239,9 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
     where = os.fspath(path)
     summary = Summary(where)
     try:
-        data = Path(where).read_bytes()
-    except OSError as exc:
-        summary.problems.append(f"{where}: cannot read: {exc.strerror or exc}")
+        data = read_regular(where, MAX_TRAIL_BYTES, expected="a JSONL trail", noun="a trail")
+    except ReadRefused as exc:
+        summary.problems.append(f"{printable(where)}: cannot read: {exc}")
         return summary
     raw_lines = data.split(b"\n")
     complete = data.endswith(b"\n") or not data
@@ -257,7 +253,7 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
             continue
         last = number == len(raw_lines)
         try:
-            item = json.loads(raw)
+            item = jsonread.loads(raw, max_depth=LINE_DEPTH)
             if not isinstance(item, dict):
                 raise ValueError("not a JSON object")
             if item.get("event") is not None:  # e.g. a verify: comparison; not a decision
@@ -293,4 +289,7 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
             who = "; ".join(f"{p}: " + ", ".join(f"{c.role} pid {c.pid}" for c in choices if c.fingerprint == p)
                             for p in prints)
             summary.disagreements.append(f"{key}: processes decided from different tables (fingerprints {who})")
+    # Every value here came from the file: escaped, so a trail cannot forge a line or drive the terminal.
+    summary.problems = [printable(x) for x in summary.problems]
+    summary.disagreements = [printable(x) for x in summary.disagreements]
     return summary

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from . import settings
+from .files import ReadRefused, read_regular
 
 CPUINFO = "/proc/cpuinfo"
 FLAGS_ENV = settings.HOST_CPU_FLAGS
@@ -91,25 +92,11 @@ def parse_cpuinfo(text: str) -> tuple[frozenset[str], str, str]:
 
 
 def _read_cpuinfo() -> str:
-    """``/proc/cpuinfo``, bounded; empty when unreadable (not Linux, a sandbox)."""
+    """``/proc/cpuinfo``, bounded and non-blocking (:mod:`quantreg.files`); empty when unreadable."""
     try:
-        fd = os.open(CPUINFO, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        return read_regular(CPUINFO, _CPUINFO_LIMIT, head=True).decode("utf-8", errors="replace")
+    except ReadRefused:
         return ""
-    try:
-        chunks: list[bytes] = []
-        size = 0
-        while size < _CPUINFO_LIMIT:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
 
 
 def apply_override(real: frozenset[str], spec: str) -> frozenset[str]:
