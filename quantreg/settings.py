@@ -104,7 +104,7 @@ def parse_compile(raw: str, default: Any) -> Parsed:
     word = raw.strip().lower() or "auto"
     if word in MXFP4_COMPILE_MODES:
         return word, None
-    return default, f"{shown(raw)} is not one of {', '.join(MXFP4_COMPILE_MODES)}; using {default}"
+    return default, f"{shown(raw)} is not one of {', '.join(MXFP4_COMPILE_MODES)}"
 
 
 def parse_cache_dir(raw: str, default: Any) -> Parsed:
