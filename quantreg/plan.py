@@ -516,7 +516,7 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
         lines.append(f"{device:<9} {d['method']} [{d['rule']}]  experts hold {_human(d['expert_bytes'])}")
         lines += [f"  warning {w}" for w in d["warnings"]]
     lines += [f"problem   {p}" for p in data["problems"]]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # paths and values from outside: one line each, encodable
 
 
 def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool,
