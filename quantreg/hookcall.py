@@ -79,17 +79,42 @@ def hook_names() -> tuple[str, ...]:
     return tuple(sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{hookspecs.PROJECT}_spec")))
 
 
-def _namespace() -> dict[str, Any]:
-    """The names hookspecs import only for type checking, resolved (all core quantreg, no torch/vLLM)."""
-    from . import hookspecs
-    from .findings import Finding
-    from .keepers import QuantConfigKeeper
-    from .methods import Method
-    from .registry import Registry
-    from .vllm_limits import VllmLimitation
+@functools.cache
+def _type_only_imports() -> dict[str, str]:
+    """Name -> module of what hookspecs imports under ``if TYPE_CHECKING:``, read from its source.
 
-    return {**vars(hookspecs), "Finding": Finding, "QuantConfigKeeper": QuantConfigKeeper, "Method": Method,
-            "Registry": Registry, "VllmLimitation": VllmLimitation}
+    Why from the source: the hookspec module is the one declaration; resolving a hook's types
+    must not import every other hook's types (``register()`` in vLLM would pay for findings and
+    limitations it never uses), so each name's module is imported only when a hook needs it.
+    """
+    import ast
+    import inspect
+
+    from . import hookspecs
+
+    source = inspect.getsource(hookspecs)  # any loader (pytest's assertion rewriter has no get_source)
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for stmt in node.body:
+                if isinstance(stmt, ast.ImportFrom) and stmt.level == 1 and stmt.module:
+                    for alias in stmt.names:
+                        found[alias.asname or alias.name] = f"quantreg.{stmt.module}"
+    return found
+
+
+def _namespace(annotation: str) -> dict[str, Any]:
+    """hookspecs' globals plus the type-checking-only names ``annotation`` uses, imported now."""
+    import importlib
+    import re
+
+    from . import hookspecs
+
+    namespace = dict(vars(hookspecs))
+    for name, module in _type_only_imports().items():
+        if re.search(rf"\b{re.escape(name)}\b", annotation):
+            namespace[name] = getattr(importlib.import_module(module), name)
+    return namespace
 
 
 @functools.cache
@@ -97,8 +122,11 @@ def registered_type(hook: str) -> Any:
     """The type hint of the one argument of hook ``hook``'s ``register`` callback."""
     from . import hookspecs
 
-    hints = typing.get_type_hints(getattr(hookspecs, hook), globalns=_namespace())
-    register = hints["register"]
+    spec = getattr(hookspecs, hook)
+    annotation = spec.__annotations__.get("register", "")
+    # Only this one annotation is evaluated (the others may name types this hook does not need);
+    # it is quantreg's own source text, never input.
+    register = eval(str(annotation), _namespace(str(annotation)))
     args = typing.get_args(register)  # Callable[[X], None] -> ([X], None)
     if not args or not isinstance(args[0], list) or len(args[0]) != 1:
         raise TypeError(f"hookspec {hook}: register must be declared Callable[[T], None]")
