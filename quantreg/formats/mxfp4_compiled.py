@@ -49,7 +49,7 @@ def mode() -> str:
     """The value of ``QUANTREG_MXFP4_COMPILE``, checked."""
     value, message = settings.parsed(ENV)
     if message is not None:
-        raise ValueError(f"{ENV}: {message}")
+        raise ValueError(f"{ENV}={settings.raw(ENV)!r}: expected one of {', '.join(MODES)}")
     return str(value)
 
 
