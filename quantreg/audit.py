@@ -21,7 +21,6 @@ This module imports neither vLLM nor torch.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import multiprocessing
@@ -32,9 +31,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import jsonread, settings
+from .files import ReadRefused, WriteRefused, append_regular, read_regular
 from .problems import printable
 
 if TYPE_CHECKING:
@@ -42,9 +42,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.quantreg.audit")
 
-DECISIONS_ENV = "QUANTREG_DECISIONS"
+DECISIONS_ENV = settings.DECISIONS
 #: Fields every line carries, in this order (scripts may rely on them).
 FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback")
+
+MAX_TRAIL_BYTES = 1 << 30
+"""Largest trail appended to or read back (a line is ~300 bytes: millions of decisions)."""
+LINE_DEPTH = 8
+"""Deepest nesting of a trail line (quantreg writes 2; a verify line 3)."""
 
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -70,8 +75,8 @@ def process_role() -> str:
 
 def decisions_path(env: Mapping[str, str] | None = None) -> str | None:
     """The trail's path from ``QUANTREG_DECISIONS``, or ``None`` when auditing is off."""
-    value = (os.environ if env is None else env).get(DECISIONS_ENV, "").strip()
-    return value or None
+    value = settings.value(DECISIONS_ENV, env)
+    return str(value) if value else None
 
 
 def utc_time(now: float | None = None) -> str:
@@ -90,25 +95,10 @@ def read_time(value: Any) -> str:
     return str(value) if value is not None else ""
 
 
-def strict_json(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by its name (``"inf"``, ``"-inf"``, ``"nan"``).
-
-    Why: Python's ``json`` writes bare ``NaN``/``Infinity``, which is not JSON (``jq`` rejects the
-    line); a verify error is infinite exactly when a kernel's output is not finite.
-    """
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, Mapping):
-        return {str(k): strict_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
-    return value
-
-
 def encode_line(record: Mapping[str, Any]) -> bytes:
-    """One strict-JSON trail line (ASCII, ``\n``-terminated)."""
-    text = json.dumps(strict_json(record), ensure_ascii=True, separators=(",", ":"), default=str, allow_nan=False)
-    return (text + "\n").encode("ascii")
+    """One trail line: ASCII, ``\n``-terminated, strict JSON (non-finite floats as ``"NaN"``/``"Infinity"``,
+    :func:`quantreg.jsonread.dumps_strict`), so ``jq`` and :func:`summarise` read every line."""
+    return (jsonread.dumps_strict(dict(record)) + "\n").encode("ascii")
 
 
 def line_for(
@@ -128,7 +118,6 @@ def line_for(
         "fingerprint": fingerprint,
         "fallback": decision.fallback,
     }
-    # ensure_ascii: one byte per character outside strings' escapes, so no multi-byte surprises.
     return encode_line(record)
 
 
@@ -175,22 +164,13 @@ def append_record(record: Mapping[str, Any], path: str | os.PathLike[str] | None
 
 
 def _append(target: str, data: bytes) -> bool:
+    """One bounded, non-blocking append (:func:`quantreg.files.append_regular`); a refusal warns once."""
     with _lock:  # threads of one process share the descriptor table, not the line
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        except OSError as exc:
-            _warn_once(target, f"cannot open: {exc.strerror or exc}")
+            append_regular(target, data, MAX_TRAIL_BYTES)
+        except WriteRefused as exc:
+            _warn_once(target, str(exc))
             return False
-        try:
-            written = os.write(fd, data)
-        except OSError as exc:
-            _warn_once(target, f"cannot write: {exc.strerror or exc}")
-            return False
-        finally:
-            os.close(fd)
-    if written != len(data):
-        _warn_once(target, f"short write ({written} of {len(data)} bytes); the last line is cut")
-        return False
     return True
 
 
@@ -252,9 +232,10 @@ class VerifiedLayer:
             self.pids.add(pid)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: strict_json(v) for k, v in {"prefix": self.prefix, "method": self.method, "against": self.against,
-                            "calls": self.calls, "exceedances": self.exceedances, "worst_error": self.worst,
-                            "tolerance": self.tolerance, "processes": len(self.pids)}.items()}
+        data = {"prefix": self.prefix, "method": self.method, "against": self.against, "calls": self.calls,
+                "exceedances": self.exceedances, "worst_error": self.worst, "tolerance": self.tolerance,
+                "processes": len(self.pids)}
+        return {k: jsonread.finite(v) for k, v in data.items()}
 
     def render(self) -> str:
         verdict = f"{self.exceedances} EXCEED" if self.exceedances else "all within"
@@ -263,12 +244,13 @@ class VerifiedLayer:
 
 
 def _number(value: Any) -> float | None:
-    """A float from a trail value (``"inf"``/``"nan"`` as written by :func:`strict_json` too)."""
+    """A float from a trail value (``"Infinity"``/``"NaN"`` as :func:`encode_line` writes them;
+    ``"inf"``/``"nan"`` accepted too)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         return float(value)
-    if isinstance(value, str) and value in ("inf", "-inf", "nan"):
+    if isinstance(value, str) and value in ("inf", "-inf", "nan", "Infinity", "-Infinity", "NaN"):
         return float(value)
     return None
 
@@ -348,9 +330,9 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
     where = os.fspath(path)
     summary = Summary(where)
     try:
-        data = Path(where).read_bytes()
-    except OSError as exc:
-        summary.problems.append(f"{where}: cannot read: {exc.strerror or exc}")
+        data = read_regular(where, MAX_TRAIL_BYTES, expected="a JSONL trail", noun="a trail")
+    except ReadRefused as exc:
+        summary.problems.append(f"{printable(where)}: cannot read: {exc}")
         return summary
     raw_lines = data.split(b"\n")
     complete = data.endswith(b"\n") or not data
@@ -363,7 +345,7 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
             continue
         last = number == len(raw_lines)
         try:
-            item = json.loads(raw)
+            item = jsonread.loads(raw, max_depth=LINE_DEPTH)
             if not isinstance(item, dict):
                 raise ValueError("not a JSON object")
             if item.get("event") is not None:  # e.g. a verify: comparison; not a decision
@@ -397,4 +379,7 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
             who = "; ".join(f"{p}: " + ", ".join(f"{c.role} pid {c.pid}" for c in choices if c.fingerprint == p)
                             for p in prints)
             summary.disagreements.append(f"{key}: processes decided from different tables (fingerprints {who})")
+    # Every value here came from the file: escaped, so a trail cannot forge a line or drive the terminal.
+    summary.problems = [printable(x) for x in summary.problems]
+    summary.disagreements = [printable(x) for x in summary.disagreements]
     return summary

@@ -364,7 +364,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from .tiny.command import tiny_model_command  # imports torch (the checkpoint writer)
 
-    return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json)
+    return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json, force=args.force)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -456,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("tiny-model", cmd_tiny_model, "write a tiny GPT-OSS checkpoint with a tokenizer, ready to serve")
     p.add_argument("directory", metavar="DIR")
     p.add_argument("--bf16", action="store_true", help="the bf16 twin (no MXFP4; vLLM-CPU runs it without AMX)")
+    p.add_argument("--force", action="store_true", help="replace the contents of a non-empty DIR")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
     p = add("check-method", cmd_check_method,
             "run the plugin conformance suite on a registered method; exit 1 if a check fails")

@@ -8,71 +8,52 @@ comes from package metadata, and only ``quantreg doctor`` asks vLLM itself (thro
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import sys
-import threading
 from collections.abc import Mapping
 from importlib import metadata
 
+from . import settings
 from .problems import Problem
 
 VLLM_PLUGIN_GROUP = "vllm.general_plugins"
 HOOK_NAME = "quantreg"
 HOOK_VALUE = "quantreg.vllm:register"
 
-ENVIRONMENT = "environment"
+ENVIRONMENT = settings.ENVIRONMENT
 """The ``path`` of a :class:`Problem` about an environment variable; its ``key`` is the variable."""
-PROBE_TIMEOUT_ENV = "QUANTREG_PROBE_TIMEOUT"
-DEFAULT_PROBE_TIMEOUT = 10.0
-MIN_TIMEOUT = 0.01
-MXFP4_COMPILE_ENV = "QUANTREG_MXFP4_COMPILE"
-MXFP4_COMPILE_MODES = ("auto", "0", "1")
+PROBE_TIMEOUT_ENV = settings.PROBE_TIMEOUT
+DEFAULT_PROBE_TIMEOUT = float(settings.BY_NAME[settings.PROBE_TIMEOUT].default)
+MIN_TIMEOUT = settings.MIN_TIMEOUT
+MXFP4_COMPILE_ENV = settings.MXFP4_COMPILE
+MXFP4_COMPILE_MODES = settings.MXFP4_COMPILE_MODES
 
 
 def read_seconds(env: Mapping[str, str], var: str, default: float) -> tuple[float, Problem | None]:
-    """A timeout in seconds from ``env[var]``: ``(seconds, None)``, or ``(default, problem)`` if unreadable.
+    """A timeout in seconds from setting ``var``: ``(seconds, None)``, or ``(default, problem)`` if unreadable.
 
-    Accepted: any positive number, ``inf`` included. Why clamp: ``threading`` refuses waits
-    longer than ``threading.TIMEOUT_MAX`` with ``OverflowError`` (``1e308`` and ``inf`` raised at
-    resolution, inside the seam), so a huge value means "as long as the OS allows"; tiny values
-    are raised to :data:`MIN_TIMEOUT`. ``nan``, zero, negatives and non-numbers are a problem
-    (``environment: VAR: ...``) and the default is used.
+    The parsing is :func:`quantreg.settings.parse_seconds` (huge values clamped to what
+    ``threading`` accepts, ``nan``/zero/negatives refused); kept here for its callers.
     """
-    raw = env.get(var)
-    if raw is None or not raw.strip():
+    text = settings.raw(var, env)
+    if text is None:
         return default, None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if math.isnan(value) or value <= 0:
-        shown = raw if len(raw) <= 40 else raw[:37] + "..."
-        return default, Problem(ENVIRONMENT, None, var, f"{shown!r} is not a positive number of seconds "
-                                                        f"(e.g. 10, 0.5, inf); using the default {default:g}")
-    return min(max(value, MIN_TIMEOUT), threading.TIMEOUT_MAX), None
+    seconds, message = settings.parse_seconds(text, default)
+    return float(seconds), None if message is None else Problem(ENVIRONMENT, None, var, message)
 
 
 def probe_timeout(env: Mapping[str, str] | None = None) -> float:
-    """``QUANTREG_PROBE_TIMEOUT`` in seconds, always a value ``threading`` accepts (see :func:`read_seconds`)."""
-    return read_seconds(os.environ if env is None else env, PROBE_TIMEOUT_ENV, DEFAULT_PROBE_TIMEOUT)[0]
+    """``QUANTREG_PROBE_TIMEOUT`` in seconds, always a value ``threading`` accepts."""
+    return float(settings.value(settings.PROBE_TIMEOUT, env))
 
 
 def setting_problems(env: Mapping[str, str]) -> list[Problem]:
-    """Problems with the ``QUANTREG_*`` settings read as values (timeouts, modes), one per variable.
+    """Problems with the ``QUANTREG_*`` settings (:func:`quantreg.settings.problems`), one per variable.
 
-    ``QUANTREG_STRICT`` is checked by :mod:`quantreg.mode`; paths (``QUANTREG_CONFIG``,
-    ``QUANTREG_CACHE_DIR``) and plugin name lists need no parsing and are reported when used.
+    ``QUANTREG_STRICT`` is left to :mod:`quantreg.mode` (it reports it with the mode).
     """
-    problems = []
-    _, problem = read_seconds(env, PROBE_TIMEOUT_ENV, DEFAULT_PROBE_TIMEOUT)
-    if problem is not None:
-        problems.append(problem)
-    compile_mode = env.get(MXFP4_COMPILE_ENV)
-    if compile_mode is not None and (compile_mode.strip().lower() or "auto") not in MXFP4_COMPILE_MODES:
-        problems.append(Problem(ENVIRONMENT, None, MXFP4_COMPILE_ENV,
-                                f"{compile_mode[:40]!r} is not one of {', '.join(MXFP4_COMPILE_MODES)}"))
-    return problems
+    return [Problem(ENVIRONMENT, None, name, message) for name, message in settings.problems(env)
+            if name != settings.STRICT]
 
 
 def module_available(name: str) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .keys import Key
-from .plugins import describe
+from .problems import printable
 
 if TYPE_CHECKING:
     from .registry import Registry
@@ -49,30 +49,20 @@ class Finding:
 
 def collect_findings(registry: Registry, device: str | None) -> list[Finding]:
     """Ask every plugin's ``doctor_findings(register, registry, device)`` (any subset of the
-    three arguments), in registration order. Bad registrations and raising hooks become
-    ``error`` findings attributed to the plugin."""
+    three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
+    containment, "still ..." warning, the type check of each registered ``Finding`` and its
+    fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
+    from .plugins import PluginFailure
+
     findings: list[Finding] = []
-    caller = getattr(registry.plugins.pm.hook, HOOK)
-    for impl in caller.get_hookimpls():
-        staged: list[Any] = []
-        given: dict[str, Any] = {"register": staged.append, "registry": registry, "device": device}
-        try:
-            impl.function(**{arg: given[arg] for arg in impl.argnames})
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # a plugin's fault (SystemExit included) is a finding, never doctor's end
-            findings.append(Finding("error", f"hook {HOOK} raised {describe(exc)}",
-                                    plugin=impl.plugin_name))
-            continue
-        for item in staged:
-            if not isinstance(item, Finding):
-                findings.append(Finding("error", f"hook {HOOK} registered a {type(item).__name__}, not a "
-                                        "quantreg.findings.Finding", plugin=impl.plugin_name))
-            elif item.level not in LEVELS:
-                findings.append(Finding("error", f"hook {HOOK} registered level {item.level!r} (expected one of "
-                                        f"{', '.join(LEVELS)}): {item.message}", plugin=impl.plugin_name))
-            else:
-                findings.append(Finding(item.level, item.message, item.key, impl.plugin_name))
+    for plugin, item in registry.plugins.call_each(HOOK, inline_failures=True, registry=registry, device=device):
+        if isinstance(item, PluginFailure):
+            findings.append(Finding("error", f"hook {HOOK} {printable(item.message)}", plugin=plugin))
+        elif item.level not in LEVELS:
+            findings.append(Finding("error", f"hook {HOOK} registered level {printable(str(item.level))!r} (expected "
+                                    f"one of {', '.join(LEVELS)}): {printable(item.message)}", plugin=plugin))
+        else:
+            findings.append(Finding(item.level, printable(item.message), item.key, plugin))
     return findings
 
 

@@ -12,8 +12,8 @@ exercised by a test; ``tests/test_hook_docs.py`` enforces both.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -43,7 +43,7 @@ def register_methods(register: Callable[[Method], None]) -> None:
 
 
 @hookspec
-def register_tables(register: Callable[[Path | str], None]) -> None:
+def register_tables(register: Callable[[str | os.PathLike[str]], None]) -> None:
     """Contribute rule tables: call ``register(path)`` for each YAML file the plugin ships.
 
     Plugin tables form the ``plugin`` layer: they beat the default table and lose to user

@@ -21,8 +21,11 @@ import platform
 from dataclasses import dataclass, field
 from functools import cache
 
+from . import settings
+from .files import ReadRefused, read_regular
+
 CPUINFO = "/proc/cpuinfo"
-FLAGS_ENV = "QUANTREG_HOST_CPU_FLAGS"
+FLAGS_ENV = settings.HOST_CPU_FLAGS
 AMX_FLAGS = ("amx_tile", "amx_bf16")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl")
 AVX2_FLAGS = ("avx2", "fma")
@@ -89,25 +92,11 @@ def parse_cpuinfo(text: str) -> tuple[frozenset[str], str, str]:
 
 
 def _read_cpuinfo() -> str:
-    """``/proc/cpuinfo``, bounded; empty when unreadable (not Linux, a sandbox)."""
+    """``/proc/cpuinfo``, bounded and non-blocking (:mod:`quantreg.files`); empty when unreadable."""
     try:
-        fd = os.open(CPUINFO, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        return read_regular(CPUINFO, _CPUINFO_LIMIT, head=True).decode("utf-8", errors="replace")
+    except ReadRefused:
         return ""
-    try:
-        chunks: list[bytes] = []
-        size = 0
-        while size < _CPUINFO_LIMIT:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        return b"".join(chunks).decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
 
 
 def apply_override(real: frozenset[str], spec: str) -> frozenset[str]:
@@ -129,7 +118,7 @@ def _real() -> tuple[frozenset[str], str, str]:
 def host_facts() -> HostFacts:
     """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
     flags, vendor, model = _real()
-    spec = os.environ.get(FLAGS_ENV)
+    spec = settings.raw(FLAGS_ENV)
     simulated = spec is not None
     if spec is not None:
         flags = apply_override(flags, spec)

@@ -13,17 +13,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import settings
 from .builtin import default_table_path
 from .environment import setting_problems
 from .index import Index, ambiguity_problems
-from .methods import Method, check_method
+from .methods import Method, check_method, keeps_vllm
 from .mode import strict_problem
 from .plugins import PluginFailure, Plugins, describe
 from .problems import Problem, did_you_mean, name_list
 from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
 from .table.verify import FLOAT64
 
-CONFIG_ENV = "QUANTREG_CONFIG"
+CONFIG_ENV = settings.CONFIG
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Loaded:
 
 def config_paths(env: Mapping[str, str]) -> tuple[str, ...]:
     """User table paths from ``QUANTREG_CONFIG`` (``os.pathsep``-separated, empty parts ignored)."""
-    return tuple(p for p in env.get(CONFIG_ENV, "").split(os.pathsep) if p.strip())
+    return tuple(settings.value(CONFIG_ENV, env))
 
 
 def load(
@@ -220,14 +221,31 @@ def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
 
 
 def verify_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:
-    """A rule's ``verify.against`` must be a registered method (or ``float64``, checked in the table)."""
+    """A rule's ``verify:`` must be able to run: ``against`` a registered method (or ``float64``,
+    checked in the table) that runs on the rule's devices, beside a chosen method that is not
+    ``vllm`` (vLLM's own method is never wrapped, so its verification could never happen)."""
     problems = []
     for i, rule in enumerate(table.rules):
         spec = rule.verify
-        if spec is None or spec.against == FLOAT64 or spec.against in methods:
+        if spec is None:
             continue
-        problems.append(Problem(
-            table.path, rule.verify_line or rule.line, f"rules[{i}].verify.against",
-            f"unknown method '{spec.against}'{did_you_mean(spec.against, sorted(methods))} "
-            f"(registered: {name_list(sorted(methods))}; or '{FLOAT64}')"))
+        where = (table.path, rule.verify_line or rule.line, f"rules[{i}].verify")
+        if rule.methods and all(keeps_vllm(m) for m in rule.methods):
+            problems.append(Problem(*where, "can never run: the rule's method is 'vllm' (vLLM's own method is not "
+                                            "wrapped); put verify: on a rule choosing a quantreg method"))
+        if spec.against == FLOAT64:
+            continue
+        against = methods.get(spec.against)
+        if against is None:
+            problems.append(Problem(
+                where[0], where[1], f"rules[{i}].verify.against",
+                f"unknown method '{spec.against}'{did_you_mean(spec.against, sorted(methods))} "
+                f"(registered: {name_list(sorted(methods))}; or '{FLOAT64}')"))
+            continue
+        devices = rule.match.device
+        if devices is not None and not any(against.runs_on(d) for d in devices):
+            problems.append(Problem(
+                where[0], where[1], f"rules[{i}].verify.against",
+                f"method '{spec.against}' runs on {', '.join(against.devices)}, never on the rule's device "
+                f"({', '.join(devices)}): this verification can never run"))
     return problems

@@ -9,10 +9,8 @@ construction contract: how the seam calls a method class (:class:`BuildContext`)
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
-import io
 import re
 import sys
 import threading
@@ -240,30 +238,27 @@ def _vllm_base_class() -> type[Any] | None:
 
 
 def run_probe(probe: Probe | str, timeout: float) -> Availability:
-    """Run a third-party probe in a daemon thread: it may raise or hang, resolution may not.
+    """Run a third-party probe through the one caller of plugin code (:func:`quantreg.hookcall.call`).
 
-    A probe still running after ``timeout`` seconds is abandoned (Python cannot kill a thread)
-    and the method is reported unavailable, so one stuck device query cannot hold vLLM's start-up.
+    It may raise anything (``SystemExit`` included) or hang; resolution may not. A probe still
+    running after ``timeout`` seconds is abandoned in its daemon thread (Python cannot kill a
+    thread) and the method is reported unavailable, so one stuck device query cannot hold
+    vLLM's start-up. What it prints goes to stderr (stdout may be a --json answer).
     """
-    outcome: list[Availability] = []
+    from .hookcall import TIMED_OUT, call
 
-    def call() -> None:
-        try:
-            fn = load_object(probe) if isinstance(probe, str) else probe
-            result = fn()
-            ok, reason = result
-            outcome.append(Availability(bool(ok), str(reason)))
-        except Exception as exc:  # a third-party probe must not break resolution
-            outcome.append(Availability(False, f"probe raised {type(exc).__name__}: {exc}"))
+    def probe_call() -> Availability:
+        fn = load_object(probe) if isinstance(probe, str) else probe
+        ok, reason = fn()
+        return Availability(bool(ok), str(reason))
 
-    worker = threading.Thread(target=call, name="quantreg-probe", daemon=True)
-    # A probe is plugin code: what it prints goes to stderr (stdout may be a --json answer).
-    with contextlib.redirect_stdout(sys.stderr if sys.stderr is not None else io.StringIO()):
-        worker.start()
-        worker.join(min(max(timeout, 0.0), threading.TIMEOUT_MAX))  # larger waits raise OverflowError
-    if not outcome:
+    shown = probe if isinstance(probe, str) else getattr(probe, "__qualname__", "probe")
+    result, error = call(f"running probe {shown!r}", probe_call, timeout=min(max(timeout, 0.0), threading.TIMEOUT_MAX))
+    if error is None and isinstance(result, Availability):
+        return result
+    if error is not None and error.startswith(TIMED_OUT):
         return Availability(False, f"probe did not answer within {timeout:g}s ({PROBE_TIMEOUT_ENV})")
-    return outcome[0]
+    return Availability(False, f"probe raised {error}")
 
 
 def load_object(target: str) -> Any:

@@ -21,13 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from . import settings
 from .environment import ENVIRONMENT
 from .problems import Problem
 from .table.file import Layer, TableHeader
 
-STRICT_ENV = "QUANTREG_STRICT"
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("", "0", "false", "no", "off")
+STRICT_ENV = settings.STRICT
+TRUE_WORDS = settings.TRUE_WORDS
+FALSE_WORDS = settings.FALSE_WORDS
 
 
 @dataclass(frozen=True)
@@ -43,25 +44,20 @@ class Mode:
 
 def env_strict(env: Mapping[str, str]) -> bool:
     """Does ``QUANTREG_STRICT`` ask for strict? Anything but a false word does (see the module doc)."""
-    return env.get(STRICT_ENV, "").strip().lower() not in FALSE_WORDS
+    return bool(settings.value(STRICT_ENV, env))
 
 
 def strict_problem(env: Mapping[str, str]) -> Problem | None:
     """A problem for a ``QUANTREG_STRICT`` value that is neither a true nor a false word."""
-    raw = env.get(STRICT_ENV, "")
-    if raw.strip().lower() in TRUE_WORDS + FALSE_WORDS:
-        return None
-    shown = raw if len(raw) <= 40 else raw[:37] + "..."
-    lenient = ", ".join(w for w in FALSE_WORDS if w)
-    return Problem(ENVIRONMENT, None, STRICT_ENV, f"{shown!r} is not one of {', '.join(TRUE_WORDS)} (strict) or "
-                                                  f"{lenient} (lenient); counted as strict")
+    message = settings.parsed(STRICT_ENV, env)[1]
+    return None if message is None else Problem(ENVIRONMENT, None, STRICT_ENV, message)
 
 
 def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_strict: bool | None = None) -> Mode:
     """Strict if the environment, a user/run table header or the run's settings ask for it."""
     because: list[str] = []
     if env_strict(env):
-        because.append(f"{STRICT_ENV}={env[STRICT_ENV].strip()[:40]}")
+        because.append(f"{STRICT_ENV}={(settings.raw(STRICT_ENV, env) or '').strip()[:40]}")
     because += [f"strict: true in {h.path}" for h in headers if h.layer >= Layer.USER and h.strict is True]
     if run_strict:
         because.append('vLLM additional_config {"quantreg": {"strict": true}}')

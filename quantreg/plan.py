@@ -31,9 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import jsonread
 from .environment import module_available
+from .files import ReadRefused, inside, read_regular
 from .keys import Key
 from .methods import VLLM_METHOD
+from .problems import printable
 from .vllm_limits import VllmLimitation, all_limitations, vllm_backend_note
 
 if TYPE_CHECKING:
@@ -68,6 +71,15 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0
                "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
 #: Largest safetensors header read (the format's own recommended limit is 100 MB).
 MAX_HEADER = 100 * 1024 * 1024
+MAX_CONFIG = 16 * 1024 * 1024
+"""Largest config.json read (real ones are a few KB)."""
+MAX_INDEX = 64 * 1024 * 1024
+"""Largest model.safetensors.index.json read (a 1T-parameter model's is ~10 MB)."""
+MAX_LAYERS = 100_000
+"""More decoder layers than any model has; a larger count in config.json is refused, not iterated."""
+MAX_EXPERTS = 1 << 20
+MAX_COUNT = 1 << 40
+MAX_BYTES_TOTAL = 1 << 50
 MX_BLOCK = 32
 EXPERT_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(.+)$")
 #: Config keys for the number of routed experts, in the order models use them.
@@ -113,7 +125,7 @@ def moe_layer_indices(config: Mapping[str, Any]) -> list[int]:
     * everything else with experts (GPT-OSS, Mixtral, ...): every layer.
     """
     cfg = text_config(config)
-    n = int(cfg.get("num_hidden_layers") or 0)
+    n = _count(cfg.get("num_hidden_layers"), 0, MAX_LAYERS) or 0  # 10^12 layers: refused, never iterated
     if not _first(cfg, EXPERT_COUNT_KEYS):
         return []
     if isinstance(cfg.get("moe_layers"), list):
@@ -133,48 +145,86 @@ def moe_layer_indices(config: Mapping[str, Any]) -> list[int]:
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON header of a safetensors file: 8-byte little-endian length, then that many bytes of JSON."""
-    with open(path, "rb") as f:
-        head = f.read(8)
+    """The JSON header of a safetensors file: 8-byte little-endian length, then that many bytes of JSON.
+
+    Read through :mod:`quantreg.files` (regular files only, never blocking) and
+    :mod:`quantreg.jsonread` (bounded, finite); ``ValueError`` says what is wrong.
+    """
+    try:
+        head = read_regular(path, 8, head=True, expected="a safetensors file")
         if len(head) != 8:
             raise ValueError("shorter than the 8-byte header length")
         (size,) = struct.unpack("<Q", head)
         if size > MAX_HEADER:
             raise ValueError(f"header length {size} exceeds {MAX_HEADER} bytes")
-        raw = f.read(size)
-        if len(raw) != size:
-            raise ValueError(f"header cut short ({len(raw)} of {size} bytes)")
-    header = json.loads(raw)
+        raw = read_regular(path, 8 + size, head=True, expected="a safetensors file")[8:]
+    except ReadRefused as exc:
+        raise ValueError(str(exc)) from None
+    if len(raw) != size:
+        raise ValueError(f"header cut short ({len(raw)} of {size} bytes)")
+    try:
+        header = jsonread.loads(raw, max_bytes=MAX_HEADER)
+    except jsonread.JsonRefused as exc:
+        raise ValueError(f"header: {exc.message}") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     return header
 
 
-def _safetensors_files(directory: Path) -> list[Path]:
+def _safetensors_files(directory: Path, problems: list[str]) -> list[Path]:
+    """The shards the index names (never outside ``directory``), else every ``*.safetensors`` there."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-            return sorted({directory / name for name in weight_map.values()})
-        except (OSError, ValueError, AttributeError):
-            pass
+            data = jsonread.loads(read_regular(index, MAX_INDEX, expected="a JSON file"))
+        except (ReadRefused, jsonread.JsonRefused) as exc:
+            line = f":{exc.line}" if isinstance(exc, jsonread.JsonRefused) and exc.line else ""
+            problems.append(f"{index}{line}: not a readable index: {exc}")
+            data = None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if isinstance(data, dict) and not isinstance(weight_map, dict):
+            problems.append(f"{index}: weight_map: expected a mapping of tensor name to shard file")
+        if isinstance(weight_map, dict):
+            shards: set[Path] = set()
+            for name in set(v for v in weight_map.values() if isinstance(v, str)):
+                target = inside(directory, name)
+                if target is None:
+                    problems.append(f"{index}: weight_map: shard {printable(name[:200])!r} is not a file name inside "
+                                    "the checkpoint; not read")
+                else:
+                    shards.add(Path(target))
+            if any(not isinstance(v, str) for v in weight_map.values()):
+                problems.append(f"{index}: weight_map: expected shard file names (strings); other entries ignored")
+            return sorted(shards)
     return sorted(directory.glob("*.safetensors"))
 
 
-def _tensor_bytes(info: Mapping[str, Any]) -> int:
+def _count(value: Any, low: int = 0, high: int = MAX_COUNT) -> int | None:
+    """``value`` if it is an integer (not a boolean) in ``[low, high]``, else ``None``."""
+    return value if type(value) is int and low <= value <= high else None
+
+
+def _tensor_info(info: Any) -> dict[str, Any] | None:
+    """``{shape, dtype, bytes}`` of a header entry, or ``None`` when it is not what safetensors writes."""
+    if not isinstance(info, dict):
+        return None
+    shape = info.get("shape")
+    dtype = info.get("dtype")
     offsets = info.get("data_offsets")
-    if isinstance(offsets, list) and len(offsets) == 2:
-        return int(offsets[1]) - int(offsets[0])
-    count = 1
-    for d in info.get("shape", []):
-        count *= int(d)
-    return count * DTYPE_BYTES.get(str(info.get("dtype")), 0)
+    if not (isinstance(shape, list) and len(shape) <= 8 and all(_count(d) is not None for d in shape)):
+        return None
+    if not isinstance(dtype, str):
+        return None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(o, 0, MAX_BYTES_TOTAL) is not None
+                                                                   for o in offsets) and offsets[0] <= offsets[1]):
+        return None
+    return {"shape": list(shape), "dtype": dtype, "bytes": offsets[1] - offsets[0]}
 
 
 def expert_tensors(directory: Path, problems: list[str]) -> dict[int, dict[str, dict[str, Any]]]:
     """Per MoE layer index: expert tensor suffix -> ``{shape, dtype, bytes}`` from the headers."""
     layers: dict[int, dict[str, dict[str, Any]]] = {}
-    for path in _safetensors_files(directory):
+    for path in _safetensors_files(directory, problems):
         if not path.is_file():
             problems.append(f"{path}: listed in model.safetensors.index.json but missing")
             continue
@@ -183,14 +233,73 @@ def expert_tensors(directory: Path, problems: list[str]) -> dict[int, dict[str, 
         except (OSError, ValueError) as exc:
             problems.append(f"{path}: not a readable safetensors header: {exc}")
             continue
+        bad = 0
         for name, info in header.items():
             m = EXPERT_RE.search(name)
-            if m is None or not isinstance(info, dict):
+            if m is None:
                 continue
-            layers.setdefault(int(m.group(1)), {})[m.group(2)] = {
-                "shape": [int(d) for d in info.get("shape", [])], "dtype": str(info.get("dtype")),
-                "bytes": _tensor_bytes(info)}
+            tensor = _tensor_info(info)
+            layer = int(m.group(1)) if len(m.group(1)) <= 6 else None
+            if tensor is None or layer is None:
+                bad += 1
+                if bad <= 3:
+                    problems.append(f"{path}: {printable(name[:200])}: expected shape (a list of non-negative "
+                                    "integers), dtype (a string) and data_offsets ([start, end], 0 <= start <= end); "
+                                    "ignored")
+                continue
+            layers.setdefault(layer, {})[m.group(2)] = tensor
+        if bad > 3:
+            problems.append(f"{path}: {bad - 3} more malformed expert tensor entries ignored")
     return layers
+
+
+#: Fields of config.json quantreg reads, with the integer range vLLM's model code would accept.
+INT_FIELDS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (0, MAX_LAYERS), "hidden_size": (1, MAX_COUNT), "intermediate_size": (1, MAX_COUNT),
+    "moe_intermediate_size": (1, MAX_COUNT), "first_k_dense_replace": (0, MAX_LAYERS),
+    "moe_layer_freq": (1, MAX_LAYERS), "decoder_sparse_step": (1, MAX_LAYERS),
+    "interleave_moe_layer_step": (1, MAX_LAYERS),
+    **{k: (1, MAX_EXPERTS) for k in EXPERT_COUNT_KEYS}, **{k: (1, MAX_EXPERTS) for k in TOP_K_KEYS},
+}
+LIST_FIELDS = ("mlp_only_layers", "moe_layers")
+STR_FIELDS = ("model_type",)
+DICT_FIELDS = ("quantization_config", "text_config")
+
+
+def checked_config(config: dict[str, Any], where: str, problems: list[str], inner: bool = False) -> dict[str, Any]:
+    """``config`` without the fields quantreg reads that are not what vLLM would accept, each a located problem.
+
+    Why drop instead of fail: ``plan`` must still say what it can (the model type, the decision)
+    when one number is a string, infinite, a boolean or 10^12; the problem names the field.
+    """
+    out = dict(config)
+    prefix = "text_config." if inner else ""
+    for key, (low, high) in INT_FIELDS.items():
+        if key in out and out[key] is not None and _count(out[key], low, high) is None:
+            problems.append(f"{where}: {prefix}{key}: expected an integer from {low} to {high}, got "
+                            f"{printable(repr(out[key])[:40])}; ignored")
+            del out[key]
+    for key in LIST_FIELDS:
+        if key in out and out[key] is not None and not (
+                isinstance(out[key], list) and len(out[key]) <= MAX_LAYERS
+                and all(_count(i, 0, MAX_LAYERS) is not None for i in out[key])):
+            problems.append(f"{where}: {prefix}{key}: expected a list of layer numbers (0 to {MAX_LAYERS}); ignored")
+            del out[key]
+    for key in STR_FIELDS:
+        if key in out and out[key] is not None and not (isinstance(out[key], str) and 0 < len(out[key]) <= 200):
+            problems.append(f"{where}: {prefix}{key}: expected a name (a string); ignored")
+            del out[key]
+    for key in DICT_FIELDS:
+        if key in out and out[key] is not None and not isinstance(out[key], dict):
+            problems.append(f"{where}: {prefix}{key}: expected a JSON object; ignored")
+            del out[key]
+    quant = out.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") is not None and not isinstance(quant["quant_method"], str):
+        problems.append(f"{where}: {prefix}quantization_config.quant_method: expected a name (a string); ignored")
+        out["quantization_config"] = {k: v for k, v in quant.items() if k != "quant_method"}
+    if not inner and isinstance(out.get("text_config"), dict):
+        out["text_config"] = checked_config(out["text_config"], where, problems, inner=True)
+    return out
 
 
 def read_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
@@ -199,19 +308,20 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
     ck = Checkpoint(str(root))
     path = root / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        ck.problems.append(f"{path}: missing (a Hugging Face checkpoint directory has a config.json)")
+        config = jsonread.loads(read_regular(path, MAX_CONFIG, expected="a JSON file"))
+    except ReadRefused as exc:
+        if str(exc) == "no such file":
+            ck.problems.append(f"{path}: missing (a Hugging Face checkpoint directory has a config.json)")
+        else:
+            ck.problems.append(f"{path}: {exc}")
         return ck
-    except json.JSONDecodeError as exc:
-        ck.problems.append(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}")
-        return ck
-    except OSError as exc:
-        ck.problems.append(f"{path}: cannot read: {exc.strerror or exc}")
+    except jsonread.JsonRefused as exc:
+        ck.problems.append(f"{path}:{exc.line or 1}: {exc.message}")
         return ck
     if not isinstance(config, dict):
         ck.problems.append(f"{path}:1: expected a JSON object")
         return ck
+    config = checked_config(config, str(path), ck.problems)
     ck.config = config
     cfg = text_config(config)
     ck.model_type = str(config.get("model_type") or cfg.get("model_type") or "unknown")
@@ -406,7 +516,7 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
         lines.append(f"{device:<9} {d['method']} [{d['rule']}]  experts hold {_human(d['expert_bytes'])}")
         lines += [f"  warning {w}" for w in d["warnings"]]
     lines += [f"problem   {p['text'] if isinstance(p, Mapping) else p}" for p in data["problems"]]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # paths and values from outside: one line each, encodable
 
 
 def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool,

@@ -30,15 +30,15 @@ from typing import Any
 
 import pluggy
 
-from . import builtin, hookspecs
+from . import builtin, hookspecs, settings
 from .hookspecs import PROJECT
 from .problems import printable
 
 logger = logging.getLogger("vllm.quantreg")
 
 ENTRY_POINT_GROUP = "quantreg"
-ALLOW_ENV = "QUANTREG_PLUGINS"
-DENY_ENV = "QUANTREG_DISABLE_PLUGINS"
+ALLOW_ENV = settings.PLUGINS
+DENY_ENV = settings.DISABLE_PLUGINS
 SLOW_SECONDS = 1.0
 """An import or hook call taking longer than this is logged (WARNING) while it runs and when it ends."""
 
@@ -112,21 +112,16 @@ def plugin_code(doing: str) -> Iterator[None]:
 
 
 def contained(doing: str, call: Callable[[], Any]) -> tuple[Any, str | None]:
-    """``(result, None)`` or ``(None, "X: text")``: nothing plugin code raises escapes but Ctrl-C."""
-    try:
-        with plugin_code(doing):
-            return call(), None
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit, GeneratorExit, custom BaseException subclasses: all plugin faults
-        return None, describe(exc)
+    """``(result, None)`` or ``(None, "X: text")``: :func:`quantreg.hookcall.call`, kept for its callers."""
+    from .hookcall import call as contained_call
+
+    return contained_call(doing, call)
 
 
 def _names(env: Mapping[str, str], var: str) -> set[str] | None:
-    raw = env.get(var)
-    if raw is None:
+    if settings.raw(var, env) is None:
         return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
+    return set(settings.value(var, env))
 
 
 class Plugins:
@@ -166,8 +161,10 @@ class Plugins:
             if ep.name in deny:
                 self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", f"listed in {DENY_ENV}"))
                 continue
-            plugin, error = contained(f"loading plugin '{printable(ep.name)}' (entry point {printable(ep.value)})",
-                                      ep.load)
+            from .hookcall import call
+
+            plugin, error = call(f"loading plugin '{printable(ep.name)}' (entry point {printable(ep.value)})",
+                                 ep.load, timeout=float(settings.value(settings.PLUGIN_IMPORT_TIMEOUT, self.env)))
             if error is not None:
                 self._fail(PluginInfo(ep.name, dist, version, ep.value, "failed"), "",
                            f"entry point {ep.value} failed to import: {error}")
@@ -204,33 +201,54 @@ class Plugins:
         self.failures.append(failure)
         self.infos.append(PluginInfo(info.name, info.distribution, info.version, info.value, "failed", message))
 
-    def call_each(self, hook: str) -> list[tuple[str, Any]]:
+    def call_each(self, hook: str, inline_failures: bool = False, **given: Any) -> list[tuple[str, Any]]:
         """Call ``hook`` on every plugin separately, in registration order, isolating faults.
 
-        Each plugin gets its own ``register`` callback; what it registers is returned as
-        ``(plugin name, item)`` pairs. All or nothing per (plugin, hook) call: a hook that raises
-        (anything, ``SystemExit`` included) contributes nothing from that call (its earlier
-        ``register`` calls are discarded), so a half-run hook never leaves half its methods behind;
-        that plugin's other hooks are kept. A hook that *returns* something (pluggy would collect
-        it; quantreg does not) is a fault too, since what it meant to register would otherwise
-        vanish silently; its ``register`` calls are kept.
+        Each plugin gets its own ``register`` callback (``given`` supplies the hook's other
+        arguments; an implementation may take any subset); what it registers is returned as
+        ``(plugin name, item)`` pairs. Every call goes through :func:`quantreg.hookcall.call`
+        (containment of anything but Ctrl-C, the "still ..." warning naming the plugin), and
+        every registered item is checked against the type the hookspec declares for
+        ``register`` and its dataclass fields' annotations (:func:`quantreg.hookcall.value_problem`):
+        a wrong item is one failure naming the plugin and is dropped alone. All or nothing per
+        (plugin, hook) call: a hook that raises contributes nothing from that call; that
+        plugin's other hooks are kept. A hook that *returns* something is a fault too, since what
+        it meant to register would otherwise vanish silently; its ``register`` calls are kept.
+        ``inline_failures``: failures are returned in order among the items as
+        ``(plugin, PluginFailure)`` instead of being added to :attr:`failures` (doctor's findings).
         """
+        from .hookcall import FIELDS_CHECKED_BY, call, registered_type, value_problem
+
         registered: list[tuple[str, Any]] = []
         caller = getattr(self.pm.hook, hook)
+        expected = registered_type(hook)
+        fields = hook not in FIELDS_CHECKED_BY
         for impl in caller.get_hookimpls():  # registration order: the built-in first, then entry points by name
             staged: list[Any] = []
+            name = printable(impl.plugin_name)
 
-            def call(impl: Any = impl, staged: list[Any] = staged) -> Any:
-                return impl.function(**{arg: staged.append for arg in impl.argnames})
+            def run(impl: Any = impl, staged: list[Any] = staged) -> Any:
+                offered = {**given, "register": staged.append}
+                return impl.function(**{arg: offered.get(arg) for arg in impl.argnames})
 
-            returned, error = contained(f"calling hook '{hook}' of plugin '{printable(impl.plugin_name)}'", call)
+            returned, error = call(f"calling hook '{hook}' of plugin '{name}'", run)
+            out: list[tuple[str, Any]] = []
             if error is not None:
-                self.failures.append(PluginFailure(impl.plugin_name, hook, f"raised {error}"))
-                continue
-            if returned is not None:
-                self.failures.append(PluginFailure(
-                    impl.plugin_name, hook, f"returned a value ({_type_name(returned)}); call register(...) instead"))
-            registered += [(impl.plugin_name, item) for item in staged]
+                out.append((impl.plugin_name, PluginFailure(impl.plugin_name, hook, f"raised {error}")))
+            else:
+                for item in staged:
+                    problem = value_problem(item, expected, fields)
+                    out.append((impl.plugin_name, item if problem is None else
+                                PluginFailure(impl.plugin_name, hook, problem)))
+                if returned is not None:
+                    out.append((impl.plugin_name, PluginFailure(
+                        impl.plugin_name, hook,
+                        f"returned a value ({_type_name(returned)}); call register(...) instead")))
+            for plugin, item in out:
+                if isinstance(item, PluginFailure) and not inline_failures:
+                    self.failures.append(item)
+                else:
+                    registered.append((plugin, item))
         return registered
 
 

@@ -56,11 +56,16 @@ class VllmLimitation:
     def holds(self) -> bool:
         if self.applies is None:
             return True
-        try:
-            check = _load(self.applies) if isinstance(self.applies, str) else self.applies
-            return bool(check())
-        except Exception:
-            return False
+        from .hookcall import call  # the one caller of plugin code: SystemExit contained, "still ..." named
+
+        applies = self.applies
+
+        def check() -> Any:
+            return (_load(applies) if isinstance(applies, str) else applies)()
+
+        result, error = call(f"checking 'applies' of a vLLM limitation from plugin '{self.plugin or 'quantreg'}'",
+                             check)
+        return error is None and result is True
 
     def note(self) -> str:
         text = f"vLLM's own method will fail for this key here: {self.reason}"
@@ -185,12 +190,11 @@ def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str
     """
     found: list[VllmLimitation] = []
     faults: list[str] = []
-    for name, item in plugins.call_each("register_vllm_limitations"):
-        if isinstance(item, VllmLimitation):
+    for name, item in plugins.call_each("register_vllm_limitations", inline_failures=True):
+        if isinstance(item, VllmLimitation):  # type and fields checked by the one caller (quantreg.hookcall)
             found.append(VllmLimitation(**{**item.__dict__, "plugin": name}))
-        else:
-            faults.append(f"plugin '{name}', hook 'register_vllm_limitations': register() expects a "
-                          f"quantreg.vllm_limits.VllmLimitation, got {type(item).__name__}")
+        else:  # a PluginFailure: the hook raised, or registered something that is not a valid VllmLimitation
+            faults.append(str(item))
     return found, faults
 
 

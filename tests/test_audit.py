@@ -234,7 +234,7 @@ def test_trail_is_strict_json_with_one_time_format(tmp_path: Path) -> None:
     for raw in trail.read_text().splitlines():  # strict JSON: the standard parser without NaN/Infinity
         json.loads(raw, parse_constant=lambda name: pytest.fail(f"bare {name} in the trail"))
     first, second = (json.loads(raw) for raw in trail.read_text().splitlines())
-    assert (first["error"], second["error"], second["extra"]) == ("inf", "nan", ["-inf"])
+    assert (first["error"], second["error"], second["extra"]) == ("Infinity", "NaN", ["-Infinity"])
     assert "worst error inf" in audit.summarise(trail).render()
     old = tmp_path / "old.jsonl"
     _write_lines(old, [{**_item(5, "Worker\x1b[31mRED", "vllm"), "time": 1764547200.5}])

@@ -834,7 +834,8 @@ def plugin_source(name: str, spec: tuple[Any, ...]) -> tuple[str, int, list[str]
                 body.append(f"register(quantreg.Method(name={method!r}, target='qrt_x:Y'))")
                 hook_kept.append(method)
             elif kind == "garbage":
-                item = arg if hook_name == "register_methods" else bad[len(arg) % len(bad)].format(i=i)
+                # a missing table per plugin and action: one path named twice would be one table, one fault
+                item = arg if hook_name == "register_methods" else bad[len(arg) % len(bad)].format(i=f"{name}_{i}")
                 body.append(f"register({item})")
                 hook_faults += 1
             elif kind == "print":

@@ -221,7 +221,8 @@ def test_extend_ray_prefixes_leaves_a_covering_value_alone(covering: str) -> Non
 
 
 def test_shipment_round_trip_and_bad_values() -> None:
-    shipment = multinode.Shipment("abc", True, (multinode.ShippedTable("/etc/t.yaml", "00", "version: 1\n"),), 7)
+    digest = multinode._digest(b"version: 1\n")  # the sha256 travels with the text and is checked on arrival
+    shipment = multinode.Shipment("abc", True, (multinode.ShippedTable("/etc/t.yaml", digest, "version: 1\n"),), 7)
     assert multinode.Shipment.decode(shipment.encode()) == shipment
     for bad, why in (("plain", "expected a value starting with 'zb64:'"), ("zb64:!!", "cannot decode it"),
                      ("zb64:" + multinode.Shipment("f", False, ()).encode()[5:-4] + "AAAA", "cannot decode it")):

@@ -229,7 +229,7 @@ def test_doctor_findings_are_attributed_and_faults_isolated() -> None:
         ("warning", "a", "the table says vllm here"),
         ("error", "a",
          "hook doctor_findings registered level 'loud' (expected one of info, warning, error): bad level"),
-        ("error", "a", "hook doctor_findings registered a str, not a quantreg.findings.Finding"),
+        ("error", "a", "hook doctor_findings register() expects a quantreg.findings.Finding, got str"),
         ("error", "b", "hook doctor_findings raised OSError: no such device"),
         ("info", "c", "takes only register"),
     ]

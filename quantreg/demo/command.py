@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from ..environment import guess_device
 from ..keys import Key
 from ..registry import Registry
@@ -167,7 +168,7 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
     say(f"\n== running vLLM twice (default multiprocessing, side by side): {own_note}; "
         "and the demo table via additional_config ==")
     common: dict[str, Any] = {"max_tokens": MAX_TOKENS, "probe_tokens": PROBE_TOKENS,
-                              "env": {"QUANTREG_CONFIG": ""}}
+                              "env": {settings.CONFIG: ""}}
     with ThreadPoolExecutor(max_workers=2) as pool:
         own_f = pool.submit(run_vllm, own_model, DEMO_PROMPTS, workdir=work / "run-default", **common)
         routed_f = pool.submit(run_vllm, model, DEMO_PROMPTS, workdir=work / "run-demo-table",

@@ -21,16 +21,17 @@ tensor holds at least one chunk; for tests and benchmarks).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 
 import torch
 
+from .. import settings
+
 logger = logging.getLogger(__name__)
 
-ENV = "QUANTREG_MXFP4_COMPILE"
-MODES = ("auto", "0", "1")
+ENV = settings.MXFP4_COMPILE
+MODES = settings.MXFP4_COMPILE_MODES
 CHUNK_ROWS = 1 << 18
 """Blocks per kernel call: a static shape (one compilation), 4 MiB of packed bytes."""
 AUTO_MIN_ROWS = 1 << 22
@@ -46,10 +47,10 @@ _disabled: str | None = None  # why compiling is off for the rest of the process
 
 def mode() -> str:
     """The value of ``QUANTREG_MXFP4_COMPILE``, checked."""
-    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"{ENV}={os.environ.get(ENV)!r}: expected one of {', '.join(MODES)}")
-    return value
+    value, message = settings.parsed(ENV)
+    if message is not None:
+        raise ValueError(f"{ENV}={settings.raw(ENV)!r}: expected one of {', '.join(MODES)}")
+    return str(value)
 
 
 def wanted(packed: torch.Tensor, scale_bytes: torch.Tensor, out: torch.Tensor) -> bool:

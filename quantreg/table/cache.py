@@ -37,19 +37,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .located import MAX_BYTES, ReadRefused, from_json, read_regular_file, to_json
+from .. import jsonread, settings
+from .located import MAX_BYTES, MAX_DEPTH, ReadRefused, from_json, read_regular_file, to_json
 
-ENV = "QUANTREG_CACHE_DIR"
+ENV = settings.CACHE_DIR
 FORMAT = b"quantreg-located-json-2\0"  # bump when to_json or the parser's results change meaning
 MAX_ENTRY_BYTES = 8 * MAX_BYTES
 """Largest entry read or written: the located JSON of a table is a few times its text."""
+ENTRY_DEPTH = 4 * MAX_DEPTH + 8
+"""Deepest located JSON read back: each YAML level is a few JSON levels (:func:`to_json`)."""
 
 
 def directory() -> Path | None:
     """The cache directory, or ``None`` when caching is off."""
-    configured = os.environ.get(ENV)
-    if configured is not None:
-        return None if configured.strip().lower() in ("", "off", "0", "none") else Path(configured)
+    if settings.raw(ENV) is not None:
+        configured = settings.value(ENV)
+        return None if configured is None else Path(configured)
     base = os.environ.get("XDG_CACHE_HOME")
     if not base:
         home = os.path.expanduser("~")
@@ -101,7 +104,7 @@ def parse(text: str, *, cache: bool) -> Any:
         try:  # only a regular file, at most MAX_ENTRY_BYTES: a FIFO planted here must not hang start-up
             payload = _verified(path.name, read_regular_file(path, MAX_ENTRY_BYTES))
             if payload is not None:
-                return from_json(json.loads(payload))
+                return from_json(jsonread.loads(payload, max_bytes=MAX_ENTRY_BYTES, max_depth=ENTRY_DEPTH))
         except (ReadRefused, OSError, ValueError, RecursionError):  # absent, unreadable or corrupt: parse it
             pass
     from .yamlfile import parse as parse_yaml
@@ -128,7 +131,7 @@ def read_entry(path: Path) -> Any | None:
     """The located JSON stored in an entry if its checksum holds (for tools and tests), else ``None``."""
     try:
         payload = _verified(path.name, read_regular_file(path, MAX_ENTRY_BYTES))
-        return None if payload is None else json.loads(payload)
+        return None if payload is None else jsonread.loads(payload, max_bytes=MAX_ENTRY_BYTES, max_depth=ENTRY_DEPTH)
     except (ReadRefused, ValueError, RecursionError):
         return None
 

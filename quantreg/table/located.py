@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import gc
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from ..files import ReadRefused as ReadRefused
+from ..files import read_regular
 
 MAX_NODES = 200_000
 """Most scalars and collections one document may add through aliases (an "alias bomb" bound).
@@ -129,68 +131,9 @@ def from_json(data: Any) -> Any:
     return data
 
 
-class ReadRefused(Exception):
-    """A path that is not read: the message says why (no such file, not a regular file, too big...)."""
-
-
 def read_regular_file(path: str | os.PathLike[str], cap: int) -> bytes:
-    """The bytes of a regular file of at most ``cap`` bytes; :class:`ReadRefused` for anything else.
-
-    Why this way: a table path comes from the environment or a plugin and may name a FIFO, a
-    terminal, ``/dev/stdin`` on a silent pipe or ``/dev/zero``. ``st_size`` says nothing about
-    those (0), and a blocking ``open`` of a FIFO waits forever for a writer. So the file is opened
-    non-blocking, the *open descriptor* is checked (no race with a rename), only a regular file is
-    read, and never more than ``cap + 1`` bytes. Every ``OSError`` or ``ValueError`` the path can
-    raise (ENAMETOOLONG, EACCES on a parent, an embedded NUL, an unencodable name) becomes a
-    :class:`ReadRefused` with a short reason, never a traceback.
-    """
-    try:
-        try:
-            before = os.stat(path)  # no side effect on devices: refuse them without opening
-        except FileNotFoundError:
-            raise ReadRefused("no such file") from None
-        if stat.S_ISDIR(before.st_mode):
-            raise ReadRefused("is a directory; expected a YAML file")
-        if not stat.S_ISREG(before.st_mode):
-            raise ReadRefused(f"is not a regular file ({_kind(before.st_mode)}); expected a YAML file")
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(path, flags)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise ReadRefused(f"is not a regular file ({_kind(st.st_mode)}); expected a YAML file")
-            if st.st_size > cap:
-                raise ReadRefused(f"file is {st.st_size} bytes; a table may have at most {cap}")
-            chunks: list[bytes] = []
-            total = 0
-            while total <= cap:
-                chunk = os.read(fd, min(1 << 20, cap + 1 - total))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                total += len(chunk)
-            if total > cap:  # the file grew since fstat (or lies about its size)
-                raise ReadRefused(f"file is more than {cap} bytes; a table may have at most {cap}")
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
-    except ReadRefused:
-        raise
-    except FileNotFoundError:
-        raise ReadRefused("no such file") from None
-    except OSError as exc:
-        raise ReadRefused(f"cannot read: {exc.strerror or type(exc).__name__}") from None
-    except ValueError as exc:  # an embedded NUL, or a name the file system encoding cannot express
-        reason = "the path contains a NUL character" if "null" in str(exc).lower() else str(exc)[:100]
-        raise ReadRefused(f"cannot read: {reason}") from None
-
-
-def _kind(mode: int) -> str:
-    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return word
-    return "not a plain file"
+    """The bytes of a table file: :func:`quantreg.files.read_regular` worded for tables."""
+    return read_regular(path, cap, expected="a YAML file", noun="a table")
 
 
 def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:

@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import settings
 from ..vllm.versions import installed_version, no_mxfp4_backend_message
 
 if TYPE_CHECKING:
@@ -462,7 +463,7 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
         inspected = llm.apply_model(inspect_moe_layers)
         result["worker_pids"] = [w["pid"] for w in inspected]
         # What quantreg's hook published in this (driver) process for its children to compare against.
-        result["driver_fingerprint"] = os.environ.get("QUANTREG_FINGERPRINT")
+        result["driver_fingerprint"] = settings.raw(settings.FINGERPRINT)
         result["worker_moe_layers"] = [w["layers"] for w in inspected]
         checks: dict[str, list[Any]] = {}
         result["worker_checks"] = checks

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.gpt_oss import CHAT_VOCAB
+from ..problems import printable
 
 #: Where the checkpoint writer lives today (another branch may move it; only this line changes).
 CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
@@ -55,9 +56,65 @@ def serve_hint(directory: Path, bf16: bool) -> str:
     return "\n".join(lines)
 
 
-def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = False) -> int:
-    """``quantreg tiny-model``: write the model and print how to serve it."""
-    out = write_tiny_model(directory, bf16=bf16).resolve()
+class TargetRefused(Exception):
+    """``tiny-model DIR`` will not write there: the message says why and what to do."""
+
+
+def _prepare(target: Path, force: bool) -> None:
+    """Refuse what must not be overwritten: an existing file, a non-empty directory without ``--force``."""
+    if target.is_symlink() and not target.is_dir():
+        raise TargetRefused(f"{printable(str(target))} is a symlink to a file; expected a new or empty directory")
+    if target.exists() and not target.is_dir():
+        raise TargetRefused(f"{printable(str(target))} is an existing file; expected a new or empty directory")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise TargetRefused(f"{printable(str(target))} is not empty; pass --force to replace its contents "
+                            "(nothing was written)")
+
+
+def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool = False) -> Path:
+    """Write the model into a fresh temporary directory beside ``directory``, then rename it into place.
+
+    Why: a symlinked ``config.json`` inside ``directory`` used to be written through, and an
+    existing checkpoint was overwritten file by file. The temporary directory is new (nothing in
+    it can be a planted symlink); the rename is atomic; with ``--force`` the old directory (or the
+    symlink naming it) is moved aside and removed without following links out of it.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    target = Path(os.path.abspath(directory))  # "." or "dir/" name their directory, not an empty name
+    _prepare(target, force)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
+    try:
+        write_tiny_model(fresh, bf16=bf16)
+        _prepare(target, force)  # again: something may have appeared meanwhile
+        aside = None
+        if target.is_symlink() or target.exists():
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=parent))
+            os.rename(target, aside / "old")
+        os.rename(fresh, target)
+        if aside is not None:
+            shutil.rmtree(aside)  # rmtree never follows symlinks
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    return target
+
+
+def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = False, force: bool = False) -> int:
+    """``quantreg tiny-model``: write the model (atomically, never over what exists unless ``--force``)."""
+    import sys
+
+    try:
+        out = write_atomically(directory, bf16=bf16, force=force).resolve()
+    except TargetRefused as exc:
+        if as_json:
+            print(json.dumps({"directory": printable(directory), "problems": [str(exc)]}, indent=2))
+        print(f"quantreg tiny-model: {exc}", file=sys.stderr)
+        return 2
     files = sorted(p.name for p in out.iterdir())
     if as_json:
         data: dict[str, Any] = {"directory": str(out), "quantization": "bf16" if bf16 else "mxfp4", "files": files}

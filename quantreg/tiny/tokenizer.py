@@ -27,6 +27,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .. import jsonread
+from ..files import read_regular
+
 #: Special tokens, last three ids of the vocabulary, in id order (bos, pad, eos).
 BOS, PAD, EOS = "<|startoftext|>", "<|endoftext|>", "<|return|>"
 SPECIALS = (BOS, PAD, EOS)
@@ -113,7 +116,8 @@ def write_tokenizer(directory: str | Path, vocab_size: int | None = None, *, mod
     """
     out = Path(directory)
     if vocab_size is None:
-        vocab_size = int(json.loads((out / "config.json").read_text())["vocab_size"])
+        config = jsonread.loads(read_regular(out / "config.json", 1 << 20, expected="a JSON file"))
+        vocab_size = int(config["vocab_size"])
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(vocab_size)
     tok.save(str(out / "tokenizer.json"))

@@ -12,11 +12,13 @@ import os
 import sys
 from types import FrameType
 
+from .. import settings
 from ..mode import decide_mode
 from ..plugins import describe
 from ..problems import QuantregError, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup, versions
+from .context import report_problems
 from .fingerprint import PublishedFingerprint
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
@@ -24,7 +26,7 @@ from .seam import MODULE, Seam, report_faults
 
 logger = logging.getLogger("vllm.quantreg")
 
-FINGERPRINT_ENV = "QUANTREG_FINGERPRINT"
+FINGERPRINT_ENV = settings.FINGERPRINT
 
 _seam = Seam()
 _hook = PostImportHook(MODULE, _seam.patch_module)
@@ -86,17 +88,18 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
     if _registered:
         return
     multinode.adopt_shipped_tables()  # a worker missing the driver's table files decides from the shipped bytes
-    settings = startup.startup_settings(caller)
+    run = startup.startup_settings(caller)
     base = get_registry()
     built.append(base)
     registry = base
-    if settings is not None and settings.config:
-        registry = multinode.build(config=settings.config)
+    if run is not None and run.config:
+        registry = multinode.build(config=run.config)
         set_registry(registry)
         built[0] = registry
-    strict = registry.mode(settings.strict if settings else None).strict or multinode.published_strict()
+    strict = registry.mode(run.strict if run else None).strict or multinode.published_strict()
+    report_problems(run, strict=strict)
     report_faults(registry, strict=strict)
-    _seam.settings = settings
+    _seam.settings = run
     if not _vllm_has_seam_module():
         logger.warning("quantreg: this vLLM has no module %s; quantreg is inactive and vLLM chooses MoE "
                        "methods itself", MODULE)

@@ -6,12 +6,16 @@ the platform), so a key means exactly what vLLM means by it.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from .. import settings
 from ..keys import Key
-from ..problems import Problem, QuantregError
+from ..problems import Problem, QuantregError, printable, type_name
+
+logger = logging.getLogger("vllm.quantreg")
 
 UNQUANTIZED = "unquantized"
 ADDITIONAL_CONFIG_KEY = "quantreg"
@@ -24,6 +28,7 @@ class RunSettings:
 
     config: tuple[str, ...] = ()
     strict: bool | None = None
+    problems: tuple[Problem, ...] = ()
 
 
 def _current_vllm_config() -> Any:
@@ -67,24 +72,65 @@ def run_settings() -> RunSettings:
 
 
 def parse_run_settings(raw: Any) -> RunSettings:
+    """``additional_config["quantreg"]`` as settings; never raises: each bad piece is a located problem.
+
+    Why never raise: a run setting is optional, so in a lenient start a typo'd key, a path where a
+    list belongs or ``"strict": "false"`` must cost one WARNING, not quantreg (vLLM used to exit 1
+    in EngineCore with a "(strict)" line nobody asked for). Only the bad piece is dropped: valid
+    table paths in a list with a bad entry are kept. ``strict`` is strict only for ``true`` (or
+    a true word as a string, warned about); ``"false"``/``"no"``/... are false.
+    """
     where = "vLLM additional_config"
     problems: list[Problem] = []
     if not isinstance(raw, dict):
-        raise QuantregError([Problem(where, None, "quantreg", "expected a mapping with 'config' and/or 'strict'")])
+        problems.append(Problem(where, None, "quantreg", f"expected a mapping with 'config' and/or 'strict', "
+                                                         f"got {type_name(raw)}; ignored"))
+        return RunSettings(problems=tuple(problems))
     for k in raw:
         if k not in ADDITIONAL_KEYS:
             expected = ", ".join(ADDITIONAL_KEYS)
-            problems.append(Problem(where, None, f"quantreg.{k}", f"unknown key (expected {expected})"))
+            problems.append(Problem(where, None, f"quantreg.{printable(str(k))[:80]}",
+                                    f"unknown key (expected {expected}); ignored"))
     config = raw.get("config", [])
-    if isinstance(config, str):
+    if isinstance(config, (str, os.PathLike)):
         config = [config]
-    if not isinstance(config, list) or not all(isinstance(p, str) for p in config):
-        problems.append(Problem(where, None, "quantreg.config", "expected a path or a list of paths"))
+    paths: list[str] = []
+    if not isinstance(config, (list, tuple)):
+        problems.append(Problem(where, None, "quantreg.config",
+                                f"expected a path or a list of paths, got {type_name(config)}; ignored"))
         config = []
+    for i, entry in enumerate(config):
+        if isinstance(entry, (str, os.PathLike)) and os.fspath(entry).strip() and "\0" not in os.fspath(entry):
+            paths.append(str(os.fspath(entry)))
+        else:
+            problems.append(Problem(where, None, f"quantreg.config[{i}]",
+                                    f"expected a path (a non-empty string), got {type_name(entry)}; this entry is "
+                                    "ignored"))
     strict = raw.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        problems.append(Problem(where, None, "quantreg.strict", "expected true or false"))
-        strict = None
-    if problems:
-        raise QuantregError(problems)
-    return RunSettings(tuple(os.fspath(p) for p in config), strict)
+        word = strict.strip().lower() if isinstance(strict, str) else None
+        if word in settings.TRUE_WORDS or word in settings.FALSE_WORDS:
+            problems.append(Problem(where, None, "quantreg.strict",
+                                    f"expected true or false, got the string {settings.shown(str(strict))}; read as "
+                                    f"{'true' if word in settings.TRUE_WORDS else 'false'}"))
+            strict = word in settings.TRUE_WORDS
+        else:
+            problems.append(Problem(where, None, "quantreg.strict",
+                                    f"expected true or false, got {type_name(strict)}; ignored (not strict)"))
+            strict = None
+    return RunSettings(tuple(paths), strict, tuple(problems))
+
+
+_reported: set[Problem] = set()
+
+
+def report_problems(run: RunSettings | None, strict: bool) -> None:
+    """Strict: raise the run settings' problems. Lenient: one WARNING per problem and process."""
+    if run is None or not run.problems:
+        return
+    if strict:
+        raise QuantregError(list(run.problems))
+    for problem in run.problems:
+        if problem not in _reported:
+            _reported.add(problem)
+            logger.warning("quantreg: %s", problem)

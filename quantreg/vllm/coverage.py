@@ -37,6 +37,7 @@ override's differs, it is left unwrapped behind a pass-through that logs the WAR
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -76,6 +77,23 @@ def signature_problem(fn: Any) -> str | None:
     if names == EXPECTED and positional:
         return None
     return f"({', '.join(str(p.replace(annotation=p.empty)) for p in params)})"
+
+
+def override_kind(override: Any) -> str:
+    """What a non-function override is, in words (``a staticmethod``, ``a callable MyType object``)."""
+    if isinstance(override, staticmethod):
+        return "a staticmethod"
+    if isinstance(override, classmethod):
+        return "a classmethod"
+    return f"a callable {type(override).__name__} object" if callable(override) else f"{type(override).__name__!r}"
+
+
+def bound_as_python_would(override: Any, layer: Any) -> Any:
+    """``override`` as ``layer._get_quant_method`` would have been without quantreg: bound by its
+    descriptor (a staticmethod unwrapped, a classmethod bound to the class), else the object itself
+    (a callable instance stored on the class is called without ``layer``)."""
+    getter = getattr(type(override), "__get__", None)
+    return getter(override, layer, type(layer)) if getter is not None else override
 
 
 def calls_base(fn: Any) -> bool:
@@ -217,16 +235,18 @@ class Coverage:
 
     def wrap(self, cls: type[Any], override: Any) -> Callable[..., Any]:
         """The wrapper of one override: routed (no ``super()``), checked (``super()``), or passed through."""
-        problem = signature_problem(override) if inspect.isfunction(override) else f"{override!r} is not a function"
+        problem = signature_problem(override) if inspect.isfunction(override) else f"is {override_kind(override)}"
         name = class_name(cls)
         if problem is not None:
-            @functools.wraps(override)
+            what = problem if problem.startswith("is ") else f"takes {problem}, not ({', '.join(EXPECTED)})"
+
             def passthrough(layer: Any, *args: Any, **kwargs: Any) -> Any:
                 self.warn_once(name, self.key_of(layer),
-                               f"{name}.{METHOD} takes {problem}, not ({', '.join(EXPECTED)}): quantreg cannot "
-                               f"route it and could not decide {self.key_of(layer)} for its layers (the subclass "
-                               "chooses)")
-                return override(layer, *args, **kwargs)
+                               f"{name}.{METHOD} {what}: quantreg cannot route it and could not decide "
+                               f"{self.key_of(layer)} for its layers (the subclass chooses)")
+                return bound_as_python_would(override, layer)(*args, **kwargs)
+            with contextlib.suppress(Exception):  # a callable object may lack (or lie about) __name__ etc.
+                functools.update_wrapper(passthrough, override)
             return passthrough
 
         if not calls_base(override):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+from .. import settings
 from ..problems import QuantregError
 
 logger = logging.getLogger("vllm.quantreg")
@@ -31,7 +32,7 @@ class PublishedFingerprint:
 
     def check(self, fingerprint: str, strict: bool) -> None:
         """Publish ``fingerprint`` if nobody has; else compare: a mismatch warns, or raises when strict."""
-        parent = os.environ.get(self.env_var)
+        parent = settings.raw(self.env_var)
         if not parent:
             os.environ[self.env_var] = self.published = fingerprint
             return
@@ -46,6 +47,6 @@ class PublishedFingerprint:
 
     def withdraw(self) -> None:
         """Undo this process's publication (tests, ``unregister()``)."""
-        if self.published is not None and os.environ.get(self.env_var) == self.published:
+        if self.published is not None and settings.raw(self.env_var) == self.published:
             del os.environ[self.env_var]
         self.published = None

@@ -64,8 +64,9 @@ import zlib
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
+from .. import jsonread, settings
 from ..loading import CONFIG_ENV, config_paths
-from ..problems import Problem
+from ..problems import Problem, printable
 from ..registry import Registry, set_registry
 from ..table.file import TableFile
 from ..table.located import MAX_BYTES, ReadRefused, read_regular_file
@@ -75,14 +76,18 @@ logger = logging.getLogger("vllm.quantreg")
 #: vLLM's knob for extra variable-name prefixes its Ray executor copies to workers.
 RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
 #: The prefix every quantreg setting shares.
-PREFIX = "QUANTREG_"
+PREFIX = settings.PREFIX
 #: The shipped user tables (see the module docstring for the format).
-TABLES_ENV = "QUANTREG_TABLES"
-FINGERPRINT_ENV = "QUANTREG_FINGERPRINT"
+TABLES_ENV = settings.TABLES
+FINGERPRINT_ENV = settings.FINGERPRINT
 #: Largest encoded ``QUANTREG_TABLES`` value that carries table text. Linux refuses a single
 #: environment string over 128 KiB at exec (MAX_ARG_STRLEN); half of that leaves headroom.
 MAX_SHIPPED = 64 << 10
 ENCODING = "zb64:"
+MAX_PAYLOAD = 4 * MAX_SHIPPED
+"""Most bytes a shipped payload may decompress to (it compresses text; more is a bomb, not tables)."""
+PAYLOAD_DEPTH = 6
+"""Deepest nesting of a payload (quantreg writes 3)."""
 FORMAT_VERSION = 1
 
 
@@ -103,30 +108,66 @@ class Shipment:
     strict: bool
     tables: tuple[ShippedTable, ...]
     pid: int = 0
+    notes: tuple[str, ...] = ()
+    """What :meth:`decode` dropped, one sentence each (logged once by :func:`received`)."""
 
     def encode(self) -> str:
         payload = {"v": FORMAT_VERSION, "fingerprint": self.fingerprint, "strict": self.strict, "pid": self.pid,
-                   "tables": [dataclasses.asdict(t) for t in self.tables]}
+                   "tables": [dataclasses.asdict(t) for t in self.tables]}  # notes stay with the reader
         blob = zlib.compress(json.dumps(payload, sort_keys=True).encode(), 9)
         return ENCODING + base64.b64encode(blob).decode("ascii")
 
     @classmethod
     def decode(cls, value: str) -> Shipment:
-        """Parse a ``QUANTREG_TABLES`` value; ``ValueError`` says what is wrong with it."""
+        """Parse a ``QUANTREG_TABLES`` value; ``ValueError`` when nothing of it can be used.
+
+        Bounded (decompressed size, nesting, finite numbers: :mod:`quantreg.jsonread`). A bad
+        piece is dropped alone and said in :attr:`notes`: a ``pid`` that is no integer becomes 0,
+        a malformed table entry is left out, a table whose text does not match the ``sha256``
+        that travels with it keeps its digest but loses its text (this node then needs the file).
+        """
         if not value.startswith(ENCODING):
             raise ValueError(f"expected a value starting with '{ENCODING}'")
         try:
-            payload = json.loads(zlib.decompress(base64.b64decode(value[len(ENCODING):], validate=True)))
+            blob = base64.b64decode(value[len(ENCODING):], validate=True)
+            inflater = zlib.decompressobj()
+            raw = inflater.decompress(blob, MAX_PAYLOAD + 1)
+            if len(raw) > MAX_PAYLOAD or inflater.unconsumed_tail:
+                raise ValueError(f"decompresses to more than {MAX_PAYLOAD} bytes")
+            payload = jsonread.loads(raw, max_bytes=MAX_PAYLOAD, max_depth=PAYLOAD_DEPTH, nonfinite_as_none=True)
         except (binascii.Error, zlib.error, ValueError) as exc:
-            raise ValueError(f"cannot decode it ({type(exc).__name__}: {exc})") from None
+            raise ValueError(f"cannot decode it ({type(exc).__name__}: {printable(str(exc))[:200]})") from None
         if not isinstance(payload, dict) or payload.get("v") != FORMAT_VERSION:
             raise ValueError(f"expected format version {FORMAT_VERSION}")
-        try:
-            tables = tuple(ShippedTable(str(t["path"]), str(t["sha256"]), None if t["text"] is None else str(t["text"]))
-                           for t in payload["tables"])
-            return cls(str(payload["fingerprint"]), bool(payload["strict"]), tables, int(payload.get("pid", 0)))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"missing or malformed field {exc}") from None
+        notes: list[str] = []
+        fingerprint = payload.get("fingerprint")
+        if not isinstance(fingerprint, str):
+            raise ValueError("fingerprint: expected a string")
+        strict = payload.get("strict")
+        if not isinstance(strict, bool):
+            notes.append("strict: expected true or false; read as false")
+            strict = False
+        pid = payload.get("pid", 0)
+        if type(pid) is not int or not 0 <= pid < 1 << 32:
+            notes.append("pid: expected a process id; read as 0")
+            pid = 0
+        entries = payload.get("tables")
+        if not isinstance(entries, list):
+            notes.append("tables: expected a list; no table shipped")
+            entries = []
+        tables = []
+        for n, t in enumerate(entries):
+            if not (isinstance(t, dict) and isinstance(t.get("path"), str) and isinstance(t.get("sha256"), str)
+                    and (t.get("text") is None or isinstance(t.get("text"), str))):
+                notes.append(f"tables[{n}]: expected {{path, sha256, text}}; this table is left out")
+                continue
+            text = t["text"]
+            if text is not None and _digest(text.encode("utf-8", "surrogateescape")) != t["sha256"]:
+                notes.append(f"tables[{n}] ({printable(t['path'])[:200]}): its text does not match the sha256 "
+                             "shipped with it; the text is not used")
+                text = None
+            tables.append(ShippedTable(t["path"], t["sha256"], text))
+        return cls(fingerprint, strict, tuple(tables), pid, tuple(notes))
 
 
 def _digest(data: bytes) -> str:
@@ -190,7 +231,7 @@ def publish(registry: Registry, env: MutableMapping[str, str] | None = None) -> 
     before = env.get(RAY_PREFIXES_ENV)
     if extend_ray_prefixes(env) and own:
         _changed.setdefault(RAY_PREFIXES_ENV, before)
-    if TABLES_ENV in env or env.get(FINGERPRINT_ENV) != registry.fingerprint():
+    if settings.raw(TABLES_ENV, env) is not None or settings.raw(FINGERPRINT_ENV, env) != registry.fingerprint():
         return None
     shipment = shipment_for(registry, env)
     env[TABLES_ENV] = _encoded_within_limit(shipment)
@@ -212,14 +253,28 @@ def withdraw() -> None:
 def received(env: Mapping[str, str] | None = None) -> Shipment | None:
     """The shipment this process received, or ``None``; a malformed one is reported once and ignored."""
     env = os.environ if env is None else env
-    value = env.get(TABLES_ENV)
+    value = settings.raw(TABLES_ENV, env)
     if not value:
         return None
     try:
-        return Shipment.decode(value)
+        shipment = Shipment.decode(value)
     except ValueError as exc:
-        logger.warning("quantreg: ignoring %s: %s", TABLES_ENV, exc)
+        _note_once(f"quantreg: ignoring {TABLES_ENV}: {exc}")
         return None
+    if shipment.notes:
+        _note_once(f"quantreg: {TABLES_ENV} (pid {shipment.pid}): " + "; ".join(shipment.notes)
+                   + "; the rest is used, and the fingerprint check compares what this process decides")
+    return shipment
+
+
+_noted: set[str] = set()
+
+
+def _note_once(message: str) -> None:
+    """One WARNING per distinct message and process (``received`` is asked several times per start)."""
+    if message not in _noted:
+        _noted.add(message)
+        logger.warning("%s", message)
 
 
 def published_strict(env: Mapping[str, str] | None = None) -> bool:

@@ -53,6 +53,7 @@ from typing import Any
 from ..keepers import QuantConfigKeeper, keeper_problem, keeps_quant_config
 from ..keys import Key
 from ..methods import load_object
+from ..problems import printable
 from ..registry import Registry, get_registry
 from .importhook import PostImportHook
 
@@ -116,12 +117,17 @@ class QuantConfigGuard:
             self.logged.clear()
 
     def _attach(self, keeper: QuantConfigKeeper, module: ModuleType) -> None:
-        try:
-            target = load_object(keeper.target)
-            undo = target(module, functools.partial(self.should_keep, keeper))
-        except Exception as exc:  # a broken keeper must not stop vLLM: the third party then acts alone
-            logger.warning("quantreg: quant-config keeper '%s' of plugin '%s' failed on %s: %s: %s; %s decides "
-                           "alone", keeper.name, keeper.plugin, keeper.module, type(exc).__name__, exc, keeper.module)
+        from ..hookcall import call  # the one caller of plugin code: SystemExit contained, "still ..." named
+
+        def attach() -> Any:
+            return load_object(keeper.target)(module, functools.partial(self.should_keep, keeper))
+
+        undo, error = call(f"calling quant-config keeper '{printable(keeper.name)}' of plugin "
+                           f"'{printable(keeper.plugin)}'", attach)
+        if error is not None:  # a broken keeper must not stop vLLM: the third party then acts alone
+            logger.warning("quantreg: quant-config keeper '%s' of plugin '%s' failed on %s: %s; %s decides alone",
+                           printable(keeper.name), printable(keeper.plugin), keeper.module, printable(error),
+                           keeper.module)
             return
         if callable(undo):
             self.undo.append(undo)
@@ -194,6 +200,7 @@ def collect_keepers(registry: Registry) -> list[QuantConfigKeeper]:
     from ..plugins import PluginFailure
 
     keepers: list[QuantConfigKeeper] = []
+    before = len(registry.plugins.failures)
     for plugin, item in registry.plugins.call_each(HOOK):
         problem = keeper_problem(item)
         first = next((k for k in keepers if problem is None and k.name == item.name), None)
@@ -204,8 +211,8 @@ def collect_keepers(registry: Registry) -> list[QuantConfigKeeper]:
             logger.warning("quantreg: plugin '%s', hook '%s': %s (ignored)", plugin, HOOK, problem)
             continue
         keepers.append(QuantConfigKeeper(**{**item.__dict__, "plugin": plugin}))
-    for failure in registry.plugins.failures:
-        if failure.hook == HOOK and "raised" in failure.message:
+    for failure in registry.plugins.failures[before:]:  # what the one caller refused: raised, wrong type
+        if failure.hook == HOOK:
             logger.warning("quantreg: %s (ignored)", failure)
     return keepers
 

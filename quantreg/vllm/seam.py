@@ -34,7 +34,7 @@ from ..plugins import PluginFailure, describe
 from ..problems import Problem, QuantregError, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
-from .context import RunSettings, layer_key, run_settings
+from .context import RunSettings, layer_key, report_problems, run_settings
 from .coverage import MARK, METHOD, Coverage, signature_problem
 
 logger = logging.getLogger("vllm.quantreg")
@@ -124,6 +124,7 @@ class Seam:
                 rebuilt = True
             self.settings = settings
         mode = registry.mode(settings.strict)
+        report_problems(settings, strict=mode.strict)
         if rebuilt or mode.strict:
             report_faults(registry, strict=mode.strict)
         return registry, mode

@@ -48,7 +48,7 @@ import sys
 from types import FrameType
 from typing import Any, NoReturn
 
-from .. import audit
+from .. import audit, settings
 from ..decision import Decision
 from ..problems import QuantregError
 from ..registry import Registry
@@ -58,7 +58,7 @@ from .fingerprint import PublishedFingerprint
 
 logger = logging.getLogger("vllm.quantreg")
 
-RUN_FINGERPRINT_ENV = "QUANTREG_RUN_FINGERPRINT"
+RUN_FINGERPRINT_ENV = settings.RUN_FINGERPRINT
 #: The name of the local that holds the config in ``EngineCore.__init__`` and ``init_worker``.
 VLLM_CONFIG_LOCAL = "vllm_config"
 #: Frames searched above ``register()``: load_general_plugins, then its caller (plus decorators).

@@ -1,0 +1,87 @@
+"""Count the test cases of each containment class of issue 21 (docs/reliability.md's table).
+
+Why a script: the table must be regenerated from what the tests count, not typed. It runs
+``pytest --collect-only -q`` on each class's test files (parametrised cases count one each) and
+adds the examples hypothesis draws per run for the property tests (``max_examples`` read from
+the test source). Usage: ``python scripts/containment_counts.py`` (prints the Markdown table).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: class -> (what it is, test node ids (file or file::test-prefix))
+CLASSES: dict[str, tuple[str, list[str]]] = {
+    "1": ("run settings never kill a lenient start; one settings table", ["tests/test_settings.py"]),
+    "2": ("no hang on special files", ["tests/test_files.py"]),
+    "4": ("one caller for every hook and plugin callable", ["tests/test_hookcall.py"]),
+    "5": ("one bounded JSON reader", ["tests/test_jsonread.py::test_loads", "tests/test_jsonread.py::test_the_issue",
+                                      "tests/test_jsonread.py::test_strings", "tests/test_jsonread.py::test_plan",
+                                      "tests/test_jsonread.py::test_lying", "tests/test_jsonread.py::test_an_index",
+                                      "tests/test_jsonread.py::test_summarise"]),
+    "6": ("drop exactly the bad piece", ["tests/test_jsonread.py::test_a_shipment",
+                                         "tests/test_jsonread.py::test_a_bad"]),
+    "7": ("escaped output, strict-JSON trail", ["tests/test_files.py::test_a_trail_that",
+                                                "tests/test_files.py::test_trail_lines",
+                                                "tests/test_jsonread.py::test_trail_values"]),
+    "8": ("tiny-model writes only what the user named", ["tests/test_tiny_command.py"]),
+    "9": ("seam coverage of non-function overrides", ["tests/test_coverage_descriptors.py"]),
+    "10": ("stragglers: non-UTF-8 names, cache repair, slow imports",
+           ["tests/test_validate_limits.py::test_non_utf8", "tests/test_validate_limits.py::test_a_truncated",
+            "tests/test_hookcall.py::test_a_plugin_import"]),
+    "11": ("limits written down: verdict last, verify that can never run",
+           ["tests/test_validate_limits.py::test_verify", "tests/test_validate_limits.py::test_validate"]),
+}
+
+
+def collected() -> list[str]:
+    files = sorted({n.split("::")[0] for _, nodes in CLASSES.values() for n in nodes})
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return [line for line in out.stdout.splitlines() if "::" in line]
+
+
+def examples_per_property(path: Path) -> dict[str, int]:
+    """Test name -> hypothesis ``max_examples`` for tests decorated with @given in ``path``."""
+    source = path.read_text(encoding="utf-8")
+    named = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+) = hsettings\(max_examples=(\d+)", source, re.M)}
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        text = [ast.unparse(d) for d in node.decorator_list]
+        if not any(t.startswith("given") for t in text):
+            continue
+        for t in text:
+            m = re.search(r"max_examples=(\d+)", t)
+            if m:
+                found[node.name] = int(m.group(1))
+            elif t in named:
+                found[node.name] = named[t]
+    return found
+
+
+def main() -> int:
+    ids = collected()
+    print("| class | what | test cases | property examples per run | test files |")
+    print("| --- | --- | --- | --- | --- |")
+    for number, (what, nodes) in CLASSES.items():
+        mine = [i for i in ids if any(i.startswith(n) for n in nodes)]
+        examples = 0
+        for path in sorted({n.split("::")[0] for n in nodes}):
+            props = examples_per_property(ROOT / path)
+            examples += sum(v for k, v in props.items() if any(i.split("::")[1].split("[")[0] == k and
+                                                                 i.startswith(path) for i in mine))
+        files = ", ".join(sorted({f"`{n.split('::')[0]}`" for n in nodes}))
+        print(f"| {number} | {what} | {len(mine)} | {examples} | {files} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""quantreg.files: the one bounded, non-blocking way to read and to append (issue 21 class 2).
+
+Everything that could hang runs in a subprocess with ``timeout=`` (a hang fails the test, it
+does not stall the suite). The code walk fails on any other ``open(`` / ``read_text`` /
+``read_bytes`` / ``os.open`` in quantreg/ than the ones listed with their reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from quantreg import files
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "quantreg"
+
+#: (module, function) -> why it may open a file itself. Nothing here reads a path from outside.
+ALLOWED = {
+    ("quantreg/files.py", "read_regular"): "the one reader",
+    ("quantreg/files.py", "append_regular"): "the one appender",
+    ("quantreg/table/cache.py", "_store"): "writes its own entry with O_EXCL (never opens what is there)",
+    ("quantreg/testing/vllm_run.py", "run_vllm"): "the kit's own log/request files in its temporary work dir",
+    ("quantreg/testing/vllm_run.py", "group_alive"): "/proc/<pid>/stat of a child it started",
+    ("quantreg/testing/vllm_run.py", "_read_result"): "the result file its own child wrote",
+    ("quantreg/testing/vllm_run.py", "main"): "the request file its parent wrote",
+}
+READERS = {"open", "read_text", "read_bytes", "fdopen"}
+
+
+def _opens(tree: ast.AST) -> list[tuple[str, int, str]]:
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call):
+                func = child.func
+                called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+                if called in READERS:
+                    found.append((function, child.lineno, called))
+            visit(child, name)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_no_other_way_to_open_a_file_in_quantreg() -> None:
+    offenders = []
+    used = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        for function, line, called in _opens(ast.parse(path.read_text(encoding="utf-8"))):
+            if (rel, function) not in ALLOWED:
+                offenders.append(f"{rel}:{line}: {called}( in {function}")
+            used.add((rel, function))
+    assert offenders == [], "open files through quantreg.files: " + "; ".join(offenders)
+    assert set(ALLOWED) <= used, f"stale allowances: {set(ALLOWED) - used}"
+
+
+def test_the_walk_sees_what_it_must() -> None:
+    """The walker itself: it finds each spelling (a walker that finds nothing would pass vacuously)."""
+    code = "import os\nfrom pathlib import Path\ndef f(p):\n    open(p)\n    Path(p).read_text()\n" \
+           "    Path(p).read_bytes()\n    os.fdopen(3)\n"
+    assert [c for _, _, c in _opens(ast.parse(code))] == ["open", "read_text", "read_bytes", "fdopen"]
+
+
+def _run(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_is_refused_by_every_reader_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "ck").mkdir()
+    os.mkfifo(tmp_path / "ck" / "config.json")
+    out = _run(f"""
+        from quantreg import files, plan, audit
+        try:
+            files.read_regular({str(fifo)!r}, 100)
+        except files.ReadRefused as exc:
+            print("READ", exc)
+        try:
+            files.append_regular({str(fifo)!r}, b"x", 100)
+        except files.WriteRefused as exc:
+            print("APPEND", exc)
+        print("PLAN", plan.read_checkpoint({str(tmp_path / "ck")!r}).problems)
+        print("TRAIL", audit.summarise({str(fifo)!r}).problems)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "READ is not a regular file (a FIFO)" in out.stdout
+    assert "APPEND is not a regular file (a FIFO)" in out.stdout
+    assert "not a regular file (a FIFO)" in out.stdout.split("PLAN", 1)[1]
+    assert "not a regular file (a FIFO)" in out.stdout.split("TRAIL", 1)[1]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_trail_that_is_a_fifo_never_blocks_a_decision(tmp_path: Path) -> None:
+    """``QUANTREG_DECISIONS`` naming a FIFO with no reader: record() returns, one WARNING, escaped path."""
+    fifo = tmp_path / "trail\nFORGED LINE"
+    os.mkfifo(fifo)
+    code = ("import logging, sys\nlogging.basicConfig(stream=sys.stderr, level=logging.WARNING)\n"
+            "from quantreg import audit\n"
+            "print('WROTE', audit.append_record({'event': 'x'}), audit.append_record({'event': 'y'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "QUANTREG_DECISIONS": str(fifo)})
+    assert out.returncode == 0, out.stderr
+    assert "WROTE False False" in out.stdout
+    warnings = [x for x in out.stderr.splitlines() if "decisions trail" in x]
+    assert len(warnings) == 1 and "FIFO" in warnings[0] and "trail\\nFORGED LINE" in warnings[0]
+    assert not any(x.startswith("FORGED") for x in out.stderr.splitlines())
+
+
+def test_devices_and_directories_are_refused_without_opening(tmp_path: Path) -> None:
+    for path, word in (("/dev/zero", "character device"), (str(tmp_path), "directory")):
+        with pytest.raises(files.ReadRefused, match=word):
+            files.read_regular(path, 10)
+        with pytest.raises(files.WriteRefused, match=word):
+            files.append_regular(path, b"x", 10)
+    link = tmp_path / "zero.json"
+    link.symlink_to("/dev/zero")
+    with pytest.raises(files.ReadRefused, match="character device"):
+        files.read_regular(link, 10)
+
+
+def test_caps_hold_for_reads_and_appends(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 100)
+    with pytest.raises(files.ReadRefused, match="100 bytes"):
+        files.read_regular(big, 99)
+    assert files.read_regular(big, 10, head=True) == b"x" * 10
+    with pytest.raises(files.WriteRefused, match="cap of 100"):
+        files.append_regular(big, b"y", 100)
+    files.append_regular(tmp_path / "new", b"line\n", 100)
+    assert files.read_regular(tmp_path / "new", 100) == b"line\n"
+
+
+@hsettings(max_examples=100, deadline=None)
+@given(st.text(max_size=40) | st.binary(max_size=40).map(lambda b: b.decode("utf-8", "surrogateescape")))
+def test_any_path_string_is_a_refusal_or_bytes_never_another_error(name: str) -> None:
+    try:
+        files.read_regular(name, 1 << 16)
+    except files.ReadRefused as exc:
+        assert str(exc)
+    try:
+        files.append_regular(os.path.join("/nonexistent-dir-quantreg", name), b"x", 10)
+    except files.WriteRefused as exc:
+        assert str(exc)
+
+
+def test_inside_keeps_shards_in_the_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "ck" / "out").symlink_to(tmp_path / "elsewhere")
+    assert files.inside(tmp_path / "ck", "model-1.safetensors") == str(tmp_path / "ck" / "model-1.safetensors")
+    for bad in ("../elsewhere/x.safetensors", "/etc/passwd", "out/x.safetensors", "", ".", "a\0b"):
+        assert files.inside(tmp_path / "ck", bad) is None, bad
+
+
+def test_trail_lines_are_strict_json_even_for_non_finite_values(tmp_path: Path) -> None:
+    from quantreg import audit
+
+    trail = tmp_path / "t.jsonl"
+    assert audit.append_record({"event": "verify", "error": float("nan"), "tolerance": float("inf"),
+                                "worst": [float("-inf")]}, path=trail)
+    line = trail.read_text().strip()
+    assert "NaN" not in line.replace('"NaN"', "") and "Infinity" not in line.replace('"Infinity"', "") \
+        .replace('"-Infinity"', "")
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}"))["error"] == "NaN"
