@@ -28,6 +28,7 @@ def register_methods(register: Callable[[Method], None]) -> None:
             name=VLLM_METHOD,
             target="quantreg.builtin:KeepVllm",
             description="keep the method vLLM itself would build",
+            expert_layout="checkpoint",
         )
     )
 

@@ -20,7 +20,16 @@ from .keys import Key
 from .plugins import describe
 
 if TYPE_CHECKING:
-    from .registry import Registry
+    from .decision import Decision
+    from .plugins import Plugins
+
+Resolve = Callable[[Key], "Decision"]
+"""What a plugin's ``doctor_findings`` gets to ask the table: a key in, the decision out.
+
+Why a callable and not the :class:`~quantreg.registry.Registry`: the hook API lies under the
+registry (the registry calls the hooks), so handing plugins the registry would make the plugin
+API depend on everything above it; a plugin needs only the answers.
+"""
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -47,15 +56,15 @@ class Finding:
                 "key": list(self.key) if self.key is not None else None}
 
 
-def collect_findings(registry: Registry, device: str | None) -> list[Finding]:
-    """Ask every plugin's ``doctor_findings(register, registry, device)`` (any subset of the
+def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> list[Finding]:
+    """Ask every plugin's ``doctor_findings(register, resolve, device)`` (any subset of the
     three arguments), in registration order. Bad registrations and raising hooks become
     ``error`` findings attributed to the plugin."""
     findings: list[Finding] = []
-    caller = getattr(registry.plugins.pm.hook, HOOK)
+    caller = getattr(plugins.pm.hook, HOOK)
     for impl in caller.get_hookimpls():
         staged: list[Any] = []
-        given: dict[str, Any] = {"register": staged.append, "registry": registry, "device": device}
+        given: dict[str, Any] = {"register": staged.append, "resolve": resolve, "device": device}
         try:
             impl.function(**{arg: given[arg] for arg in impl.argnames})
         except KeyboardInterrupt:
@@ -67,7 +76,7 @@ def collect_findings(registry: Registry, device: str | None) -> list[Finding]:
         for item in staged:
             if not isinstance(item, Finding):
                 findings.append(Finding("error", f"hook {HOOK} registered a {type(item).__name__}, not a "
-                                        "quantreg.findings.Finding", plugin=impl.plugin_name))
+                                        "quantreg.Finding", plugin=impl.plugin_name))
             elif item.level not in LEVELS:
                 findings.append(Finding("error", f"hook {HOOK} registered level {item.level!r} (expected one of "
                                         f"{', '.join(LEVELS)}): {item.message}", plugin=impl.plugin_name))

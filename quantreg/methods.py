@@ -61,6 +61,12 @@ class Availability:
     reason: str
 
 
+#: How a method may hold the expert weights (:attr:`Method.expert_layout`): ``checkpoint``: as
+#: stored (vLLM's own method keeps MXFP4 packed, bf16 as bf16); ``packed``: MXFP4 codes + one
+#: E8M0 scale byte per 32 values; ``bf16``: dequantised to bf16.
+EXPERT_LAYOUTS = ("checkpoint", "packed", "bf16")
+
+
 @dataclass(frozen=True)
 class Method:
     """A registered MoE method.
@@ -69,6 +75,8 @@ class Method:
     one, returning ``(ok, reason)``. ``requires`` lists importable modules checked with
     ``find_spec`` (no import). ``vllm_version`` is a specifier such as ``">=0.30,<0.40"``.
     ``options`` names the options a rule may pass (``None``: the method accepts any).
+    ``expert_layout`` says how the method holds the expert weights, for ``quantreg plan``'s
+    memory estimate: one of :data:`EXPERT_LAYOUTS` (``None``: not declared, bytes unknown).
     """
 
     name: str
@@ -79,6 +87,7 @@ class Method:
     probe: Probe | str | None = None
     description: str = ""
     options: tuple[str, ...] | None = None
+    expert_layout: str | None = None
     plugin: str = field(default="", compare=False)
 
     @property
@@ -158,6 +167,9 @@ def check_method(method: Any) -> str | None:
                 f"got {_shown(probe)}")
     if not isinstance(method.description, str):
         return f"method '{name}': description must be a string, got {type(method.description).__name__}"
+    if method.expert_layout is not None and method.expert_layout not in EXPERT_LAYOUTS:
+        return (f"method '{name}': expert_layout must be one of {', '.join(EXPERT_LAYOUTS)} or None, "
+                f"got {_shown(method.expert_layout)}")
     return None
 
 

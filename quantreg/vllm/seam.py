@@ -169,7 +169,7 @@ class Seam:
         strict = mode.strict
         key = layer_key(quant_config)
         decision = registry.resolve(key)
-        self.log_once(decision)
+        self.log_once(decision, registry)
         if decision.fallback and strict:
             raise QuantregError(f"quantreg (strict): {decision.summary()}; " + chain_reasons(decision))
         if decision.keeps_vllm:
@@ -188,17 +188,26 @@ class Seam:
 
         return maybe_verify(method, decision, prefix, layer, moe_config, mode)
 
-    def log_once(self, decision: Decision) -> None:
+    def log_once(self, decision: Decision, registry: Registry | None = None) -> None:
+        """One line per key, the same :class:`~quantreg.answer.Answer` line ``explain`` and ``plan`` give.
+
+        WARNING when an operator should act (a fallback, vLLM's known limitation, a plugin's
+        warning), else INFO. Never raises: the line is a report, the decision is already made.
+        """
         if decision.key in self.logged:
             return
         self.logged.add(decision.key)
-        startup.record_decision(decision, get_registry(), self.settings)  # QUANTREG_DECISIONS, once per key
-        if decision.fallback:  # the table asked for something that cannot run here: an operator should see it
-            logger.warning("quantreg: %s; chain: %s", decision.summary(), chain_reasons(decision))
-            return
-        logger.info("quantreg: %s", decision.summary())
-        if any(not s.available for s in decision.chain):
-            logger.info("quantreg: %s chain: %s", decision.key, chain_reasons(decision))
+        registry = get_registry() if registry is None else registry
+        startup.record_decision(decision, registry, self.settings)  # QUANTREG_DECISIONS, once per key
+        try:
+            from ..answer import answer
+
+            said = answer(registry, decision.key)
+            line, warns = said.line(), said.warns
+        except Exception as exc:  # a report must not stop a layer that is already decided
+            line = f"{decision.summary()}; (notes unavailable: {type(exc).__name__}: {exc})"
+            warns = bool(decision.fallback)
+        (logger.warning if warns else logger.info)("quantreg: %s", line)
 
 
 def chain_reasons(decision: Decision) -> str:

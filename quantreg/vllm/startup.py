@@ -154,7 +154,7 @@ def moe_layer_count() -> int:
     """MoE layers the model config declares (the seam sees layers one at a time; vLLM has no
     "model built" callback), so a trail line says how many layers its decision covers; 1 outside
     a model config."""
-    from ..plan import moe_layer_indices
+    from ..models.moe_config import moe_layer_indices
 
     hf_config = getattr(getattr(_current_vllm_config(), "model_config", None), "hf_config", None)
     try:
