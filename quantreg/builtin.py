@@ -1,7 +1,9 @@
 """The built-in plugin: vLLM's own method and the package's default table.
 
 It uses the same hooks as third-party plugins so ``quantreg plugins`` and ``explain`` show
-built-ins exactly like everything else.
+built-ins exactly like everything else. The one difference: the table this plugin registers
+forms the ``default`` layer (every other plugin's forms the ``plugin`` layer), which
+:func:`quantreg.loading.load` decides by the registering plugin's name, :data:`NAME`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ NAME = "quantreg.builtin"
 def default_table_path() -> Path:
     """The shipped ``registry.yaml`` (a copy of the repository root's file in wheels)."""
     return Path(str(resources.files("quantreg").joinpath("registry.yaml")))
+
+
+@hookimpl
+def register_tables(register: Callable[[Path | str], None]) -> None:
+    register(default_table_path())
 
 
 @hookimpl

@@ -47,7 +47,8 @@ def register_methods(register: Callable[[Method], None]) -> None:
 def register_tables(register: Callable[[Path | str], None]) -> None:
     """Contribute rule tables: call ``register(path)`` for each YAML file the plugin ships.
 
-    Plugin tables form the ``plugin`` layer: they beat the default table and lose to user
+    Plugin tables form the ``plugin`` layer (the built-in plugin's one table is the ``default``
+    layer, see :mod:`quantreg.builtin`): they beat the default table and lose to user
     files. Two plugins claiming the same key with equal specificity and priority is an error.
     """
 
