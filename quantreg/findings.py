@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .keys import Key
-from .plugins import describe
+from .problems import describe
 
 if TYPE_CHECKING:
     from .decision import Decision

@@ -18,8 +18,8 @@ from .environment import setting_problems
 from .index import Index, ambiguity_problems
 from .methods import Method, check_method
 from .mode import strict_problem
-from .plugins import PluginFailure, Plugins, describe
-from .problems import Problem, did_you_mean, name_list
+from .plugins import PluginFailure, Plugins
+from .problems import Problem, describe, did_you_mean, name_list
 from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
 from .table.verify import FLOAT64
 

@@ -23,6 +23,7 @@ from typing import Any, TypeGuard
 
 from .environment import PROBE_TIMEOUT_ENV, installed_vllm_version, module_available, probe_timeout
 from .keys import WILDCARD, Key
+from .version_spec import check_specifier, satisfies
 
 Probe = Callable[[], "tuple[bool, str]"]
 
@@ -292,35 +293,10 @@ def load_object(target: str) -> Any:
     return obj
 
 
-_SPEC_RE = re.compile(r"^\s*(==|!=|>=|<=|>|<)\s*([0-9]+(?:\.[0-9]+)*)\s*$")
-
-
-def _release(version: str) -> tuple[int, ...]:
-    m = re.match(r"\s*v?([0-9]+(?:\.[0-9]+)*)", version)
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
-def check_specifier(spec: str) -> str | None:
-    """``None`` if ``spec`` is a comma-separated list of simple clauses, else what is wrong."""
-    for clause in spec.split(","):
-        if not _SPEC_RE.match(clause):
-            return f"cannot read version clause {clause.strip()!r}; expected e.g. '>=0.30,<0.40'"
-    return None
-
-
 def version_satisfies(version: str, spec: str) -> bool:
-    """Numeric release comparison; enough for vLLM's X.Y.Z(+local) versions."""
-    have = _release(version)
-    for clause in spec.split(","):
-        m = _SPEC_RE.match(clause)
-        if m is None:
-            return False
-        op, want_s = m.groups()
-        want = _release(want_s)
-        width = max(len(have), len(want))
-        a = have + (0,) * (width - len(have))
-        b = want + (0,) * (width - len(want))
-        ok = {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
-        if not ok:
-            return False
-    return True
+    """Does the installed ``version`` meet a method's ``vllm_version``? (:func:`quantreg.version_spec.satisfies`;
+    a clause that cannot be read is not met.)"""
+    try:
+        return satisfies(version, spec)
+    except ValueError:
+        return False

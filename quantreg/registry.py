@@ -90,9 +90,10 @@ class Registry:
     def plugin_infos(self) -> tuple[PluginInfo, ...]:
         return tuple(self.plugins.infos)
 
-    def mode(self, run_strict: bool | None = None) -> Mode:
-        """Strict or lenient for this registry, plus the run's ``additional_config`` strict (seam)."""
-        return decide_mode(self.plugins.env, self.headers, run_strict)
+    def mode(self, run_strict: bool | None = None, shipped_strict: bool = False) -> Mode:
+        """Strict or lenient for this registry, plus the run's ``additional_config`` strict and the
+        shipping driver's strictness (both known only inside vLLM: :func:`quantreg.vllm.startup.mode_of`)."""
+        return decide_mode(self.plugins.env, self.headers, run_strict, shipped_strict)
 
     @property
     def strict(self) -> bool:

@@ -44,13 +44,13 @@ logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stre
 import quantreg.vllm as qv
 from quantreg.problems import QuantregError
 from quantreg.registry import get_registry
-from quantreg.vllm import multinode
+from quantreg.vllm import multinode, startup
 try:
     multinode.adopt_shipped_tables()                      # WIRING 1
     qv.register()
     registry = get_registry()
     fingerprint = registry.fingerprint()
-    qv.check_same_table(fingerprint, strict=registry.strict or multinode.published_strict())  # WIRING 2
+    qv.check_same_table(fingerprint, strict=startup.mode_of(registry, None).strict)  # WIRING 2
 except QuantregError as exc:
     print("STRICT-FAIL", exc, file=sys.stderr)
     sys.exit(3)

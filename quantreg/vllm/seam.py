@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -29,9 +28,9 @@ from ..decision import Decision
 from ..environment import ENVIRONMENT
 from ..keys import Key
 from ..methods import BuildContext
-from ..mode import Mode, decide_mode
-from ..plugins import PluginFailure, describe
-from ..problems import Problem, QuantregError, printable
+from ..mode import Mode
+from ..plugins import PluginFailure
+from ..problems import Problem, QuantregError, describe, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
 from .context import RunSettings, layer_key, run_settings
@@ -123,7 +122,7 @@ class Seam:
                 set_registry(registry)
                 rebuilt = True
             self.settings = settings
-        mode = registry.mode(settings.strict)
+        mode = startup.mode_of(registry, settings)
         if rebuilt or mode.strict:
             report_faults(registry, strict=mode.strict)
         return registry, mode
@@ -152,17 +151,10 @@ class Seam:
             if any(exc is e for e in from_vllm):
                 raise
             message = f"quantreg: routing {printable(str(prefix))} failed unexpectedly: {printable(describe(exc))}"
-            if self._strict_now():
+            if startup.strict_now():
                 raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from None
             logger.warning("%s; using vLLM's own method", message)
         return original(layer, prefix, quant_config, moe_config)
-
-    def _strict_now(self) -> bool:
-        """The mode for an unexpected fault: the run's if it can still be decided, else the environment's."""
-        try:
-            return get_registry().mode(run_settings().strict).strict
-        except Exception:
-            return decide_mode(os.environ, ()).strict
 
     def _route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
         registry, mode = self.registry_for_run()

@@ -42,12 +42,14 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sys
 from types import FrameType
 from typing import Any, NoReturn
 
 from .. import audit
 from ..decision import Decision
+from ..mode import Mode, decide_mode
 from ..problems import QuantregError
 from ..registry import Registry
 from ..table.file import Layer
@@ -102,6 +104,37 @@ def startup_settings(frame: FrameType | None) -> RunSettings | None:
     """The run's settings if vLLM's config is visible from ``frame`` (``register()``'s caller), else ``None``."""
     vllm_config = caller_vllm_config(frame)
     return None if vllm_config is None else settings_of(vllm_config)
+
+
+def mode_of(registry: Registry | None, settings: RunSettings | None) -> Mode:
+    """The mode in force in this vLLM process: the registry's, the run's ``strict`` and what the
+    driver shipped (:func:`.multinode.published_strict`), all decided by :func:`quantreg.mode.decide_mode`.
+
+    ``registry`` ``None`` (none could be built) decides from the environment alone. Never raises:
+    an unreadable mode counts as the environment's (the boundary must not fail deciding it).
+    """
+    from . import multinode
+
+    run = settings.strict if settings is not None else None
+    try:
+        shipped = multinode.published_strict()
+        return registry.mode(run, shipped) if registry is not None else decide_mode(os.environ, (), run, shipped)
+    except Exception:
+        return decide_mode(os.environ, ())
+
+
+def strict_now() -> bool:
+    """The mode for an unexpected fault mid-run: the process registry's and the run's, when they can
+    still be had, else the environment's (:func:`mode_of`)."""
+    from ..registry import get_registry
+    from .context import run_settings
+
+    try:
+        registry: Registry | None = get_registry()
+        settings: RunSettings | None = run_settings()
+    except Exception:
+        registry, settings = None, None
+    return mode_of(registry, settings).strict
 
 
 def run_table_count(registry: Registry) -> int:
