@@ -1,7 +1,7 @@
 """``quantreg doctor`` findings contributed by plugins (hook ``doctor_findings``).
 
 Core quantreg cannot know what every hardware stack does to a checkpoint (vllm-gaudi strips
-GPT-OSS MXFP4 quant configs unless ``HPU_MXFP4_NATIVE=1``; another plugin may need a driver
+GPT-OSS MXFP4 quant configs unless its own switch is set; another plugin may need a driver
 version). The plugin that knows the stack says it: each finding is a level, a message and,
 when it is about one key, the key. The CLI prints them beside its own warnings.
 

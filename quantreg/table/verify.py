@@ -4,7 +4,7 @@ A registry that knows several methods for one key can run a second one beside th
 say, per layer, how far apart they are: bringing a kernel up on new hardware (or catching one that
 regressed after a driver upgrade) becomes one table line instead of a hand-made A/B run::
 
-    verify: {against: mxfp4_reference, every: 1000, first: 8, tolerance: 0.02, layers: 2}
+    verify: {against: my_reference, every: 1000, first: 8, tolerance: 0.02, layers: 2}
 
 This module is the pure half: the spec (:class:`VerifySpec`), its located checks
 (:func:`parse_verify`, called by :mod:`quantreg.table.file`), the sampling schedule and the error
