@@ -1,7 +1,8 @@
 """The table decides whether a checkpoint's quant config survives a third party's strip.
 
 vllm-gaudi's ``models/gptoss_mxfp4.py`` patches vLLM so that a GPT-OSS MXFP4 checkpoint loads
-as bf16 unless its own switch is set (plugin #1's README names it): its ``_normalize_quantization_config`` returns ``None``
+as bf16 unless its own switch is set (plugin #1's README names it): its
+``_normalize_quantization_config`` returns ``None``
 (vLLM then builds no quant config, the key becomes ``(unquantized, gpt_oss, hpu)``) *and* its
 ``GptOssModel.load_weights`` dequantises the packed experts while loading. Both read the same
 module global, the switch, when they run. quantreg's rule for the MXFP4 key could
