@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from quantreg.registry import set_registry
+from quantreg.registry import Registry, set_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -194,3 +194,13 @@ def installed_copy(root: Path, source: Path, modules: tuple[str, ...], dist: str
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(f"[quantreg]\n{entry_points}\n")
     return root
+
+
+def faults(registry: Registry) -> list[str]:
+    """Every fault of ``registry`` (table problems, then plugin failures), as the CLI prints them."""
+    return [str(f) for f in registry.faults]
+
+
+def plugin_failures(registry: Registry) -> list[str]:
+    """Only the plugin failures of ``registry`` (what a plugin's hooks got wrong)."""
+    return [str(f) for f in registry.failures]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import QUANTREG, QUANTREG_VARS, PluginSite
+from core_support import QUANTREG, QUANTREG_VARS, PluginSite, faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -87,10 +87,6 @@ def cli(*args: str, site: PluginSite | None = None, plugins: str = "",
         **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True,
                           env=child_env(site, plugins, **extra), timeout=120)
-
-
-def faults(registry: Registry) -> list[str]:
-    return [str(f) for f in registry.faults]
 
 
 def write(path: Path, data: str | bytes) -> Path:
