@@ -240,6 +240,7 @@ print(json.dumps({"raised": None}))
 """
 
 
+@pytest.mark.vllm_installed
 @pytest.mark.parametrize("strict", [False, True])
 def test_register_has_one_boundary_for_the_unforeseen(strict: bool) -> None:
     """A fault no input can trigger any more (fault injection: the boundary is for what nobody foresaw)."""

@@ -170,6 +170,7 @@ def test_worker_with_its_own_different_file_is_caught(driver: dict[str, Any], tm
     assert "is not readable on this node" not in log
 
 
+@pytest.mark.plugin1
 def test_headless_node_from_exported_lines(tmp_path: Path) -> None:
     """``python -m quantreg.vllm.multinode`` on the head node; its exports on a bare other node."""
     table = tmp_path / "head" / "t.yaml"
@@ -243,6 +244,7 @@ def test_publish_ships_only_from_the_publishing_process(tmp_path: Path) -> None:
     assert multinode.publish(registry, env) is None  # already published: passed on unchanged
 
 
+@pytest.mark.plugin1
 def test_too_large_tables_travel_as_digests_and_the_worker_says_so(tmp_path: Path,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     import random

@@ -98,6 +98,7 @@ def bf16_bytes() -> int:
     return E * (2 * INTER * H + H * INTER) * 2 + E * (2 * INTER + H) * 2
 
 
+@pytest.mark.plugin1
 def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, tmp_path: Path) -> None:
     table = tmp_path / "route.yaml"
     table.write_text(ROUTE)
