@@ -48,9 +48,14 @@ class Answer:
         return [*self.notes, *(str(f) for f in self.findings if f.level != "info")]
 
     def line(self) -> str:
-        """The one line per key: what the start-up logs and the tools print as ``decision``."""
-        d = self.decision  # the head of Decision.summary(); the fallback is among the notes
-        parts = [f"{d.key} -> {d.method} [{d.source}]", *self.notes, *(str(f) for f in self.findings)]
+        """The one line per key: what the start-up logs and the tools print as ``line``.
+
+        The head of :meth:`Decision.summary`, then the notes, then the plugins' warnings and errors
+        (their ``info`` findings stay in ``findings``: a line an operator scans should end on the
+        decision when nothing needs doing)."""
+        d = self.decision  # the fallback is among the notes
+        parts = [f"{d.key} -> {d.method} [{d.source}]", *self.notes,
+                 *(str(f) for f in self.findings if f.level != "info")]
         return "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
