@@ -154,11 +154,30 @@ def forget() -> None:
 
 # -- failing strict ------------------------------------------------------------------------------
 
+def process_role() -> str:
+    """The vLLM process role, as vLLM's own log prefix names it: ``EngineCore``, ``Worker_TP1``, ...
+
+    Cheap and import-free: vLLM 0.32 keeps the name it prints in each log line in
+    ``vllm.logger._vllm_process_info`` (set by ``decorate_logs`` in ``v1/engine/core.py``
+    ``run_engine_core`` as ``EngineCore`` / ``EngineCore_DP<n>`` and in
+    ``v1/executor/multiproc_executor.py`` ``setup_proc_title_and_log_prefix`` as
+    ``Worker[_DP<n>][_PP<n>][_TP<n>][_EP<n>]``), paired with the pid that set it so a forked child
+    does not inherit its parent's name. Only a module vLLM already imported is read; otherwise
+    the multiprocessing process name (``MainProcess`` in the driver) stands in.
+    """
+    vllm_logger = sys.modules.get("vllm.logger")
+    info = getattr(vllm_logger, "_vllm_process_info", None) if vllm_logger is not None else None
+    if isinstance(info, tuple) and len(info) == 2 and info[1] == os.getpid():
+        return str(info[0])
+    return multiprocessing.current_process().name
+
+
+
 def in_vllm_child() -> bool:
     """True in vLLM's EngineCore and Worker processes (not the driver, not an in-process engine)."""
     if multiprocessing.parent_process() is None:
         return False
-    names = (audit.process_role(), multiprocessing.current_process().name)
+    names = (process_role(), multiprocessing.current_process().name)
     return any(name.startswith(CHILD_PREFIXES) for name in names)
 
 
@@ -202,7 +221,8 @@ def record_decision(decision: Decision, registry: Registry, settings: RunSetting
     if audit.decisions_path() is None:
         return
     try:
-        strict = registry.mode(settings.strict if settings else None).strict
-        audit.record(decision, layer_count=moe_layer_count(), strict=strict, fingerprint=registry.fingerprint())
+        strict = mode_of(registry, settings).strict
+        audit.record(decision, role=process_role(), layer_count=moe_layer_count(), strict=strict,
+                     fingerprint=registry.fingerprint())
     except Exception as exc:  # the trail is best effort by contract: never take a layer down
         logger.warning("quantreg: decisions trail not recorded: %s: %s", type(exc).__name__, exc)
