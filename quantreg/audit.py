@@ -25,7 +25,6 @@ import logging
 import math
 import multiprocessing
 import os
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -53,24 +52,6 @@ LINE_DEPTH = 8
 
 _lock = threading.Lock()
 _warned: set[str] = set()
-
-
-def process_role() -> str:
-    """The vLLM process role, as vLLM's own log prefix names it: ``EngineCore``, ``Worker_TP1``, ...
-
-    Cheap and import-free: vLLM 0.32 keeps the name it prints in each log line in
-    ``vllm.logger._vllm_process_info`` (set by ``decorate_logs`` in ``v1/engine/core.py``
-    ``run_engine_core`` as ``EngineCore`` / ``EngineCore_DP<n>`` and in
-    ``v1/executor/multiproc_executor.py`` ``setup_proc_title_and_log_prefix`` as
-    ``Worker[_DP<n>][_PP<n>][_TP<n>][_EP<n>]``), paired with the pid that set it so a forked child
-    does not inherit its parent's name. Only a module vLLM already imported is read; otherwise
-    the multiprocessing process name (``MainProcess`` in the driver) stands in.
-    """
-    vllm_logger = sys.modules.get("vllm.logger")
-    info = getattr(vllm_logger, "_vllm_process_info", None) if vllm_logger is not None else None
-    if isinstance(info, tuple) and len(info) == 2 and info[1] == os.getpid():
-        return str(info[0])
-    return multiprocessing.current_process().name
 
 
 def decisions_path(env: Mapping[str, str] | None = None) -> str | None:
@@ -133,13 +114,14 @@ def record(
     """Append one line for ``decision`` to the trail; ``True`` if it was written.
 
     ``path`` defaults to ``QUANTREG_DECISIONS`` (nothing happens when that is unset). ``role``
-    defaults to :func:`process_role`. Never raises: a failure is one WARNING per path and process.
+    defaults to the multiprocessing process name (inside vLLM the caller passes vLLM's own,
+    :func:`quantreg.vllm.startup.process_role`). Never raises: a failure is one WARNING per path and process.
     """
     try:
         target = os.fspath(path) if path is not None else decisions_path()
         if not target:
             return False
-        data = line_for(decision, role=role if role is not None else process_role(),
+        data = line_for(decision, role=role if role is not None else multiprocessing.current_process().name,
                         layer_count=layer_count, strict=strict, fingerprint=fingerprint)
         return _append(target, data)
     except Exception as exc:  # recording is best effort by contract

@@ -1,7 +1,9 @@
 """The built-in plugin: vLLM's own method and the package's default table.
 
 It uses the same hooks as third-party plugins so ``quantreg plugins`` and ``explain`` show
-built-ins exactly like everything else.
+built-ins exactly like everything else. The one difference: the table this plugin registers
+forms the ``default`` layer (every other plugin's forms the ``plugin`` layer), which
+:func:`quantreg.loading.load` decides by the registering plugin's name, :data:`NAME`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,18 @@ def default_table_path() -> Path:
 
 
 @hookimpl
+def register_tables(register: Callable[[Path | str], None]) -> None:
+    register(default_table_path())
+
+
+@hookimpl
 def register_methods(register: Callable[[Method], None]) -> None:
     register(
         Method(
             name=VLLM_METHOD,
             target="quantreg.builtin:KeepVllm",
             description="keep the method vLLM itself would build",
+            expert_layout="checkpoint",
         )
     )
 

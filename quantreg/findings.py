@@ -1,7 +1,7 @@
 """``quantreg doctor`` findings contributed by plugins (hook ``doctor_findings``).
 
 Core quantreg cannot know what every hardware stack does to a checkpoint (vllm-gaudi strips
-GPT-OSS MXFP4 quant configs unless ``HPU_MXFP4_NATIVE=1``; another plugin may need a driver
+GPT-OSS MXFP4 quant configs unless its own switch is set; another plugin may need a driver
 version). The plugin that knows the stack says it: each finding is a level, a message and,
 when it is about one key, the key. The CLI prints them beside its own warnings.
 
@@ -20,7 +20,16 @@ from .keys import Key
 from .problems import printable
 
 if TYPE_CHECKING:
-    from .registry import Registry
+    from .decision import Decision
+    from .plugins import Plugins
+
+Resolve = Callable[[Key], "Decision"]
+"""What a plugin's ``doctor_findings`` gets to ask the table: a key in, the decision out.
+
+Why a callable and not the :class:`~quantreg.registry.Registry`: the hook API lies under the
+registry (the registry calls the hooks), so handing plugins the registry would make the plugin
+API depend on everything above it; a plugin needs only the answers.
+"""
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -47,15 +56,15 @@ class Finding:
                 "key": list(self.key) if self.key is not None else None}
 
 
-def collect_findings(registry: Registry, device: str | None) -> list[Finding]:
-    """Ask every plugin's ``doctor_findings(register, registry, device)`` (any subset of the
+def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> list[Finding]:
+    """Ask every plugin's ``doctor_findings(register, resolve, device)`` (any subset of the
     three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
     containment, "still ..." warning, the type check of each registered ``Finding`` and its
     fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
     from .plugins import PluginFailure
 
     findings: list[Finding] = []
-    for plugin, item in registry.plugins.call_each(HOOK, inline_failures=True, registry=registry, device=device):
+    for plugin, item in plugins.call_each(HOOK, inline_failures=True, resolve=resolve, device=device):
         if isinstance(item, PluginFailure):
             findings.append(Finding("error", f"hook {HOOK} {printable(item.message)}", plugin=plugin))
         elif item.level not in LEVELS:

@@ -29,8 +29,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from .plugins import describe, plugin_code
-from .problems import printable
+from .plugins import plugin_code
+from .problems import describe, printable
 
 _NO_TIMEOUT = None
 TIMED_OUT = "did not finish within"

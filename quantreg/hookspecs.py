@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from .decision import Decision
     from .findings import Finding
     from .keepers import QuantConfigKeeper
+    from .keys import Key
     from .methods import Method
-    from .registry import Registry
     from .vllm_limits import VllmLimitation
 
 PROJECT = "quantreg"
@@ -46,7 +47,8 @@ def register_methods(register: Callable[[Method], None]) -> None:
 def register_tables(register: Callable[[str | os.PathLike[str]], None]) -> None:
     """Contribute rule tables: call ``register(path)`` for each YAML file the plugin ships.
 
-    Plugin tables form the ``plugin`` layer: they beat the default table and lose to user
+    Plugin tables form the ``plugin`` layer (the built-in plugin's one table is the ``default``
+    layer, see :mod:`quantreg.builtin`): they beat the default table and lose to user
     files. Two plugins claiming the same key with equal specificity and priority is an error.
     """
 
@@ -63,12 +65,16 @@ def register_quant_config_keepers(register: Callable[[QuantConfigKeeper], None])
 
 
 @hookspec
-def doctor_findings(register: Callable[[Finding], None], registry: Registry, device: str | None) -> None:
-    """Contribute ``quantreg doctor`` findings: call ``register(Finding(level, message, key))``.
+def doctor_findings(register: Callable[[Finding], None], resolve: Callable[[Key], Decision],
+                    device: str | None) -> None:
+    """Say what your stack does to keys on this host: call ``register(quantreg.Finding(level, message, key))``.
 
-    ``registry`` is the one doctor built (with its ``--config`` tables); ``device`` is vLLM's
-    device, or ``None`` when vLLM cannot be imported. Implementations may take any subset of
-    the three arguments. Keep it cheap: doctor runs it once, never inside vLLM.
+    ``resolve(key)`` answers from the tables of the asking tool (``doctor``, ``explain``,
+    ``plan`` with their ``--config`` tables, or the start-up decision); ``device`` is vLLM's
+    device, or ``None`` when it is unknown. Implementations may take any subset of the three
+    arguments. Every tool asks this one hook (:mod:`quantreg.answer`), so what a plugin says
+    here is what ``explain``, ``plan`` and ``doctor`` print: never re-derived in core. Keep it
+    cheap and free of torch/vLLM imports.
     """
 
 

@@ -1,8 +1,8 @@
 """Quant-config keepers: how a plugin tells quantreg that a third party may strip a quant config.
 
 Some hardware plugins rewrite a checkpoint's quantization before vLLM fixes it: vllm-gaudi's
-``models/gptoss_mxfp4.py`` makes vLLM load GPT-OSS MXFP4 checkpoints as bf16 unless
-``HPU_MXFP4_NATIVE=1``. The key vLLM then reports is ``(unquantized, gpt_oss, hpu)``, so a table
+``models/gptoss_mxfp4.py`` makes vLLM load GPT-OSS MXFP4 checkpoints as bf16 unless its
+own switch is set (plugin #1 documents it). The key vLLM then reports is ``(unquantized, gpt_oss, hpu)``, so a table
 rule for ``(gpt_oss_mxfp4, gpt_oss, hpu)`` could never match: the old switch would beat the table.
 
 A plugin that knows such a third party registers a :class:`QuantConfigKeeper` (hook

@@ -13,14 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import settings
-from .builtin import default_table_path
+from . import builtin, settings
 from .environment import setting_problems
 from .index import Index, ambiguity_problems
 from .methods import Method, check_method, keeps_vllm
 from .mode import strict_problem
-from .plugins import PluginFailure, Plugins, describe
-from .problems import Problem, did_you_mean, name_list
+from .plugins import PluginFailure, Plugins
+from .problems import Problem, describe, did_you_mean, name_list
 from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
 from .table.verify import FLOAT64
 
@@ -50,9 +49,13 @@ def load(
 ) -> Loaded:
     """Methods from the plugins, then the default, plugin, user (env) and run (``config``) tables."""
     methods = collect_methods(plugins.call_each("register_methods"), plugins.failures)
-    paths: list[tuple[str, Layer]] = [(str(default_table or default_table_path()), Layer.DEFAULT)]
+    defaults: list[tuple[str, Layer]] = []  # the built-in plugin's table: the default layer, read first
+    paths: list[tuple[str, Layer]] = []
     for plugin, path in plugins.call_each("register_tables"):
         problem = f"register() expects a path, got {type(path).__name__}"
+        if plugin == builtin.NAME:  # the caller may swap the shipped default table (tests, bench)
+            defaults.append((os.fspath(default_table or path), Layer.DEFAULT))
+            continue
         if isinstance(path, (str, os.PathLike)):
             try:
                 fspath = os.fspath(path)
@@ -63,7 +66,7 @@ def load(
             except Exception as exc:  # a PathLike whose __fspath__ raises is this plugin's fault
                 problem = f"the registered path cannot be read: {describe(exc)}"
         plugins.failures.append(PluginFailure(plugin, "register_tables", problem))
-    paths += [(p, Layer.USER) for p in config_paths(env)]
+    paths = [*defaults, *paths, *((p, Layer.USER) for p in config_paths(env))]
     paths += [(os.fspath(p), Layer.RUN) for p in config]
     tables, headers, problems = load_tables(paths, methods)
     for table in tables:
@@ -113,7 +116,8 @@ def _plain_method(method: Method, plugin: str) -> Method:
 
     return Method(name=text(method.name), target=text(method.target), devices=texts(method.devices),
                   requires=texts(method.requires), vllm_version=text(method.vllm_version), probe=text(method.probe),
-                  description=text(method.description), options=texts(method.options), plugin=plugin)
+                  description=text(method.description), options=texts(method.options),
+                  expert_layout=text(method.expert_layout), plugin=plugin)
 
 
 def load_tables(

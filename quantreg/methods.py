@@ -21,6 +21,7 @@ from typing import Any, TypeGuard
 
 from .environment import PROBE_TIMEOUT_ENV, installed_vllm_version, module_available, probe_timeout
 from .keys import WILDCARD, Key
+from .version_spec import check_specifier, satisfies
 
 Probe = Callable[[], "tuple[bool, str]"]
 
@@ -59,6 +60,12 @@ class Availability:
     reason: str
 
 
+#: How a method may hold the expert weights (:attr:`Method.expert_layout`): ``checkpoint``: as
+#: stored (vLLM's own method keeps MXFP4 packed, bf16 as bf16); ``packed``: MXFP4 codes + one
+#: E8M0 scale byte per 32 values; ``bf16``: dequantised to bf16.
+EXPERT_LAYOUTS = ("checkpoint", "packed", "bf16")
+
+
 @dataclass(frozen=True)
 class Method:
     """A registered MoE method.
@@ -67,6 +74,8 @@ class Method:
     one, returning ``(ok, reason)``. ``requires`` lists importable modules checked with
     ``find_spec`` (no import). ``vllm_version`` is a specifier such as ``">=0.30,<0.40"``.
     ``options`` names the options a rule may pass (``None``: the method accepts any).
+    ``expert_layout`` says how the method holds the expert weights, for ``quantreg plan``'s
+    memory estimate: one of :data:`EXPERT_LAYOUTS` (``None``: not declared, bytes unknown).
     """
 
     name: str
@@ -77,6 +86,7 @@ class Method:
     probe: Probe | str | None = None
     description: str = ""
     options: tuple[str, ...] | None = None
+    expert_layout: str | None = None
     plugin: str = field(default="", compare=False)
 
     @property
@@ -156,6 +166,9 @@ def check_method(method: Any) -> str | None:
                 f"got {_shown(probe)}")
     if not isinstance(method.description, str):
         return f"method '{name}': description must be a string, got {type(method.description).__name__}"
+    if method.expert_layout is not None and method.expert_layout not in EXPERT_LAYOUTS:
+        return (f"method '{name}': expert_layout must be one of {', '.join(EXPERT_LAYOUTS)} or None, "
+                f"got {_shown(method.expert_layout)}")
     return None
 
 
@@ -275,35 +288,10 @@ def load_object(target: str) -> Any:
     return obj
 
 
-_SPEC_RE = re.compile(r"^\s*(==|!=|>=|<=|>|<)\s*([0-9]+(?:\.[0-9]+)*)\s*$")
-
-
-def _release(version: str) -> tuple[int, ...]:
-    m = re.match(r"\s*v?([0-9]+(?:\.[0-9]+)*)", version)
-    return tuple(int(x) for x in m.group(1).split(".")) if m else ()
-
-
-def check_specifier(spec: str) -> str | None:
-    """``None`` if ``spec`` is a comma-separated list of simple clauses, else what is wrong."""
-    for clause in spec.split(","):
-        if not _SPEC_RE.match(clause):
-            return f"cannot read version clause {clause.strip()!r}; expected e.g. '>=0.30,<0.40'"
-    return None
-
-
 def version_satisfies(version: str, spec: str) -> bool:
-    """Numeric release comparison; enough for vLLM's X.Y.Z(+local) versions."""
-    have = _release(version)
-    for clause in spec.split(","):
-        m = _SPEC_RE.match(clause)
-        if m is None:
-            return False
-        op, want_s = m.groups()
-        want = _release(want_s)
-        width = max(len(have), len(want))
-        a = have + (0,) * (width - len(have))
-        b = want + (0,) * (width - len(want))
-        ok = {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b}[op]
-        if not ok:
-            return False
-    return True
+    """Does the installed ``version`` meet a method's ``vllm_version``? (:func:`quantreg.version_spec.satisfies`;
+    a clause that cannot be read is not met.)"""
+    try:
+        return satisfies(version, spec)
+    except ValueError:
+        return False

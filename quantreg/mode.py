@@ -53,12 +53,17 @@ def strict_problem(env: Mapping[str, str]) -> Problem | None:
     return None if message is None else Problem(ENVIRONMENT, None, STRICT_ENV, message)
 
 
-def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_strict: bool | None = None) -> Mode:
-    """Strict if the environment, a user/run table header or the run's settings ask for it."""
+def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_strict: bool | None = None,
+                shipped_strict: bool = False) -> Mode:
+    """Strict if the environment, a user/run table header, the run's settings or the driver that
+    shipped this worker its tables (``shipped_strict``, :func:`quantreg.vllm.multinode.published_strict`)
+    ask for it. The one place strictness is decided: callers pass what they know, never OR it in."""
     because: list[str] = []
     if env_strict(env):
         because.append(f"{STRICT_ENV}={(settings.raw(STRICT_ENV, env) or '').strip()[:40]}")
     because += [f"strict: true in {h.path}" for h in headers if h.layer >= Layer.USER and h.strict is True]
     if run_strict:
         because.append('vLLM additional_config {"quantreg": {"strict": true}}')
+    if shipped_strict:
+        because.append("the driver that shipped this process its tables was strict")
     return Mode(bool(because), tuple(because))

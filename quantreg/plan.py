@@ -9,19 +9,19 @@ JSON header are read, no tensor data and no torch), and the registry's own ``res
 
 The key's quant format is vLLM's name (``config.json`` says ``mxfp4``, the key says
 ``gpt_oss_mxfp4``): asked of vLLM's quant config classes when vLLM is importable
-(:mod:`quantreg.vllm.quant_format`), else taken from :data:`QUANT_FORMAT_MAP`; the output's
+(:mod:`quantreg.vllm.quant_format`), else taken from its fallback table; the output's
 ``quant_format_source`` says which.
 
 Expert bytes per method: each method holds the experts either as the checkpoint stores them
 (``checkpoint``), packed MXFP4 (``packed``: 4-bit codes + one E8M0 byte per 32 values) or
-dequantised to bf16 (``bf16``). :data:`EXPERT_LAYOUTS` declares this for the known methods; a
-method object with an ``expert_layout`` attribute (a proposed :class:`~quantreg.methods.Method`
-field) overrides it, so plugins can declare their own.
+dequantised to bf16 (``bf16``): each method declares which (:attr:`quantreg.Method.expert_layout`),
+so core names no plugin's methods. What each device will do (decision, notes, plugins' findings
+such as vllm-gaudi's MXFP4 switch) is :func:`quantreg.answer.answer`, the one computation
+``explain``, ``doctor`` and the start-up line use too.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -32,39 +32,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import jsonread
-from .environment import module_available
 from .files import ReadRefused, inside, read_regular
 from .keys import Key
-from .methods import VLLM_METHOD
+from .models.moe_config import (
+    EXPERT_COUNT_KEYS,
+    INTERMEDIATE_KEYS,
+    MAX_LAYERS,
+    TOP_K_KEYS,
+    first_of,
+    moe_layer_indices,
+    text_config,
+)
 from .problems import printable
-from .vllm_limits import VllmLimitation, all_limitations, vllm_backend_note
 
 if TYPE_CHECKING:
     from .registry import Registry
 
 UNQUANTIZED = "unquantized"
-
-#: Used when vLLM is not importable: (checkpoint quant_method, model_type or "*") -> vLLM's name.
-#: Read from vLLM 0.32: GptOssMxfp4Config.override_quantization_method
-#: (model_executor/layers/quantization/mxfp4.py:129) and GptOssForCausalLMConfig
-#: (model_executor/models/config.py:447) claim mxfp4 for gpt_oss; AutoAWQConfig / AutoGPTQConfig
-#: report "auto_awq" / "auto_gptq" from get_name() (quantization/__init__.py:160, on CPU; CUDA
-#: overrides may pick the *_marlin kernels instead). Anything else keeps its checkpoint name.
-QUANT_FORMAT_MAP: dict[tuple[str, str], str] = {
-    ("mxfp4", "gpt_oss"): "gpt_oss_mxfp4",
-    ("gpt_oss_mxfp4", "*"): "gpt_oss_mxfp4",
-    ("awq", "*"): "auto_awq",
-    ("gptq", "*"): "auto_gptq",
-}
-
-#: How each known method holds the expert weights. ``checkpoint``: as stored (vLLM's own method
-#: keeps MXFP4 packed, bf16 as bf16); ``packed``: MXFP4 codes + scales; ``bf16``: dequantised.
-EXPERT_LAYOUTS: dict[str, str] = {
-    VLLM_METHOD: "checkpoint",
-    "mxfp4_reference": "packed",
-    "hpu_mxfp4": "packed",
-    "hpu_mxfp4_dequant": "bf16",
-}
 
 #: Bytes per element of safetensors dtypes.
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "I16": 2,
@@ -75,18 +59,11 @@ MAX_CONFIG = 16 * 1024 * 1024
 """Largest config.json read (real ones are a few KB)."""
 MAX_INDEX = 64 * 1024 * 1024
 """Largest model.safetensors.index.json read (a 1T-parameter model's is ~10 MB)."""
-MAX_LAYERS = 100_000
-"""More decoder layers than any model has; a larger count in config.json is refused, not iterated."""
 MAX_EXPERTS = 1 << 20
 MAX_COUNT = 1 << 40
 MAX_BYTES_TOTAL = 1 << 50
 MX_BLOCK = 32
 EXPERT_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(.+)$")
-#: Config keys for the number of routed experts, in the order models use them.
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
-INTERMEDIATE_KEYS = ("moe_intermediate_size", "intermediate_size")
-HPU_NATIVE_ENV = "HPU_MXFP4_NATIVE"
 
 
 @dataclass
@@ -100,48 +77,6 @@ class Checkpoint:
     moe_layers: list[int] = field(default_factory=list)
     experts: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-
-
-def _first(config: Mapping[str, Any], keys: Sequence[str]) -> Any:
-    for k in keys:
-        if config.get(k) is not None:
-            return config[k]
-    return None
-
-
-def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's part of ``config`` (multimodal configs nest it in ``text_config``)."""
-    inner = config.get("text_config")
-    return inner if isinstance(inner, dict) else config
-
-
-def moe_layer_indices(config: Mapping[str, Any]) -> list[int]:
-    """Which decoder layers have routed experts, following each model family's config fields.
-
-    * DeepSeek V2/V3/V4, Kimi: ``first_k_dense_replace`` dense layers first, then every
-      ``moe_layer_freq``-th layer (``i >= k and i % freq == 0``);
-    * Qwen2/3-MoE: ``mlp_only_layers`` are dense, others MoE when ``(i + 1) % decoder_sparse_step == 0``;
-    * Llama 4: ``interleave_moe_layer_step`` (``moe_layers`` when given explicitly);
-    * everything else with experts (GPT-OSS, Mixtral, ...): every layer.
-    """
-    cfg = text_config(config)
-    n = _count(cfg.get("num_hidden_layers"), 0, MAX_LAYERS) or 0  # 10^12 layers: refused, never iterated
-    if not _first(cfg, EXPERT_COUNT_KEYS):
-        return []
-    if isinstance(cfg.get("moe_layers"), list):
-        return sorted(int(i) for i in cfg["moe_layers"] if 0 <= int(i) < n)
-    if "first_k_dense_replace" in cfg or "moe_layer_freq" in cfg:
-        k = int(cfg.get("first_k_dense_replace") or 0)
-        freq = max(1, int(cfg.get("moe_layer_freq") or 1))
-        return [i for i in range(n) if i >= k and i % freq == 0]
-    if "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
-        step = max(1, int(cfg.get("decoder_sparse_step") or 1))
-        dense = {int(i) for i in cfg.get("mlp_only_layers") or []}
-        return [i for i in range(n) if i not in dense and (i + 1) % step == 0]
-    if "interleave_moe_layer_step" in cfg:
-        step = max(1, int(cfg.get("interleave_moe_layer_step") or 1))
-        return list(range(step - 1, n, step))
-    return list(range(n))
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -334,12 +269,12 @@ def read_checkpoint(directory: str | os.PathLike[str]) -> Checkpoint:
             ck.problems.append(f"{path}: quantization_config.quant_method: missing")
     ck.moe_layers = moe_layer_indices(config)
     hidden = cfg.get("hidden_size")
-    inter = _first(cfg, INTERMEDIATE_KEYS)
+    inter = first_of(cfg, INTERMEDIATE_KEYS)
     tensors = expert_tensors(root, ck.problems)
-    count = _first(cfg, EXPERT_COUNT_KEYS)
+    count = first_of(cfg, EXPERT_COUNT_KEYS)
     ck.experts = {
         "count": int(count) if count is not None else None,
-        "per_token": _first(cfg, TOP_K_KEYS),
+        "per_token": first_of(cfg, TOP_K_KEYS),
         "hidden_size": hidden,
         "intermediate_size": inter,
         "moe_layer_indices": ck.moe_layers,
@@ -372,29 +307,21 @@ def _ranges(ids: Sequence[int]) -> str:
 
 
 def quant_format_of(ck: Checkpoint, use_vllm: bool | None = None) -> tuple[str, str]:
-    """The key's quant format and where that name came from (vLLM's classes or the mapping table)."""
+    """The key's quant format and where that name came from (vLLM's classes or the fallback table).
+
+    vLLM's names are vLLM knowledge: :mod:`quantreg.vllm.quant_format` holds them (imported here,
+    lazily: it imports vLLM only when asked to).
+    """
     if ck.quant_method is None:
         return UNQUANTIZED, "no quantization_config in config.json: vLLM builds its unquantized method"
-    quant = ck.config.get("quantization_config") or text_config(ck.config).get("quantization_config") or {}
-    want_vllm = importlib.util.find_spec("vllm") is not None if use_vllm is None else use_vllm
-    why_not = "vLLM is not importable here"
-    if want_vllm:
-        try:
-            from .vllm.quant_format import vllm_quant_format
+    from .vllm.quant_format import key_quant_format
 
-            return vllm_quant_format(dict(quant), {**text_config(ck.config), "model_type": ck.model_type})
-        except ValueError as exc:
-            ck.problems.append(f"{Path(ck.directory) / 'config.json'}: quantization_config.quant_method: {exc}")
-            return ck.quant_method, f"checkpoint name kept: {exc}"
-        except Exception as exc:  # a broken vLLM install must not break the plan
-            why_not = f"vLLM could not be asked ({type(exc).__name__}: {exc})"
-    elif use_vllm is False:
-        why_not = "vLLM not consulted on request"
-    for (method, model), name in QUANT_FORMAT_MAP.items():
-        if method == ck.quant_method and model in ("*", ck.model_type):
-            return name, f"quantreg.plan.QUANT_FORMAT_MAP ({why_not}): '{ck.quant_method}' -> '{name}'"
-    return ck.quant_method, (f"quantreg.plan.QUANT_FORMAT_MAP ({why_not}): '{ck.quant_method}' not mapped, "
-                             "assumed vLLM uses the checkpoint's name")
+    quant = ck.config.get("quantization_config") or text_config(ck.config).get("quantization_config") or {}
+    name, source, problem = key_quant_format(dict(quant), {**text_config(ck.config), "model_type": ck.model_type},
+                                             use_vllm)
+    if problem:
+        ck.problems.append(f"{Path(ck.directory) / 'config.json'}: quantization_config.quant_method: {problem}")
+    return name, source
 
 
 def expert_bytes_per_layer(experts: Mapping[str, Any], layout: str, quant_format: str) -> int | None:
@@ -422,58 +349,42 @@ def expert_bytes_per_layer(experts: Mapping[str, Any], layout: str, quant_format
 
 
 def layout_of(method: str, registry: Registry) -> str | None:
-    declared = getattr(registry.methods.get(method), "expert_layout", None)
-    if isinstance(declared, str) and declared:
-        return declared
-    return EXPERT_LAYOUTS.get(method)
+    """How ``method`` holds the experts, as its registration declares (:attr:`Method.expert_layout`)."""
+    m = registry.methods.get(method)
+    return m.expert_layout if m is not None else None
 
 
-def device_plan(registry: Registry, ck: Checkpoint, key: Key, limitations: Sequence[VllmLimitation],
-                env: Mapping[str, str]) -> dict[str, Any]:
-    decision = registry.resolve(key)
-    warnings: list[str] = []
-    if decision.fallback:
-        warnings.append(f"{decision.fallback} (" + "; ".join(
-            f"{s.method}: {s.reason}" for s in decision.chain if not s.available) + ")")
-    elif any(not s.available for s in decision.chain):
-        warnings.append("chain: " + "; ".join(f"{s.method}: {s.reason}" for s in decision.chain
-                                              if not s.available and not s.reason.startswith("not tried")))
-    if decision.keeps_vllm:
-        note = vllm_backend_note(key, limitations)
-        if note:
-            warnings.append(note)
-    if key.device == "hpu" and "mxfp4" in key.quant_format and module_available("vllm_gaudi") \
-            and env.get(HPU_NATIVE_ENV) != "1":
-        other = registry.resolve(Key(UNQUANTIZED, key.model_type, key.device))
-        warnings.append(
-            f"vllm-gaudi is installed and {HPU_NATIVE_ENV} is not 1: its models/gptoss_mxfp4.py drops the MXFP4 "
-            f"quant config for gpt_oss, so vLLM forms the key {other.key} instead (decided {other.method} "
-            f"[{other.source}]) and loads the experts dequantised to bf16; set {HPU_NATIVE_ENV}=1 to keep this key")
+def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
+    """One device's part of the plan, from the one answer every tool gives (:func:`quantreg.answer.answer`)."""
+    from .answer import answer
+
+    ans = answer(registry, key)
+    decision = ans.decision
+    warnings = ans.warnings
     layout = layout_of(decision.method, registry)
     expert_bytes: int | None = None
     if layout is None:
-        warnings.append(f"method '{decision.method}' does not declare how it holds expert weights: "
-                        "expert_bytes unknown")
+        warnings.append(f"method '{decision.method}' does not declare how it holds expert weights "
+                        "(Method.expert_layout): expert_bytes unknown")
     elif ck.moe_layers:
         per_layer = expert_bytes_per_layer(ck.experts, layout, key.quant_format)
         expert_bytes = per_layer * len(ck.moe_layers) if per_layer is not None else None
     else:
         expert_bytes = 0
     return {"method": decision.method, "rule": decision.source, "expert_bytes": expert_bytes,
-            "warnings": warnings}
+            "warnings": warnings, **ans.to_json()}
 
 
 def plan(model_dir: str | os.PathLike[str], devices: Sequence[str], registry: Registry, *,
-         use_vllm: bool | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+         use_vllm: bool | None = None) -> dict[str, Any]:
     """The plan as a JSON-ready dict: ``key``, ``moe_layers``, ``experts``, ``devices``,
     ``quant_format_source``, ``problems`` (table faults, plugin faults and checkpoint faults)."""
-    env = os.environ if env is None else env
     ck = read_checkpoint(model_dir)
     quant_format, source = quant_format_of(ck, use_vllm)
-    limitations, faults = all_limitations(registry.plugins)
+    _, faults = registry.limitations()
     ck.experts["bytes_per_layer"] = {layout: expert_bytes_per_layer(ck.experts, layout, quant_format)
                                      for layout in ("packed", "bf16")} if ck.moe_layers else {}
-    per_device = {d: device_plan(registry, ck, Key(quant_format, ck.model_type, d), limitations, env)
+    per_device = {d: device_plan(registry, ck, Key(quant_format, ck.model_type, d))
                   for d in devices}
     if not ck.moe_layers and ck.config:
         ck.problems.append(f"{Path(ck.directory) / 'config.json'}: no routed experts (none of "

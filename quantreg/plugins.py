@@ -32,7 +32,7 @@ import pluggy
 
 from . import builtin, hookspecs, settings
 from .hookspecs import PROJECT
-from .problems import printable
+from .problems import describe, printable
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -67,22 +67,6 @@ class PluginFailure:
         """One line whatever the plugin put in its name or message (see :func:`printable`)."""
         where = f"plugin '{printable(self.plugin)}'" + (f", hook '{printable(self.hook)}'" if self.hook else "")
         return f"{where}: {printable(self.message)}"
-
-
-def describe(exc: BaseException) -> str:
-    """``TypeName: text`` of anything a plugin raised, even when its ``__str__`` raises or is huge."""
-    try:
-        name = type(exc).__name__
-    except Exception:  # pragma: no cover - a type without a name is beyond odd
-        name = "exception"
-    try:
-        text = str(exc)
-    except Exception:
-        text = "<its message could not be read>"
-    if not isinstance(text, str):  # pragma: no cover - str() always returns str
-        text = ""
-    text = text[:300] + ("..." if len(text) > 300 else "")
-    return f"{name}: {text}" if text else name
 
 
 @contextlib.contextmanager

@@ -16,6 +16,39 @@ from dataclasses import dataclass
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 
 
+def describe(exc: BaseException, located: bool = False) -> str:
+    """An exception as one line, ``TypeName: first line of its text`` (`` ...`` when it had more).
+
+    The one helper for this (plugin faults, the conformance kit, start-up boundaries): safe on
+    exceptions whose ``__str__`` raises or is huge (cut at 300 characters). ``located`` adds
+    ``(at file.py:LINE in func)`` from the innermost frame, enough to find the line without a traceback.
+    """
+    try:
+        name = type(exc).__name__
+    except Exception:  # pragma: no cover - a type without a name is beyond odd
+        name = "exception"
+    try:
+        text = str(exc)
+    except Exception:
+        text = "<its message could not be read>"
+    if not isinstance(text, str):  # pragma: no cover - str() always returns str
+        text = ""
+    lines = text.strip().splitlines()
+    first = lines[0] if lines else ""
+    more = len(lines) > 1 or len(first) > 300
+    text = first[:300] + ("..." if len(first) > 300 else (" ..." if more else ""))
+    where = ""
+    if located:
+        import os
+        import traceback
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:
+            last = frames[-1]
+            where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    return (f"{name}: {text}" if text else name) + where
+
+
 def printable(text: str) -> str:
     """``text`` with control characters, line separators and lone surrogates escaped (``\\n``, ``\\udcff``).
 

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .decision import Candidate, ChainStep, Decision, rule_json, why_lost, why_won
 from .index import Index
@@ -24,6 +24,10 @@ from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
 from .problems import Problem
 from .table.file import Rule, TableFile, TableHeader
+
+if TYPE_CHECKING:
+    from .findings import Finding
+    from .vllm_limits import VllmLimitation
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -50,6 +54,8 @@ class Registry:
         self.index = Index(r for t in self.tables for r in t.rules)
         self._decisions: dict[Key, Decision] = {}
         self._availability: dict[tuple[str, str], Availability] = {}
+        self._findings: dict[str | None, tuple[Finding, ...]] = {}
+        self._limitations: tuple[list[VllmLimitation], list[str]] | None = None
         self._lock = threading.Lock()
 
     # -- building ---------------------------------------------------------------------------
@@ -84,9 +90,10 @@ class Registry:
     def plugin_infos(self) -> tuple[PluginInfo, ...]:
         return tuple(self.plugins.infos)
 
-    def mode(self, run_strict: bool | None = None) -> Mode:
-        """Strict or lenient for this registry, plus the run's ``additional_config`` strict (seam)."""
-        return decide_mode(self.plugins.env, self.headers, run_strict)
+    def mode(self, run_strict: bool | None = None, shipped_strict: bool = False) -> Mode:
+        """Strict or lenient for this registry, plus the run's ``additional_config`` strict and the
+        shipping driver's strictness (both known only inside vLLM: :func:`quantreg.vllm.startup.mode_of`)."""
+        return decide_mode(self.plugins.env, self.headers, run_strict, shipped_strict)
 
     @property
     def strict(self) -> bool:
@@ -136,6 +143,28 @@ class Registry:
             chosen = VLLM_METHOD
         options = winner.options if fallback is None else {}
         return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback)
+
+    def findings(self, device: str | None) -> tuple[Finding, ...]:
+        """The plugins' ``doctor_findings`` for ``device``, asked once per registry and device.
+
+        Plugins get :meth:`resolve` (a value), never the registry (see :mod:`quantreg.findings`).
+        Imported here, not at module level: a vLLM start-up that decides nothing pays nothing.
+        """
+        found = self._findings.get(device)
+        if found is None:
+            from .findings import collect_findings
+
+            found = tuple(collect_findings(self.plugins, self.resolve, device))
+            self._findings[device] = found
+        return found
+
+    def limitations(self) -> tuple[list[VllmLimitation], list[str]]:
+        """vLLM's known limitations (built in and the plugins'), and bad registrations; asked once."""
+        if self._limitations is None:
+            from .vllm_limits import all_limitations
+
+            self._limitations = all_limitations(self.plugins)
+        return self._limitations
 
     def _plugin_of(self, name: str) -> str:
         m = self.methods.get(name)

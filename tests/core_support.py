@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from quantreg.registry import set_registry
+from quantreg.registry import Registry, set_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -257,3 +257,13 @@ def host_kind() -> HostKind:
     if not _HOST_KIND:
         _HOST_KIND.append(HostKind())
     return _HOST_KIND[0]
+
+
+def faults(registry: Registry) -> list[str]:
+    """Every fault of ``registry`` (table problems, then plugin failures), as the CLI prints them."""
+    return [str(f) for f in registry.faults]
+
+
+def plugin_failures(registry: Registry) -> list[str]:
+    """Only the plugin failures of ``registry`` (what a plugin's hooks got wrong)."""
+    return [str(f) for f in registry.failures]

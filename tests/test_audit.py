@@ -15,6 +15,7 @@ import pytest
 from quantreg import audit
 from quantreg.keys import Key
 from quantreg.registry import Registry
+from quantreg.vllm import startup
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -75,9 +76,9 @@ def test_role_is_the_name_vllm_logs_under(monkeypatch: pytest.MonkeyPatch) -> No
     fake_logger = type(sys)("vllm.logger")
     fake_logger._vllm_process_info = ("Worker_TP1_EP1", os.getpid())  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm.logger", fake_logger)
-    assert audit.process_role() == "Worker_TP1_EP1"
+    assert startup.process_role() == "Worker_TP1_EP1"
     fake_logger._vllm_process_info = ("EngineCore", os.getpid() + 1)  # type: ignore[attr-defined]  # a parent's
-    assert audit.process_role() == "MainProcess"
+    assert startup.process_role() == "MainProcess"
 
 
 def test_unwritable_file_warns_once_and_never_raises(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -424,7 +424,7 @@ def test_usage_errors_exit_2_without_traceback(argv: list[str], capsys: pytest.C
 
 FINDINGS_PLUGIN = '''
 import quantreg
-from quantreg.findings import Finding
+from quantreg import Finding
 
 
 @quantreg.hookimpl

@@ -249,6 +249,7 @@ def test_fifty_megabyte_file_is_refused_without_reading_it(tmp_path: Path) -> No
     assert out.stdout.strip() == f"{big}: file is {50 << 20} bytes; a table may have at most {4 << 20}"
 
 
+@pytest.mark.vllm_installed
 def test_fingerprint_mismatch_between_processes(tmp_path: Path) -> None:
     code = textwrap.dedent("""
         import logging, sys

@@ -44,13 +44,13 @@ logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stre
 import quantreg.vllm as qv
 from quantreg.problems import QuantregError
 from quantreg.registry import get_registry
-from quantreg.vllm import multinode
+from quantreg.vllm import multinode, startup
 try:
     multinode.adopt_shipped_tables()                      # WIRING 1
     qv.register()
     registry = get_registry()
     fingerprint = registry.fingerprint()
-    qv.check_same_table(fingerprint, strict=registry.strict or multinode.published_strict())  # WIRING 2
+    qv.check_same_table(fingerprint, strict=startup.mode_of(registry, None).strict)  # WIRING 2
 except QuantregError as exc:
     print("STRICT-FAIL", exc, file=sys.stderr)
     sys.exit(3)
@@ -170,6 +170,7 @@ def test_worker_with_its_own_different_file_is_caught(driver: dict[str, Any], tm
     assert "is not readable on this node" not in log
 
 
+@pytest.mark.plugin1
 def test_headless_node_from_exported_lines(tmp_path: Path) -> None:
     """``python -m quantreg.vllm.multinode`` on the head node; its exports on a bare other node."""
     table = tmp_path / "head" / "t.yaml"
@@ -244,6 +245,7 @@ def test_publish_ships_only_from_the_publishing_process(tmp_path: Path) -> None:
     assert multinode.publish(registry, env) is None  # already published: passed on unchanged
 
 
+@pytest.mark.plugin1
 def test_too_large_tables_travel_as_digests_and_the_worker_says_so(tmp_path: Path,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     import random

@@ -60,6 +60,7 @@ def test_default_table_has_one_source_of_truth() -> None:
     assert default_table_path().read_bytes() == (ROOT / "registry.yaml").read_bytes()
 
 
+@pytest.mark.needs("build")
 def test_wheel_ships_the_default_table_as_a_real_file(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path), str(ROOT)],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)

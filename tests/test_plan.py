@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import struct
@@ -16,9 +15,8 @@ from typing import Any
 import pytest
 
 import quantreg
+from quantreg import Decision, Finding, Key, vllm_limits
 from quantreg import plan as planmod
-from quantreg import vllm_limits
-from quantreg.keys import Key
 from quantreg.methods import Method
 from quantreg.plugins import Plugins
 from quantreg.registry import Registry
@@ -100,6 +98,7 @@ def bf16_bytes() -> int:
     return E * (2 * INTER * H + H * INTER) * 2 + E * (2 * INTER + H) * 2
 
 
+@pytest.mark.plugin1
 def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, tmp_path: Path) -> None:
     table = tmp_path / "route.yaml"
     table.write_text(ROUTE)
@@ -119,7 +118,7 @@ def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, 
     assert ex["checkpoint_bytes_per_layer"] == packed_bytes() == ex["bytes_per_layer"]["packed"]
     assert ex["bytes_per_layer"]["bf16"] == bf16_bytes()
     cpu = data["devices"]["cpu"]
-    assert set(cpu) == {"method", "rule", "expert_bytes", "warnings"}
+    assert set(cpu) == {"method", "rule", "expert_bytes", "warnings", "line", "notes", "findings", "vllm_limitation"}
     assert (cpu["method"], cpu["rule"]) == ("mxfp4_reference", f"{table}:3")
     assert cpu["expert_bytes"] == 3 * packed_bytes() and cpu["warnings"] == []
     cuda = data["devices"]["cuda"]
@@ -130,7 +129,7 @@ def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, 
 
 
 def test_a_dequantising_method_holds_bf16(checkpoint: Path, tmp_path: Path) -> None:
-    """Named layouts: a chosen `hpu_mxfp4_dequant` holds bf16 experts (method defined by a user table)."""
+    """A user table's method declares its layout (``expert_layout``): core knows no method by name."""
     stub = tmp_path / "qrt_plan_stub.py"
     stub.write_text("class Dequant:\n    def __init__(self, moe_config):\n        pass\n")
     table = tmp_path / "dequant.yaml"
@@ -141,6 +140,7 @@ methods:
   hpu_mxfp4_dequant:
     target: qrt_plan_stub:Dequant
     devices: [cpu]
+    expert_layout: bf16
 rules:
   - match: {quant_format: gpt_oss_mxfp4, device: cpu}
     method: hpu_mxfp4_dequant
@@ -152,22 +152,29 @@ rules:
     assert data["devices"]["cpu"]["expert_bytes"] == 3 * bf16_bytes()
 
 
-@dataclasses.dataclass(frozen=True)
-class LayoutMethod(Method):
-    """A Method with the proposed `expert_layout` field."""
+class _LayoutPlugin:
+    """Registers methods the way a plugin does; loading must copy ``expert_layout`` (it once dropped it)."""
 
-    expert_layout: str = ""
+    @quantreg.hookimpl
+    def register_methods(self, register: Callable[[Method], None]) -> None:
+        register(Method("mine", "x.y:Y", expert_layout="bf16"))
+        register(Method("other", "x.y:Z"))
+        register(Method("odd", "x.y:W", expert_layout="fp3"))
 
 
 def test_declared_layout_and_undeclared_methods(checkpoint: Path, tmp_path: Path) -> None:
     table = tmp_path / "t.yaml"
-    table.write_text(ROUTE.replace("mxfp4_reference", "vllm"))
-    registry = Registry.build(config=[table], entry_points=False)
-    registry.methods["mine"] = LayoutMethod("mine", "x:Y", expert_layout="bf16")
-    registry.methods["other"] = Method("other", "x:Z")
-    assert planmod.layout_of("mine", registry) == "bf16"  # the declaration wins over the table
+    table.write_text(ROUTE.replace("mxfp4_reference", "mine"))
+    registry = Registry.build(config=[table], plugins=[("layouts", _LayoutPlugin())])
+    assert planmod.layout_of("mine", registry) == "bf16"
     assert planmod.layout_of("other", registry) is None
-    assert planmod.layout_of("hpu_mxfp4", registry) == "packed"
+    assert planmod.layout_of("vllm", registry) == "checkpoint"  # the built-in plugin declares its own
+    assert "odd" not in registry.methods
+    assert any("method 'odd': expert_layout must be one of checkpoint, packed, bf16 or None, got 'fp3'"
+               in str(f) for f in registry.failures)
+    data = planmod.plan(checkpoint, ["cpu"], registry, use_vllm=False)
+    assert data["devices"]["cpu"]["method"] == "mine"
+    assert data["devices"]["cpu"]["expert_bytes"] == 3 * bf16_bytes()
 
 
 def test_bf16_checkpoint_is_unquantized_and_vllm_holds_bf16(tmp_path: Path) -> None:
@@ -320,21 +327,27 @@ def test_a_bad_limitation_registration_is_a_fault_naming_the_plugin() -> None:
                                       "quantreg.vllm_limits.VllmLimitation, got str"]
 
 
-def test_vllm_gaudi_without_native_mode_warns_that_the_key_changes(checkpoint: Path, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """vllm-gaudi cannot be installed here: an importable stand-in package is what the check looks for."""
-    site = tmp_path / "site"
-    (site / "vllm_gaudi").mkdir(parents=True)
-    (site / "vllm_gaudi" / "__init__.py").write_text("")
-    monkeypatch.syspath_prepend(str(site))
-    registry = Registry.build(entry_points=False)
-    data = planmod.plan(checkpoint, ["hpu", "cpu"], registry, use_vllm=False, env={})
-    hpu = data["devices"]["hpu"]["warnings"]
-    assert len(hpu) == 1 and "HPU_MXFP4_NATIVE is not 1" in hpu[0]
-    assert "forms the key (unquantized, gpt_oss, hpu) instead (decided vllm" in hpu[0]
-    assert not any("vllm-gaudi" in w for w in data["devices"]["cpu"]["warnings"])
-    native = planmod.plan(checkpoint, ["hpu"], registry, use_vllm=False, env={"HPU_MXFP4_NATIVE": "1"})
-    assert native["devices"]["hpu"]["warnings"] == []
+class _StackPlugin:
+    """A plugin speaking for its device's stack (hook ``doctor_findings``), as plugin #1 does for vllm-gaudi."""
+
+    @quantreg.hookimpl
+    def doctor_findings(self, register: Callable[[Finding], None], resolve: Callable[[Key], Decision],
+                        device: str | None) -> None:
+        if device == "hpu":
+            key = Key("gpt_oss_mxfp4", "gpt_oss", "hpu")
+            register(Finding("warning", f"my stack strips this config; the table says {resolve(key).method}", key))
+
+
+def test_plan_asks_the_plugins_and_never_re_derives_their_stack(checkpoint: Path) -> None:
+    """Issue 24.1 / 22.3: plan's per-device warnings are the plugins' findings for that key, no core copy."""
+    registry = Registry.build(entry_points=False, plugins=[("stack", _StackPlugin())])
+    data = planmod.plan(checkpoint, ["hpu", "cpu"], registry, use_vllm=False)
+    hpu = data["devices"]["hpu"]
+    assert hpu["warnings"] == ["(gpt_oss_mxfp4, gpt_oss, hpu): my stack strips this config; the table says vllm "
+                               "[plugin stack]"]
+    assert hpu["findings"] == [{"level": "warning", "plugin": "stack", "key": ["gpt_oss_mxfp4", "gpt_oss", "hpu"],
+                                "message": "my stack strips this config; the table says vllm"}]
+    assert data["devices"]["cpu"]["findings"] == []
 
 
 @pytest.mark.skipif(__import__("importlib.util").util.find_spec("vllm") is None, reason="vLLM is not installed")

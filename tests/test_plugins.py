@@ -10,7 +10,7 @@ import json
 import sys
 
 import pytest
-from core_support import PluginSite, run_cli
+from core_support import PluginSite, plugin_failures, run_cli
 
 from quantreg import Key, Layer, Registry
 from quantreg.plugins import Plugins
@@ -63,17 +63,13 @@ def info(registry: Registry, name: str) -> tuple[str, str]:
     return found.status, found.reason
 
 
-def faults(registry: Registry) -> list[str]:
-    return [str(f) for f in registry.failures]
-
-
 # -- discovery -----------------------------------------------------------------------------
 @pytest.mark.usefixtures("vllm_not_loaded")
 def test_plugin_registers_a_method_and_a_table(plugin_site: PluginSite) -> None:
     add_plugin(plugin_site, "alpha", "alpha_fast", rules="  - match: {quant_format: fmt_a, device: cpu}\n"
                                                           "    method: alpha_fast\n")
     registry = Registry.build(env={"QUANTREG_PLUGINS": "alpha"})
-    assert registry.problems == () and faults(registry) == []
+    assert registry.problems == () and plugin_failures(registry) == []
     [plugin] = [p for p in registry.plugin_infos if p.name == "alpha"]
     assert (plugin.distribution, plugin.version, plugin.value, plugin.status) == ("qrt-alpha", "0.1", "qrt_alpha",
                                                                                   "loaded")
@@ -113,7 +109,8 @@ def test_allow_list(plugin_site: PluginSite) -> None:
     assert info(registry, "beta") == ("disabled", "not in QUANTREG_PLUGINS")
     assert "beta_fast" not in registry.methods
     assert "qrt_beta" not in sys.modules  # a disabled plugin is never imported
-    assert faults(registry) == ["plugin 'ghost': named in QUANTREG_PLUGINS but no such entry point is installed"]
+    assert plugin_failures(registry) == [
+        "plugin 'ghost': named in QUANTREG_PLUGINS but no such entry point is installed"]
 
 
 def test_empty_allow_list_loads_no_plugin(plugin_site: PluginSite) -> None:
@@ -217,7 +214,7 @@ def register_tables(register):
     raise ValueError("no tables today")
 """})
     registry = Registry.build(env={"QUANTREG_PLUGINS": "alpha,raiser"})
-    assert faults(registry) == [
+    assert plugin_failures(registry) == [
         "plugin 'raiser', hook 'register_methods': raised RuntimeError: boom",
         "plugin 'raiser', hook 'register_tables': raised ValueError: no tables today",
     ]
@@ -229,7 +226,7 @@ def test_duplicate_method_names_across_plugins_name_both(plugin_site: PluginSite
     add_plugin(plugin_site, "alpha", "shared", "alpha_only")
     add_plugin(plugin_site, "beta", "shared", "beta_only")
     registry = Registry.build(env={"QUANTREG_PLUGINS": "alpha,beta"})
-    assert faults(registry) == [
+    assert plugin_failures(registry) == [
         "plugin 'beta', hook 'register_methods': method 'shared' is already registered by plugin 'alpha'; "
         "the first one is kept"]
     # plugins are called in the documented order (built-in first, then entry points by name)
@@ -242,7 +239,7 @@ def test_plugins_cannot_take_over_the_builtin_vllm_method(plugin_site: PluginSit
     registry = Registry.build(env={"QUANTREG_PLUGINS": "hijack"})
     assert registry.methods["vllm"].plugin == "quantreg.builtin"
     assert registry.methods["vllm"].target == "quantreg.builtin:KeepVllm"
-    assert faults(registry) == [
+    assert plugin_failures(registry) == [
         "plugin 'hijack', hook 'register_methods': method 'vllm' is already registered by plugin "
         "'quantreg.builtin'; the first one is kept"]
 
@@ -295,7 +292,7 @@ def register_tables(register):
     register(42)
 """})
     registry = Registry.build(env={"QUANTREG_PLUGINS": "sloppy"})
-    assert faults(registry) == [
+    assert plugin_failures(registry) == [
         "plugin 'sloppy', hook 'register_methods': register() expects a quantreg.Method, got str",
         "plugin 'sloppy', hook 'register_methods': method name 'bad name' is not valid "
         "(letters, digits, '_', '.', '-')",

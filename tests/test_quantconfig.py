@@ -20,7 +20,7 @@ import pytest
 from core_support import PluginSite
 
 import quantreg
-from quantreg.findings import Finding, collect_findings
+from quantreg import Decision, Finding, Key
 from quantreg.keepers import QuantConfigKeeper, keeper_problem
 from quantreg.registry import Registry
 from quantreg.vllm.quantconfig import QuantConfigGuard, collect_keepers
@@ -201,8 +201,9 @@ def test_duplicate_keeper_names_keep_the_first() -> None:
 
 class _Findings:
     @quantreg.hookimpl
-    def doctor_findings(self, register: Callable[[Finding], None], registry: Registry, device: str | None) -> None:
-        decision = registry.resolve(("gpt_oss_mxfp4", "gpt_oss", device or "cpu"))
+    def doctor_findings(self, register: Callable[[Finding], None], resolve: Callable[[Key], Decision],
+                        device: str | None) -> None:
+        decision = resolve(Key("gpt_oss_mxfp4", "gpt_oss", device or "cpu"))
         register(Finding("warning", f"the table says {decision.method} here", decision.key))
         register(Finding("loud", "bad level"))
         register("not a finding")
@@ -224,7 +225,7 @@ class _Raising:
 def test_doctor_findings_are_attributed_and_faults_isolated() -> None:
     registry = Registry.build(entry_points=False, plugins=[("a", _Findings()), ("b", _Raising()),
                                                            ("c", _OnlyRegister())])
-    found = collect_findings(registry, "hpu")
+    found = list(registry.findings("hpu"))
     assert [(f.level, f.plugin, f.message) for f in found] == [
         ("warning", "a", "the table says vllm here"),
         ("error", "a",

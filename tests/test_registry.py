@@ -28,7 +28,8 @@ from quantreg import Key, Layer, Method, Registry, get_registry, resolve, set_re
 from quantreg.environment import installed_vllm_version, module_available
 from quantreg.index import MAX_AMBIGUITIES
 from quantreg.loading import config_paths
-from quantreg.methods import check_specifier, load_object, version_satisfies
+from quantreg.methods import load_object, version_satisfies
+from quantreg.version_spec import check_specifier
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

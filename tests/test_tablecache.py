@@ -125,6 +125,7 @@ def test_corrupt_or_unwritable_cache_never_fails_a_load(tmp_path: Path, monkeypa
     assert tablecache.directory() is None and tablecache.entry_path("x") is None
 
 
+@pytest.mark.plugin1
 def test_warm_cache_means_no_yaml_import_at_registration(tmp_path: Path) -> None:
     """A real start-up: ``register()`` in fresh processes, first filling the cache, then using it."""
     probe = ("import sys, quantreg.vllm as v; v.register(); "

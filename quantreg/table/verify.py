@@ -4,7 +4,7 @@ A registry that knows several methods for one key can run a second one beside th
 say, per layer, how far apart they are: bringing a kernel up on new hardware (or catching one that
 regressed after a driver upgrade) becomes one table line instead of a hand-made A/B run::
 
-    verify: {against: mxfp4_reference, every: 1000, first: 8, tolerance: 0.02, layers: 2}
+    verify: {against: my_reference, every: 1000, first: 8, tolerance: 0.02, layers: 2}
 
 This module is the pure half: the spec (:class:`VerifySpec`), its located checks
 (:func:`parse_verify`, called by :mod:`quantreg.table.file`), the sampling schedule and the error
@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from ..error_measure import DEFAULT_TOLERANCE
 from ..methods import keeps_vllm, valid_name
 from ..problems import did_you_mean, type_name
 
@@ -30,7 +31,6 @@ FLOAT64_FORMATS = ("gpt_oss_mxfp4",)
 """Quant formats that have a float64 reference to verify against."""
 DEFAULT_EVERY = 1000
 DEFAULT_FIRST = 8
-DEFAULT_TOLERANCE = 0.02
 DEFAULT_LAYERS = 1
 LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 """The decoder-layer index in a MoE prefix such as ``model.layers.3.mlp.experts``."""
@@ -172,18 +172,3 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
     if not ok or not isinstance(against, str):
         return None
     return VerifySpec(against=against, **values)
-
-
-def relative_error(out: Any, ref: Any) -> float:
-    """``max |out - ref| / max |ref|`` of two tensors, in float64 (``inf`` if ``out`` is not finite).
-
-    Duck-typed on torch tensors so this module stays importable without torch; the same measure
-    as the conformance kit's (:func:`quantreg.models.gpt_oss_moe.relative_error`).
-    """
-    diff = (out.double() - ref.double()).abs()
-    if diff.numel() == 0:
-        return 0.0
-    if not bool(diff.isfinite().all()):
-        return math.inf
-    scale = float(ref.double().abs().max())
-    return float(diff.max()) / (scale if scale > 0 else 1.0)

@@ -16,9 +16,9 @@ Importing this package imports neither torch nor vLLM (the pytest plugin is load
 pytest run in an environment where quantreg is installed); the checks import them when they run.
 """
 
+from ..error_measure import DEFAULT_TOLERANCE
 from .api import check_method_command, run_checks
 from .checks import CHECK_IDS, CHECKS
-from .context import DEFAULT_TOLERANCE
 from .report import CheckResult, Report, Status
 
 __all__ = [

@@ -26,7 +26,7 @@ The last four need the method to run here: when ``Method.availability(device)`` 
 are SKIPPED with its reason, never passed; everything else is checked anyway (construction,
 ``create_weights`` and loading do not touch the device's kernels). A method declares its
 weight format and tolerance as class attributes ``quantreg_format`` (default and, so far, only
-``"gpt_oss_mxfp4"``) and ``quantreg_tolerance`` (default 1e-2, measured as
+``"gpt_oss_mxfp4"``) and ``quantreg_tolerance`` (default 0.02, :mod:`quantreg.error_measure`, measured as
 ``max |out - ref| / max |ref|``).
 
 :data:`CHECKS` is the one list of the suite: each check's id, title, what it needs, and the

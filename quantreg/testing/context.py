@@ -15,14 +15,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-import os
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from ..error_measure import DEFAULT_TOLERANCE
 from ..methods import Availability, Method
+from ..problems import describe
 from ..registry import Registry
 from .report import CheckResult, Status
 from .shapes import DEFAULT_SHAPE, MoeShape
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
 
 DEFAULT_FORMAT = "gpt_oss_mxfp4"
 SUPPORTED_FORMATS = (DEFAULT_FORMAT,)
-DEFAULT_TOLERANCE = 1e-2
-"""``max |out - ref| / max |ref|``. bf16 activations and outputs cost ~0.5 %; every classic mistake
-moves the output by more than 15 % on the kit's weights (see ``random_gpt_oss_mxfp4_experts``)."""
 
 
 class Need(IntEnum):
@@ -89,17 +86,6 @@ def skip(detail: str) -> Outcome:
     return Outcome(Status.SKIPPED, detail)
 
 
-def describe_exception(exc: BaseException) -> str:
-    """``Type: message (at file.py:LINE in func)``: enough to find the line without a traceback."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = ""
-    if frames:
-        last = frames[-1]
-        where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}{' ...' if len(text) > 1 else ''}{where}"
-
-
 class Context:
     """One conformance run: the state shared by the checks of one method on one device."""
 
@@ -142,7 +128,7 @@ class Context:
         except Outcome as outcome:
             self.record(spec, outcome.status, outcome.detail)
         except Exception as exc:
-            self.record(spec, Status.FAIL, f"raised {describe_exception(exc)}")
+            self.record(spec, Status.FAIL, f"raised {describe(exc, located=True)}")
         else:
             self.record(spec, Status.PASS, self._pass_detail)
 
@@ -170,7 +156,7 @@ class Context:
                 fused_moe = importlib.import_module("vllm.model_executor.layers.fused_moe")
                 self.fused_moe_base = fused_moe.FusedMoEMethodBase
             except Exception as exc:
-                self._stack_missing = f"vLLM is not importable here ({describe_exception(exc)})"
+                self._stack_missing = f"vLLM is not importable here ({describe(exc, located=True)})"
         return self._stack_missing
 
     # -- what the class declares ------------------------------------------------------------------

@@ -13,9 +13,11 @@ import time
 from typing import Any
 
 from ..keys import WILDCARD
-from ..methods import check_specifier, load_object, run_probe
+from ..methods import load_object, run_probe
+from ..problems import describe
 from ..registry import Registry
-from .context import Context, describe_exception, fail, skip
+from ..version_spec import check_specifier
+from .context import Context, fail, skip
 
 UNKNOWN_OPTION = "quantreg_conformance_unknown_option"
 _DEVICE_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -36,12 +38,12 @@ def subclass(ctx: Context) -> None:
         obj = load_object(m.target)
     except Exception as exc:
         if not ctx.availability.ok:
-            ctx.blocked = (f"cannot import {m.target} ({describe_exception(exc)}); "
+            ctx.blocked = (f"cannot import {m.target} ({describe(exc, located=True)}); "
                            f"'{m.name}' is not available on {ctx.device}: {ctx.availability.reason}")
             raise skip(ctx.blocked) from exc
         ctx.blocked = f"its target {m.target} does not import"
         raise fail(f"importing {m.target} failed although the method is available here: "
-                   f"{describe_exception(exc)}") from exc
+                   f"{describe(exc, located=True)}") from exc
     if not isinstance(obj, type):
         ctx.blocked = f"its target {m.target} is not a class"
         raise fail(f"{m.target} is a {type(obj).__name__}, not a class")
@@ -112,7 +114,7 @@ def probe(ctx: Context) -> None:
         raise fail(f"no answer within {ctx.probe_budget:g} s; quantreg calls the probe while vLLM builds "
                    "the model, so it must answer quickly (check for the device, do not initialise it)")
     if "error" in answer:
-        raise fail(f"raised {describe_exception(answer['error'])}; a probe must return (False, reason) "
+        raise fail(f"raised {describe(answer['error'], located=True)}; a probe must return (False, reason) "
                    "instead of raising")
     value = answer.get("value")
     if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bool)
@@ -150,7 +152,7 @@ def options(ctx: Context) -> None:
                 cls(config, **opts)
         except Exception as exc:
             raise fail(f"{cls.__name__}(moe_config, **{opts!r}) (options from {where}) raised "
-                       f"{describe_exception(exc)}; every option must have a default, and every option "
+                       f"{describe(exc, located=True)}; every option must have a default, and every option "
                        "a rule passes must build") from exc
         built.append(f"{where}: {opts}" if opts else where)
     ctx.passed(f"built with {'; '.join(built)}")
@@ -167,7 +169,7 @@ def unknown_options(ctx: Context) -> None:
     except Exception as exc:
         message = str(exc)
         if UNKNOWN_OPTION not in message:
-            raise fail(f"rejected {UNKNOWN_OPTION}=1 with {describe_exception(exc)}, which does not "
+            raise fail(f"rejected {UNKNOWN_OPTION}=1 with {describe(exc, located=True)}, which does not "
                        "name the option; say which option is unknown (and which are accepted)") from exc
         ctx.passed(f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}")
         return

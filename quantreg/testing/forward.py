@@ -13,7 +13,8 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .context import Context, Outcome, describe_exception, fail
+from ..problems import describe
+from .context import Context, Outcome, fail
 
 if TYPE_CHECKING:
     from ..models.gpt_oss_moe import GptOssMxfp4Experts
@@ -95,7 +96,7 @@ def _check_parameters(layer: MoeLayer, local: GptOssMxfp4Experts, label: str) ->
             layer.load_parameter(name, tensor)
         except Exception as exc:
             raise fail(f"{label}: vLLM's loader could not write '{name}' {list(want)} into {list(have)}: "
-                       f"{describe_exception(exc)}") from exc
+                       f"{describe(exc, located=True)}") from exc
         if tuple(params[name].shape) != have or layer.parameters()[name] is not param:
             raise fail(f"{label}: loading replaced or reshaped '{name}'")
     return notes
@@ -141,7 +142,7 @@ def numeric(ctx: Context, runs: Iterable[tuple[str, Run]], total_label: str) -> 
         except Outcome:
             raise
         except Exception as exc:
-            failures.append((label, math.inf, f"raised {describe_exception(exc)}"))
+            failures.append((label, math.inf, f"raised {describe(exc, located=True)}"))
             continue
         if problem is not None:
             failures.append((label, err, problem))
@@ -169,7 +170,7 @@ def layer_runs(ctx: Context, experts: GptOssMxfp4Experts, top_k: int, tokens: Se
     try:
         layer = ctx.harness.ready(ctx.factory(), experts, top_k=top_k, ep_size=ep_size, ep_rank=ep_rank)
     except Exception as exc:
-        problem = f"building/loading/process_weights_after_loading raised {describe_exception(exc)}"
+        problem = f"building/loading/process_weights_after_loading raised {describe(exc, located=True)}"
 
         def failed() -> tuple[float, str | None]:
             return math.inf, problem

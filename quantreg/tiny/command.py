@@ -51,8 +51,8 @@ def serve_hint(directory: Path, bf16: bool) -> str:
              "  curl -s http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' "
              f"-d {shlex.quote(chat)}"]
     if not bf16:
-        lines.insert(2, "  (on a CPU without AMX vLLM has no MXFP4 kernel: route the key to mxfp4_reference "
-                        "with QUANTREG_CONFIG, or write the --bf16 twin)")
+        lines.insert(2, "  (on a CPU without AMX vLLM has no MXFP4 kernel: route the key to a quantreg method "
+                        "with QUANTREG_CONFIG (quantreg list), or write the --bf16 twin)")
     return "\n".join(lines)
 
 

@@ -13,9 +13,7 @@ import sys
 from types import FrameType
 
 from .. import settings
-from ..mode import decide_mode
-from ..plugins import describe
-from ..problems import QuantregError, printable
+from ..problems import QuantregError, describe, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup, versions
 from .context import report_problems
@@ -68,19 +66,11 @@ def register() -> None:
     except QuantregError as exc:  # strict mode's own error: already one line
         startup.fail_strict(exc)
     except BaseException as exc:
-        strict = _strict_now(built)
+        strict = startup.mode_of(built[0] if built else None, None).strict
         message = f"quantreg: register() failed unexpectedly: {printable(describe(exc))}"
         if strict:
             startup.fail_strict(QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}"))
         logger.warning("%s; quantreg is inactive in this process and vLLM keeps its own MoE methods", message)
-
-
-def _strict_now(built: list[Registry]) -> bool:
-    """The mode for an unexpected fault: the registry's if one was built, else the environment's alone."""
-    try:
-        return built[0].mode().strict if built else decide_mode(os.environ, ()).strict
-    except Exception:  # deciding must not fail the boundary; an unreadable mode counts as the env's
-        return decide_mode(os.environ, ()).strict
 
 
 def _register(built: list[Registry], caller: FrameType | None) -> None:
@@ -96,7 +86,7 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
         registry = multinode.build(config=run.config)
         set_registry(registry)
         built[0] = registry
-    strict = registry.mode(run.strict if run else None).strict or multinode.published_strict()
+    strict = startup.mode_of(registry, run).strict
     report_problems(run, strict=strict)
     report_faults(registry, strict=strict)
     _seam.settings = run

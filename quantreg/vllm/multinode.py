@@ -26,7 +26,7 @@ The design, using only vLLM's own mechanisms:
    (``zb64:`` prefix). A worker that *cannot read* a listed path (:func:`adopt_shipped_tables`,
    :func:`build`) builds its registry from the shipped bytes instead, through the very same
    :meth:`Registry.build` (the bytes are written to a private temporary file), and then names
-   every rule by the driver's path. So rules, log lines (``-> mxfp4_reference [/etc/t.yaml:3]``)
+   every rule by the driver's path. So rules, log lines (``-> my_method [/etc/t.yaml:3]``)
    and the fingerprint are the driver's exactly. A worker that *can* read the path reads its own
    file, as before: if that file differs, the fingerprints differ and the existing check fires.
    Tables too large to ship (over :data:`MAX_SHIPPED` encoded bytes) travel as path + digest

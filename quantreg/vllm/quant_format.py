@@ -61,3 +61,48 @@ def vllm_quant_format(quant_cfg: dict[str, Any], hf_config: dict[str, Any]) -> t
     if name != method:
         how += f"; {cls.__name__}.get_name() is '{name}'"
     return name, how
+
+
+#: Used when vLLM is not importable: (checkpoint quant_method, model_type or "*") -> vLLM's name.
+#: Read from vLLM 0.32: GptOssMxfp4Config.override_quantization_method
+#: (model_executor/layers/quantization/mxfp4.py:129) and GptOssForCausalLMConfig
+#: (model_executor/models/config.py:447) claim mxfp4 for gpt_oss; AutoAWQConfig / AutoGPTQConfig
+#: report "auto_awq" / "auto_gptq" from get_name() (quantization/__init__.py:160, on CPU; CUDA
+#: overrides may pick the *_marlin kernels instead). Anything else keeps its checkpoint name.
+QUANT_FORMAT_MAP: dict[tuple[str, str], str] = {
+    ("mxfp4", "gpt_oss"): "gpt_oss_mxfp4",
+    ("gpt_oss_mxfp4", "*"): "gpt_oss_mxfp4",
+    ("awq", "*"): "auto_awq",
+    ("gptq", "*"): "auto_gptq",
+}
+
+
+def key_quant_format(quant_cfg: dict[str, Any], hf_config: dict[str, Any], use_vllm: bool | None = None
+                     ) -> tuple[str, str, str | None]:
+    """``(name, how, problem)``: vLLM's name for the checkpoint's quant method, asked of vLLM's classes
+    when vLLM is importable (``use_vllm`` ``None``) or wanted (``True``), else from :data:`QUANT_FORMAT_MAP`.
+
+    ``problem`` is set when vLLM itself does not know the method (it would refuse the model).
+    Never raises: a broken vLLM install must not break ``quantreg plan``.
+    """
+    import importlib.util
+
+    method = str(quant_cfg.get("quant_method", ""))
+    model_type = str(hf_config.get("model_type", ""))
+    want_vllm = importlib.util.find_spec("vllm") is not None if use_vllm is None else use_vllm
+    why_not = "vLLM is not importable here"
+    if want_vllm:
+        try:
+            name, how = vllm_quant_format(quant_cfg, hf_config)
+            return name, how, None
+        except ValueError as exc:
+            return method, f"checkpoint name kept: {exc}", str(exc)
+        except Exception as exc:  # a broken vLLM install must not break the plan
+            why_not = f"vLLM could not be asked ({type(exc).__name__}: {exc})"
+    elif use_vllm is False:
+        why_not = "vLLM not consulted on request"
+    for (quant, model), name in QUANT_FORMAT_MAP.items():
+        if quant == method and model in ("*", model_type):
+            return name, f"quantreg.vllm.quant_format.QUANT_FORMAT_MAP ({why_not}): '{method}' -> '{name}'", None
+    return method, (f"quantreg.vllm.quant_format.QUANT_FORMAT_MAP ({why_not}): '{method}' not mapped, "
+                    "assumed vLLM uses the checkpoint's name"), None

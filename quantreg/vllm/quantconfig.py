@@ -1,10 +1,11 @@
 """The table decides whether a checkpoint's quant config survives a third party's strip.
 
 vllm-gaudi's ``models/gptoss_mxfp4.py`` patches vLLM so that a GPT-OSS MXFP4 checkpoint loads
-as bf16 unless ``HPU_MXFP4_NATIVE=1``: its ``_normalize_quantization_config`` returns ``None``
+as bf16 unless its own switch is set (plugin #1's README names it): its
+``_normalize_quantization_config`` returns ``None``
 (vLLM then builds no quant config, the key becomes ``(unquantized, gpt_oss, hpu)``) *and* its
 ``GptOssModel.load_weights`` dequantises the packed experts while loading. Both read the same
-module global, ``HPU_MXFP4_NATIVE``, when they run. quantreg's rule for the MXFP4 key could
+module global, the switch, when they run. quantreg's rule for the MXFP4 key could
 never match while that switch is off, so the old switch would beat the table.
 
 The mechanism (hook ``register_quant_config_keepers``, types in :mod:`quantreg.keepers`):
@@ -31,7 +32,7 @@ testable on ``cpu``. Rejected: (a) wrapping ``_normalize_quantization_config`` a
 -- if vllm-gaudi loads after quantreg it saves our wrapper as its "original" and returns
 ``None`` without calling it; (b) re-patching it from the post-import hook of vllm-gaudi's module
 -- that fixes the order but leaves ``load_weights`` dequantising into uint8 parameters; (c)
-setting ``HPU_MXFP4_NATIVE=1`` in the environment -- read once at import, so too early or too
+setting the switch in the environment -- read once at import, so too early or too
 late depending on order, and it would decide before the device and the table are known;
 (d) overriding the config in ``get_quantization_config`` from vLLM's own normaliser -- same
 ``load_weights`` problem, and only in the driver process while the loader runs in the Worker.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -29,9 +28,9 @@ from ..decision import Decision
 from ..environment import ENVIRONMENT
 from ..keys import Key
 from ..methods import BuildContext
-from ..mode import Mode, decide_mode
-from ..plugins import PluginFailure, describe
-from ..problems import Problem, QuantregError, printable
+from ..mode import Mode
+from ..plugins import PluginFailure
+from ..problems import Problem, QuantregError, describe, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
 from .context import RunSettings, layer_key, report_problems, run_settings
@@ -123,7 +122,7 @@ class Seam:
                 set_registry(registry)
                 rebuilt = True
             self.settings = settings
-        mode = registry.mode(settings.strict)
+        mode = startup.mode_of(registry, settings)
         report_problems(settings, strict=mode.strict)
         if rebuilt or mode.strict:
             report_faults(registry, strict=mode.strict)
@@ -153,24 +152,17 @@ class Seam:
             if any(exc is e for e in from_vllm):
                 raise
             message = f"quantreg: routing {printable(str(prefix))} failed unexpectedly: {printable(describe(exc))}"
-            if self._strict_now():
+            if startup.strict_now():
                 raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from None
             logger.warning("%s; using vLLM's own method", message)
         return original(layer, prefix, quant_config, moe_config)
-
-    def _strict_now(self) -> bool:
-        """The mode for an unexpected fault: the run's if it can still be decided, else the environment's."""
-        try:
-            return get_registry().mode(run_settings().strict).strict
-        except Exception:
-            return decide_mode(os.environ, ()).strict
 
     def _route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
         registry, mode = self.registry_for_run()
         strict = mode.strict
         key = layer_key(quant_config)
         decision = registry.resolve(key)
-        self.log_once(decision)
+        self.log_once(decision, registry)
         if decision.fallback and strict:
             raise QuantregError(f"quantreg (strict): {decision.summary()}; " + chain_reasons(decision))
         if decision.keeps_vllm:
@@ -189,17 +181,26 @@ class Seam:
 
         return maybe_verify(method, decision, prefix, layer, moe_config, mode)
 
-    def log_once(self, decision: Decision) -> None:
+    def log_once(self, decision: Decision, registry: Registry | None = None) -> None:
+        """One line per key, the same :class:`~quantreg.answer.Answer` line ``explain`` and ``plan`` give.
+
+        WARNING when an operator should act (a fallback, vLLM's known limitation, a plugin's
+        warning), else INFO. Never raises: the line is a report, the decision is already made.
+        """
         if decision.key in self.logged:
             return
         self.logged.add(decision.key)
-        startup.record_decision(decision, get_registry(), self.settings)  # QUANTREG_DECISIONS, once per key
-        if decision.fallback:  # the table asked for something that cannot run here: an operator should see it
-            logger.warning("quantreg: %s; chain: %s", decision.summary(), chain_reasons(decision))
-            return
-        logger.info("quantreg: %s", decision.summary())
-        if any(not s.available for s in decision.chain):
-            logger.info("quantreg: %s chain: %s", decision.key, chain_reasons(decision))
+        registry = get_registry() if registry is None else registry
+        startup.record_decision(decision, registry, self.settings)  # QUANTREG_DECISIONS, once per key
+        try:
+            from ..answer import answer
+
+            said = answer(registry, decision.key)
+            line, warns = said.line(), said.warns
+        except Exception as exc:  # a report must not stop a layer that is already decided
+            line = f"{decision.summary()}; (notes unavailable: {type(exc).__name__}: {exc})"
+            warns = bool(decision.fallback)
+        (logger.warning if warns else logger.info)("quantreg: %s", line)
 
 
 def chain_reasons(decision: Decision) -> str:

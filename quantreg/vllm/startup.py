@@ -50,6 +50,7 @@ from typing import Any, NoReturn
 
 from .. import audit, settings
 from ..decision import Decision
+from ..mode import Mode, decide_mode
 from ..problems import QuantregError
 from ..registry import Registry
 from ..table.file import Layer
@@ -106,6 +107,37 @@ def startup_settings(frame: FrameType | None) -> RunSettings | None:
     return None if vllm_config is None else settings_of(vllm_config)
 
 
+def mode_of(registry: Registry | None, settings: RunSettings | None) -> Mode:
+    """The mode in force in this vLLM process: the registry's, the run's ``strict`` and what the
+    driver shipped (:func:`.multinode.published_strict`), all decided by :func:`quantreg.mode.decide_mode`.
+
+    ``registry`` ``None`` (none could be built) decides from the environment alone. Never raises:
+    an unreadable mode counts as the environment's (the boundary must not fail deciding it).
+    """
+    from . import multinode
+
+    run = settings.strict if settings is not None else None
+    try:
+        shipped = multinode.published_strict()
+        return registry.mode(run, shipped) if registry is not None else decide_mode(os.environ, (), run, shipped)
+    except Exception:
+        return decide_mode(os.environ, ())
+
+
+def strict_now() -> bool:
+    """The mode for an unexpected fault mid-run: the process registry's and the run's, when they can
+    still be had, else the environment's (:func:`mode_of`)."""
+    from ..registry import get_registry
+    from .context import run_settings
+
+    try:
+        registry: Registry | None = get_registry()
+        settings: RunSettings | None = run_settings()
+    except Exception:
+        registry, settings = None, None
+    return mode_of(registry, settings).strict
+
+
 def run_table_count(registry: Registry) -> int:
     """How many of the registry's tables came from the run (``additional_config`` / ``--config``)."""
     return sum(1 for t in registry.tables if t.layer == Layer.RUN)
@@ -123,11 +155,30 @@ def forget() -> None:
 
 # -- failing strict ------------------------------------------------------------------------------
 
+def process_role() -> str:
+    """The vLLM process role, as vLLM's own log prefix names it: ``EngineCore``, ``Worker_TP1``, ...
+
+    Cheap and import-free: vLLM 0.32 keeps the name it prints in each log line in
+    ``vllm.logger._vllm_process_info`` (set by ``decorate_logs`` in ``v1/engine/core.py``
+    ``run_engine_core`` as ``EngineCore`` / ``EngineCore_DP<n>`` and in
+    ``v1/executor/multiproc_executor.py`` ``setup_proc_title_and_log_prefix`` as
+    ``Worker[_DP<n>][_PP<n>][_TP<n>][_EP<n>]``), paired with the pid that set it so a forked child
+    does not inherit its parent's name. Only a module vLLM already imported is read; otherwise
+    the multiprocessing process name (``MainProcess`` in the driver) stands in.
+    """
+    vllm_logger = sys.modules.get("vllm.logger")
+    info = getattr(vllm_logger, "_vllm_process_info", None) if vllm_logger is not None else None
+    if isinstance(info, tuple) and len(info) == 2 and info[1] == os.getpid():
+        return str(info[0])
+    return multiprocessing.current_process().name
+
+
+
 def in_vllm_child() -> bool:
     """True in vLLM's EngineCore and Worker processes (not the driver, not an in-process engine)."""
     if multiprocessing.parent_process() is None:
         return False
-    names = (audit.process_role(), multiprocessing.current_process().name)
+    names = (process_role(), multiprocessing.current_process().name)
     return any(name.startswith(CHILD_PREFIXES) for name in names)
 
 
@@ -181,7 +232,7 @@ def moe_layer_count() -> int:
     """MoE layers the model config declares (the seam sees layers one at a time; vLLM has no
     "model built" callback), so a trail line says how many layers its decision covers; 1 outside
     a model config."""
-    from ..plan import moe_layer_indices
+    from ..models.moe_config import moe_layer_indices
 
     hf_config = getattr(getattr(_current_vllm_config(), "model_config", None), "hf_config", None)
     try:
@@ -196,7 +247,8 @@ def record_decision(decision: Decision, registry: Registry, settings: RunSetting
     if audit.decisions_path() is None:
         return
     try:
-        strict = registry.mode(settings.strict if settings else None).strict
-        audit.record(decision, layer_count=moe_layer_count(), strict=strict, fingerprint=registry.fingerprint())
+        strict = mode_of(registry, settings).strict
+        audit.record(decision, role=process_role(), layer_count=moe_layer_count(), strict=strict,
+                     fingerprint=registry.fingerprint())
     except Exception as exc:  # the trail is best effort by contract: never take a layer down
         logger.warning("quantreg: decisions trail not recorded: %s: %s", type(exc).__name__, exc)

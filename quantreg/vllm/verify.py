@@ -47,12 +47,13 @@ import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 
 from ..decision import Decision
+from ..error_measure import relative_error
 from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
 from ..problems import QuantregError, printable
 from ..registry import get_registry
-from ..table.verify import FLOAT64, VerifySpec, layer_index, relative_error
+from ..table.verify import FLOAT64, VerifySpec, layer_index
 
 logger = logging.getLogger("vllm.quantreg.verify")
 

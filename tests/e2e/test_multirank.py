@@ -3,7 +3,7 @@
 One user table (``QUANTREG_CONFIG``) routes the tiny GPT-OSS MXFP4 model to ``mxfp4_reference``.
 The same prompts run at TP=1 and at TP=2 with ``enable_expert_parallel=True`` (vLLM's
 multiprocessing executor: driver, EngineCore, ``Worker_TP0_EP0``, ``Worker_TP1_EP1``). Inside
-each worker :func:`quantreg.testing.multirank.expert_slices` asserts that the layer's kernel range
+each worker :func:`quantreg_hpu_mxfp4.multirank.expert_slices` asserts that the layer's kernel range
 ``experts_min..experts_max`` follows from that worker's real EP rank (vLLM's EP process group),
 that vLLM's ``expert_map`` agrees, and that the bound weights are that slice of the checkpoint.
 
@@ -40,7 +40,7 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 
 REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
 KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
-CHECK = "quantreg.testing.multirank:expert_slices"
+CHECK = "quantreg_hpu_mxfp4.multirank:expert_slices"  # plugin #1's own check of its private moe_op
 LOGPROB_TOL = 0.1
 MAX_TOKENS = 6
 TP2_EP: dict[str, Any] = {"tensor_parallel_size": 2, "enable_expert_parallel": True,

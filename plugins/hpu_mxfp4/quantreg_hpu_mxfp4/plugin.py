@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import quantreg
-from quantreg.keepers import QuantConfigKeeper
+from quantreg import QuantConfigKeeper
 
 PACKAGE = "quantreg_hpu_mxfp4"
 
@@ -47,6 +47,7 @@ def rules_path() -> Path:
 def register_methods(register: Callable[[quantreg.Method], None]) -> None:
     register(quantreg.Method(
         name="hpu_mxfp4",
+        expert_layout="packed",
         target=f"{PACKAGE}.method:HpuMxfp4MoEMethod",
         devices=("hpu",),
         requires=("habana_frameworks",),
@@ -56,6 +57,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
     ))
     register(quantreg.Method(
         name="hpu_mxfp4_dequant",
+        expert_layout="bf16",
         target=f"{PACKAGE}.method:HpuMxfp4DequantMoEMethod",
         devices=("hpu",),
         requires=("habana_frameworks",),
@@ -65,6 +67,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
     ))
     register(quantreg.Method(
         name="mxfp4_reference",
+        expert_layout="packed",
         target=f"{PACKAGE}.method:Mxfp4ReferenceMoEMethod",
         requires=("torch", "vllm"),
         options=OPTIONS,
@@ -84,11 +87,13 @@ def register_quant_config_keepers(register: Callable[[Any], None]) -> None:
 
 
 @quantreg.hookimpl
-def doctor_findings(register: Callable[[Any], None], registry: Any, device: str | None) -> None:
-    """What vllm-gaudi will do to each GPT-OSS key on this host."""
+def doctor_findings(register: Callable[[quantreg.Finding], None], resolve: Callable[[quantreg.Key], quantreg.Decision],
+                    device: str | None) -> None:
+    """What vllm-gaudi will do to each GPT-OSS key on this host (``plan``, ``explain``, ``doctor`` and the
+    start-up line all print it: quantreg asks this hook, it never re-derives it)."""
     from quantreg.environment import guess_device
 
     from .vllm_gaudi import findings
 
-    for finding in findings(registry, device or guess_device()):
+    for finding in findings(resolve, device or guess_device()):
         register(finding)

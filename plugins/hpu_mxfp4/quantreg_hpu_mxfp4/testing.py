@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from quantreg.error_measure import relative_error
 from quantreg.formats.mxfp4 import dequantize_mxfp4_f64, random_mxfp4
 from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 from quantreg.models.gpt_oss_moe import moe_f64
@@ -266,10 +267,8 @@ def oracle(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, experts: E
     return out
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| / max |ref|: the tolerance measure used throughout."""
-    scale = ref.abs().max().item()
-    return (out.double() - ref).abs().max().item() / (scale if scale > 0 else 1.0)
+rel_error = relative_error
+"""max |out - ref| / max |ref|: quantreg's one measure (:func:`quantreg.error_measure.relative_error`)."""
 
 
 def moe_config(*, num_global: int, num_local: int, top_k: int, hidden: int, intermediate: int, bias: bool,

@@ -20,15 +20,13 @@ key on this host. Nothing here imports torch, vLLM or vllm-gaudi at module level
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from quantreg.findings import Finding
-from quantreg.keepers import keeps_quant_config
-from quantreg.keys import Key
-from quantreg.methods import module_available
+from quantreg import Decision, Finding, Key, keeps_quant_config
 
 from . import plugin
 
@@ -94,15 +92,23 @@ def operator_native(env: dict[str, str] | None = None) -> bool:
     return value == "1"
 
 
-def findings(registry: Any, device: str, env: dict[str, str] | None = None,
+def installed() -> bool:
+    """vllm-gaudi is importable here (looked up, not imported: its import loads vLLM)."""
+    try:
+        return importlib.util.find_spec(VLLM_GAUDI) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def findings(resolve: Callable[[Key], Decision], device: str, env: dict[str, str] | None = None,
              vllm_gaudi_installed: bool | None = None) -> list[Finding]:
-    """What vllm-gaudi will do to the GPT-OSS keys on ``device`` with this table and flag."""
-    installed = module_available(VLLM_GAUDI) if vllm_gaudi_installed is None else vllm_gaudi_installed
-    if not installed:
+    """What vllm-gaudi will do to the GPT-OSS keys on ``device`` with this table (``resolve``) and flag."""
+    installed_here = installed() if vllm_gaudi_installed is None else vllm_gaudi_installed
+    if not installed_here:
         return []
     key = Key(QUANT_FORMAT, MODEL_TYPE, device)
     bf16 = Key("unquantized", MODEL_TYPE, device)
-    decision = registry.resolve(key)
+    decision = resolve(key)
     flag = (os.environ if env is None else env).get(SWITCH)
     if operator_native(env):
         return [Finding("info", f"vllm-gaudi keeps GPT-OSS MXFP4 quant configs ({SWITCH}=1) and loads packed "
@@ -111,7 +117,7 @@ def findings(registry: Any, device: str, env: dict[str, str] | None = None,
         return [Finding("info", f"{SWITCH} is {flag or 'unset'} but the table chose '{decision.method}' "
                         f"[{decision.source}]: quantreg keeps the MXFP4 quant config and vllm-gaudi loads the "
                         "packed weights (its native loader)", key)]
-    after = registry.resolve(bf16)
+    after = resolve(bf16)
     reason = f"; {decision.fallback}" if decision.fallback else ""
     return [Finding("warning", f"vllm-gaudi strips the MXFP4 quant config ({SWITCH} is {flag or 'unset'} and the "
                     f"table says vllm [{decision.source}]{reason}) and dequantises the experts to bf16 in "

@@ -17,7 +17,6 @@ from quantreg_hpu_mxfp4 import vllm_gaudi
 from quantreg_hpu_mxfp4.vllm_gaudi import TableSwitch, findings, keep_native
 
 import quantreg
-from quantreg.findings import collect_findings
 from quantreg.vllm.quantconfig import collect_keepers
 
 
@@ -83,7 +82,7 @@ def _registry(tmp_path: Path, method: str | None) -> quantreg.Registry:
 
 
 def test_findings_when_the_table_keeps_the_config(tmp_path: Path) -> None:
-    (finding,) = findings(_registry(tmp_path, "mxfp4_reference"), "cpu", env={}, vllm_gaudi_installed=True)
+    (finding,) = findings(_registry(tmp_path, "mxfp4_reference").resolve, "cpu", env={}, vllm_gaudi_installed=True)
     assert finding.level == "info" and finding.key == ("gpt_oss_mxfp4", "gpt_oss", "cpu")
     assert finding.message == ("HPU_MXFP4_NATIVE is unset but the table chose 'mxfp4_reference' "
                                f"[{tmp_path}/t.yaml:3]: quantreg keeps the MXFP4 quant config and vllm-gaudi "
@@ -91,7 +90,8 @@ def test_findings_when_the_table_keeps_the_config(tmp_path: Path) -> None:
 
 
 def test_findings_when_vllm_gaudi_strips(tmp_path: Path) -> None:
-    (finding,) = findings(_registry(tmp_path, None), "hpu", env={"HPU_MXFP4_NATIVE": "0"}, vllm_gaudi_installed=True)
+    (finding,) = findings(_registry(tmp_path, None).resolve, "hpu",
+                          env={"HPU_MXFP4_NATIVE": "0"}, vllm_gaudi_installed=True)
     assert finding.level == "warning" and finding.key == ("gpt_oss_mxfp4", "gpt_oss", "hpu")
     rules = Path(vllm_gaudi.__file__).with_name("rules.yaml")
     assert finding.message.startswith(  # the plugin's rule fell back to vllm: no Gaudi stack here
@@ -102,9 +102,10 @@ def test_findings_when_vllm_gaudi_strips(tmp_path: Path) -> None:
 
 
 def test_findings_when_the_operator_set_the_flag(tmp_path: Path) -> None:
-    (finding,) = findings(_registry(tmp_path, None), "cpu", env={"HPU_MXFP4_NATIVE": "1"}, vllm_gaudi_installed=True)
+    (finding,) = findings(_registry(tmp_path, None).resolve, "cpu",
+                          env={"HPU_MXFP4_NATIVE": "1"}, vllm_gaudi_installed=True)
     assert finding.level == "info" and "(HPU_MXFP4_NATIVE=1)" in finding.message
-    assert findings(_registry(tmp_path, None), "cpu", env={}, vllm_gaudi_installed=False) == []
+    assert findings(_registry(tmp_path, None).resolve, "cpu", env={}, vllm_gaudi_installed=False) == []
 
 
 @pytest.fixture
@@ -120,8 +121,8 @@ def fake_vllm_gaudi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
 
 def test_doctor_hook_speaks_only_where_vllm_gaudi_is(fake_vllm_gaudi: None, tmp_path: Path) -> None:
     registry = _registry(tmp_path, "mxfp4_reference")
-    mine = [f for f in collect_findings(registry, "cpu") if f.plugin == "hpu_mxfp4"]
+    mine = [f for f in registry.findings("cpu") if f.plugin == "hpu_mxfp4"]
     assert [(f.level, f.key) for f in mine] == [("info", ("gpt_oss_mxfp4", "gpt_oss", "cpu"))]
     assert "quantreg keeps the MXFP4 quant config" in mine[0].message
-    hpu = [f for f in collect_findings(registry, "hpu") if f.plugin == "hpu_mxfp4"]
+    hpu = [f for f in registry.findings("hpu") if f.plugin == "hpu_mxfp4"]
     assert [f.level for f in hpu] == ["warning"]  # the user rule names cpu; on hpu the plugin rule falls back here

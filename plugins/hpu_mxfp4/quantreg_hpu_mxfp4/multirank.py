@@ -1,7 +1,7 @@
 """In-worker checks for multi-rank vLLM runs (tensor + expert parallel).
 
 :func:`expert_slices` is meant for :func:`quantreg.testing.vllm_run.run_vllm`'s
-``worker_checks`` (``"quantreg.testing.multirank:expert_slices"``): vLLM runs it inside *every*
+``worker_checks`` (``"quantreg_hpu_mxfp4.multirank:expert_slices"``): vLLM runs it inside *every*
 worker process, where the MoE layers were built and loaded. It asserts there, against the
 worker's real process groups, that each expert-parallel rank holds its own slice of experts:
 
@@ -13,6 +13,9 @@ worker's real process groups, that each expert-parallel rank holds its own slice
 
 It returns what it saw (JSON) so the test can also compare the ranks with each other. The
 module imports torch and vLLM only inside the function: it is harness code that runs in vLLM.
+
+Why in this plugin, not in quantreg's kit: ``moe_op`` and its bound ``w13``/``w2`` tensors are
+this plugin's private attributes (issue 24.1: plugin-specific checks live in the plugin).
 """
 
 from __future__ import annotations
@@ -50,9 +53,8 @@ def expert_slices(model: torch.nn.Module) -> dict[str, Any]:
         get_tensor_model_parallel_rank,
     )
 
+    from quantreg.testing.vllm_run import _moe_layers, _qualname
     from quantreg.tiny.checkpoint import load_tensors
-
-    from .vllm_run import _moe_layers, _qualname
 
     ep = get_ep_group()
     ep_rank, ep_size = int(ep.rank_in_group), int(ep.world_size)

@@ -1,0 +1,99 @@
+"""The one answer about a key: the decision, the notes that explain it, and what plugins say.
+
+Why one module: ``explain``, ``plan``, ``doctor`` and the start-up decision line used to build
+their own answers, and they disagreed (``plan`` re-derived what vllm-gaudi does while plugin
+#1's keeper and ``doctor`` finding said the opposite). Every tool now calls :func:`answer`
+(host facts are read by the checks it runs, through :func:`quantreg.host.host_facts`), so on
+the same host, tables and key they print the same decision, the same notes and the same
+findings; ``tests/test_answer.py`` holds them equal.
+
+``notes`` is the one list of reasons per decision, in order: why methods of the chain were
+passed over, the fallback, and vLLM's own limitation for a ``vllm`` decision. A new kind of
+reason ("passed over because ...") is added here, and every tool shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .keys import Key
+
+if TYPE_CHECKING:
+    from .decision import Decision
+    from .findings import Finding
+    from .registry import Registry
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What every tool says about one key on this host."""
+
+    decision: Decision
+    notes: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    vllm_limitation: str | None = None
+    problems: tuple[str, ...] = ()  # faults met while answering (a plugin's bad limitation)
+
+    @property
+    def warns(self) -> bool:
+        """Whether an operator should read this at WARNING: a fallback, a limitation, a plugin's warning."""
+        return bool(self.decision.fallback or self.vllm_limitation
+                    or any(f.level != "info" for f in self.findings))
+
+    @property
+    def warnings(self) -> list[str]:
+        """The notes and the plugins' non-info findings, as ``plan`` lists them per device."""
+        return [*self.notes, *(str(f) for f in self.findings if f.level != "info")]
+
+    def line(self) -> str:
+        """The one line per key: what the start-up logs and the tools print as ``line``.
+
+        The head of :meth:`Decision.summary`, then the notes, then the plugins' warnings and errors
+        (their ``info`` findings stay in ``findings``: a line an operator scans should end on the
+        decision when nothing needs doing)."""
+        d = self.decision  # the fallback is among the notes
+        parts = [f"{d.key} -> {d.method} [{d.source}]", *self.notes,
+                 *(str(f) for f in self.findings if f.level != "info")]
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"line": self.line(), "notes": list(self.notes), "findings": [f.as_json() for f in self.findings],
+                "vllm_limitation": self.vllm_limitation}
+
+
+def chain_notes(decision: Decision) -> list[str]:
+    """Why the chain went as it did: each method passed over, and the fallback."""
+    passed = [f"{s.method}: {s.reason}" for s in decision.chain
+              if not s.available and not s.reason.startswith("not tried")]
+    if decision.fallback:
+        return [f"fallback: {decision.fallback} (" + "; ".join(passed) + ")"] if passed else \
+            [f"fallback: {decision.fallback}"]
+    return ["passed over: " + "; ".join(passed)] if passed else []
+
+
+def answer(registry: Registry, key: Key | tuple[str, str, str], findings: Sequence[Finding] | None = None
+           ) -> Answer:
+    """Decide ``key`` with ``registry`` and gather everything said about it on this host.
+
+    ``findings`` are the plugins' ``doctor_findings`` for the key's device when a caller already
+    asked them (doctor, plan over devices); by default they are asked here, once per device and
+    registry (:meth:`Registry.findings`).
+    """
+    key = Key(*key)
+    decision = registry.resolve(key)
+    notes = chain_notes(decision)
+    limitation: str | None = None
+    problems: tuple[str, ...] = ()
+    if decision.keeps_vllm:
+        limits, faults = registry.limitations()
+        from .vllm_limits import vllm_backend_note
+
+        limitation = vllm_backend_note(key, limits)
+        problems = tuple(faults)
+        if limitation:
+            notes.append(limitation)
+    said = registry.findings(key.device) if findings is None else findings
+    about = tuple(f for f in said if f.key == key)  # findings about no key are doctor's alone
+    return Answer(decision, tuple(notes), about, limitation, problems)
