@@ -34,6 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .host import host_facts
+
 if TYPE_CHECKING:
     from .decision import Decision
 
@@ -41,7 +43,7 @@ logger = logging.getLogger("vllm.quantreg.audit")
 
 DECISIONS_ENV = "QUANTREG_DECISIONS"
 #: Fields every line carries, in this order (scripts may rely on them).
-FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback")
+FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback", "host")
 
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -88,6 +90,8 @@ def line_for(
         "strict": bool(strict),
         "fingerprint": fingerprint,
         "fallback": decision.fallback,
+        # chains are host-aware: the facts that decided (another host may decide otherwise)
+        "host": dict(decision.host) if decision.host is not None else host_facts().as_json(),
     }
     # ensure_ascii: one byte per character outside strings' escapes, so no multi-byte surprises.
     return (json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii")

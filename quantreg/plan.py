@@ -324,10 +324,9 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key, limitations: Seque
     warnings: list[str] = []
     if decision.fallback:
         warnings.append(f"{decision.fallback} (" + "; ".join(
-            f"{s.method}: {s.reason}" for s in decision.chain if not s.available) + ")")
-    elif any(not s.available for s in decision.chain):
-        warnings.append("chain: " + "; ".join(f"{s.method}: {s.reason}" for s in decision.chain
-                                              if not s.available and not s.reason.startswith("not tried")))
+            f"{s.method}: passed over: {s.reason}" for s in decision.passed_over) + ")")
+    elif decision.passed_over:
+        warnings.append("chain: " + "; ".join(f"{s.method}: passed over: {s.reason}" for s in decision.passed_over))
     if decision.keeps_vllm:
         note = vllm_backend_note(key, limitations)
         if note:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ..decision import Decision
+from ..decision import NOT_TRIED, Decision
 from ..environment import ENVIRONMENT
 from ..keys import Key
 from ..methods import BuildContext
@@ -196,13 +196,18 @@ class Seam:
         if decision.fallback:  # the table asked for something that cannot run here: an operator should see it
             logger.warning("quantreg: %s; chain: %s", decision.summary(), chain_reasons(decision))
             return
+        if decision.passed_over:  # one line: what was chosen and why each earlier entry could not run here
+            logger.info("quantreg: %s; chain: %s", decision.summary(), chain_reasons(decision))
+            return
         logger.info("quantreg: %s", decision.summary())
-        if any(not s.available for s in decision.chain):
-            logger.info("quantreg: %s chain: %s", decision.key, chain_reasons(decision))
 
 
 def chain_reasons(decision: Decision) -> str:
-    return "; ".join(f"{s.method}: {'available' if s.available else s.reason}" for s in decision.chain)
+    return "; ".join(f"{s.method}: {'available' if s.available else _passed_over(s.reason)}" for s in decision.chain)
+
+
+def _passed_over(reason: str) -> str:
+    return reason if reason.startswith(NOT_TRIED) else f"passed over: {reason}"
 
 
 def report_faults(registry: Registry, strict: bool) -> None:
