@@ -27,6 +27,7 @@ from typing import Any
 from . import environment
 from .builtin import default_table_path
 from .decision import Decision, rule_json
+from .host import FLAGS_ENV, host_facts
 from .keys import Key
 from .loading import config_paths, load_tables
 from .problems import printable
@@ -242,7 +243,11 @@ def _doctor(args: argparse.Namespace) -> int:
                               "inside": None if not vllm else untested is None},
         "findings": [f.as_json() for f in findings],
         "warnings": warnings,
+        "host": host_facts().as_json(),
     }
+    with _plugin_output_to_stderr():  # resolving runs probes
+        passed = _passed_over(registry)
+    data["passed_over"] = passed
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
     lines += [f"device:    {device or 'unknown'} ({how})", f"vLLM hook: {'ok' if hook_ok else 'NO'} ({hook_reason})",
               "plugins:"]
@@ -254,10 +259,36 @@ def _doctor(args: argparse.Namespace) -> int:
     if vllm and not untested:
         lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
                      f"(tested: {', '.join(versions.TESTED_RELEASES)})")
+    facts = data["host"]
+    flags = ", ".join(facts["flags"]) or "none of note"
+    lines.append(f"host:      {facts['kind']} CPU, {facts['cores']} cores, flags {flags}"
+                 + (f" (simulated by {FLAGS_ENV})" if facts["simulated"] else ""))
+    for entry in passed:
+        lines.append(f"chain:     {entry['key']} -> {entry['method']} [{entry['rule']}]")
+        lines += [f"  {step['method']}: passed over: {step['reason']}" for step in entry["passed_over"]]
     lines += [f"info: {f}" for f in findings if f.level == "info"]
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
     return max(status, _answer(args, registry, data, lines, left_out_shown=True))
+
+
+def _passed_over(registry: Registry) -> list[dict[str, Any]]:
+    """Rules naming one concrete key whose chain passes over an entry on this host, and why.
+
+    Why in ``doctor``: chains are host-aware, so the same table picks differently on an AMX host
+    and on an AVX2 one; an operator checking a host should see which entries this host skips.
+    """
+    out: list[dict[str, Any]] = []
+    for rule in registry.index.rules:
+        fields = (rule.match.quant_format, rule.match.model_type, rule.match.device)
+        named = [f[0] for f in fields if f and len(f) == 1]
+        if len(named) != 3:
+            continue
+        decision = registry.resolve(Key(*named))
+        if decision.rule is rule and decision.passed_over:
+            out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source,
+                        "passed_over": [{"method": s.method, "reason": s.reason} for s in decision.passed_over]})
+    return out
 
 
 def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> int:

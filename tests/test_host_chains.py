@@ -175,3 +175,17 @@ def test_explain_in_a_child_on_both_host_kinds(kind: str, tmp_path: Path) -> Non
         assert data["method"] == "vllm" and data["vllm_limitation"] is None
     text = child("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--config", str(table), kind=kind).stdout
     assert ("vllm: passed over: vLLM's own method cannot run here" in text) == (kind == "avx2")
+
+
+def test_doctor_shows_the_host_and_what_its_chains_pass_over(tmp_path: Path) -> None:
+    table = write(tmp_path / "user.yaml", CHAIN_TABLE)
+    out = child("doctor", "--config", str(table), "--json", kind="avx2")
+    data = json.loads(out.stdout)
+    assert data["host"]["kind"] == "avx2" and data["host"]["simulated"] is True
+    [entry] = [e for e in data["passed_over"] if e["key"] == str(GPT_OSS_CPU)]
+    assert entry["method"] == "mxfp4_reference" and entry["rule"] == f"{table}:9"
+    assert [s["method"] for s in entry["passed_over"]] == ["vllm", "needs_qrt_flag"]
+    text = child("doctor", "--config", str(table), kind="avx2").stdout
+    assert f"host:      avx2 CPU, {os.cpu_count()} cores, flags avx2, fma (simulated by {FLAGS_ENV})" in text
+    assert f"chain:     {GPT_OSS_CPU} -> mxfp4_reference [{table}:9]" in text
+    assert "  needs_qrt_flag: passed over: needs cpu flag qrt_flag" in text
