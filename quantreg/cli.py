@@ -1,5 +1,5 @@
 """The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, plan, tiny-model, schema,
-check-method, demo.
+check-method, demo, tune.
 
 Every command takes ``--json`` and ``--config FILE`` (repeatable, the ``run`` layer). Faults
 are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a traceback
@@ -321,6 +321,13 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json)
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .tune.command import tune_command  # measure.py imports torch and vLLM only once measuring starts
+
+    return tune_command(args.model_dir, device=args.device, out=args.out, as_json=args.json, budget=args.budget,
+                        synthetic=args.synthetic, config=args.config)
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     print(json.dumps(table_schema(), indent=2))
     return 0
@@ -372,6 +379,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("tiny-model", cmd_tiny_model, "write a tiny GPT-OSS checkpoint with a tokenizer, ready to serve")
     p.add_argument("directory", metavar="DIR")
     p.add_argument("--bf16", action="store_true", help="the bf16 twin (no MXFP4; vLLM-CPU runs it without AMX)")
+    p = add("tune", cmd_tune, "measure every method that can run here on a checkpoint's MoE layer shapes and "
+            "write a user table ordering the correct ones by speed (never starts a server)")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--device", default="cpu", help="device to measure on (only cpu)")
+    p.add_argument("--out", metavar="TABLE", help="where to write the table (default tuned.yaml; '-': stdout)")
+    p.add_argument("--budget", type=float, default=120.0, metavar="SECONDS",
+                   help="wall-clock seconds for the whole run; bounds the timing rounds (default 120)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="random valid weights of the checkpoint's shapes instead of its first MoE layer's")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
     p = add("check-method", cmd_check_method,
             "run the plugin conformance suite on a registered method; exit 1 if a check fails")

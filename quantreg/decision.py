@@ -111,6 +111,8 @@ class Decision:
             lines.append(f"options  {dict(self.options)}")
         if self.verify is not None:
             lines.append(f"verify   {self.method} {self.verify.plan()}")
+        if self.rule is not None and self.rule.tuned is not None:
+            lines.append(f"tuned    {self.rule.tuned.summary(self.method)}")
         if self.fallback:
             lines.append(f"fallback {self.fallback}")
         if self.chain:
@@ -172,4 +174,6 @@ def rule_json(rule: Rule) -> dict[str, Any]:
     }
     if rule.verify is not None:
         data["verify"] = rule.verify.to_json()
+    if rule.tuned is not None:
+        data["tuned"] = dict(rule.tuned.raw)
     return data

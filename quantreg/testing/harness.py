@@ -13,7 +13,7 @@ with the quantization config vLLM uses for GPT-OSS MXFP4 (``GptOssMxfp4Config``)
 3. **load** hands each parameter's ``weight_loader`` the tensors vLLM's GPT-OSS MXFP4 loader hands
    it (``gpt_oss.py: _load_weights_mxfp4``), narrowed to the rank's experts under EP;
 4. ``process_weights_after_loading`` is called as vLLM's model loader calls it;
-5. the forward goes through ``MoERunner.forward`` in a forward context, under ``inference_mode``.
+5. the forward goes through ``MoERunner.forward`` in a forward context, under ``no_grad``.
 
 Expert parallelism without a process group: vLLM derives a layer's ``FusedMoEParallelConfig``
 from the distributed state; the harness substitutes an explicit one (``ep_size``, ``ep_rank``,
@@ -176,7 +176,9 @@ class MoeLayer:
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """``MoERunner.forward`` in a forward context; the output comes back on the CPU."""
         device = self.harness.device
-        with self.harness.context(), set_forward_context(None, self.harness.config), torch.inference_mode():
+        # no_grad, not inference_mode: dequantize_mxfp4's threaded path for big (real-size) tensors
+        # writes into tensors made outside the block, which inference_mode refuses.
+        with self.harness.context(), set_forward_context(None, self.harness.config), torch.no_grad():
             out: torch.Tensor = self.runner.forward(hidden_states.to(device), router_logits.to(device))
         return out.cpu()
 
