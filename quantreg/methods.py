@@ -202,13 +202,17 @@ def host_shortfall(requirements: tuple[str, ...], facts: HostFacts) -> str | Non
     if not missing:
         return None
     if not facts.is_x86 and any(f.startswith(("avx", "amx", "fma")) for f in missing):
-        have = f"a {facts.machine} CPU"
+        have = f"{_article(facts.machine)} {facts.machine} CPU"
     else:
         shown = facts.notable_flags
-        have = f"a {facts.kind} CPU (flags: {', '.join(shown) if shown else 'none of note'})"
+        have = f"{_article(facts.kind)} {facts.kind} CPU (flags: {', '.join(shown) if shown else 'none of note'})"
     simulated = f"; flags simulated by {HOST_FLAGS_ENV}" if facts.simulated else ""
     plural = "s" if len(missing) > 1 else ""
     return f"needs cpu flag{plural} {', '.join(missing)}, this host has {have}{simulated}"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeio" else "a"
 
 
 _MODULE_MATCH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*").fullmatch

@@ -58,7 +58,7 @@ def test_without_amx_vllm_and_a_method_missing_a_flag_are_passed_over(tmp_path: 
     assert not vllm.available and vllm.reason.startswith("vLLM's own method cannot run here: ")
     assert "needs an x86 CPU with AMX" in vllm.reason
     assert not needs.available
-    assert needs.reason.startswith("needs cpu flag qrt_flag, this host has a avx2 CPU (flags: avx2, fma)")
+    assert needs.reason.startswith("needs cpu flag qrt_flag, this host has an avx2 CPU (flags: avx2, fma)")
     assert needs.reason.endswith(f"flags simulated by {FLAGS_ENV}")
     assert ref.available
     assert [s.method for s in decision.passed_over] == ["vllm", "needs_qrt_flag"]
@@ -122,9 +122,9 @@ def test_host_shortfall_messages() -> None:
     facts = HostFacts(machine="x86_64", cpu_flags=frozenset({"avx2", "fma"}))
     assert host_shortfall(("cpu:avx2", "cpu:fma"), facts) is None
     assert host_shortfall(("cpu:avx512f", "cpu:avx512bw"), facts) == \
-        "needs cpu flags avx512f, avx512bw, this host has a avx2 CPU (flags: avx2, fma)"
+        "needs cpu flags avx512f, avx512bw, this host has an avx2 CPU (flags: avx2, fma)"
     arm = HostFacts(machine="aarch64", cpu_flags=frozenset({"asimd"}))
-    assert host_shortfall(("cpu:avx2",), arm) == "needs cpu flag avx2, this host has a aarch64 CPU"
+    assert host_shortfall(("cpu:avx2",), arm) == "needs cpu flag avx2, this host has an aarch64 CPU"
 
 
 @pytest.mark.parametrize(("host", "expected"), [
