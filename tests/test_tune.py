@@ -162,3 +162,12 @@ def test_tune_refuses_what_it_cannot_measure_without_a_traceback(tmp_path: Path)
     assert json.loads(out.stdout)["ok"] is False and "no MoE layers" in out.stderr
     assert cli("tune", str(tmp_path), "--device", "hpu").returncode == 2
     assert not (tmp_path / "tuned.yaml").exists()
+
+
+def test_the_json_schema_accepts_the_written_table(tmp_path: Path) -> None:
+    import jsonschema
+    import yaml
+
+    from quantreg.table.schema import table_schema
+
+    jsonschema.validate(yaml.safe_load(written(tmp_path).read_text()), table_schema())
