@@ -189,3 +189,18 @@ def test_doctor_shows_the_host_and_what_its_chains_pass_over(tmp_path: Path) -> 
     assert f"host:      avx2 CPU, {os.cpu_count()} cores, flags avx2, fma (simulated by {FLAGS_ENV})" in text
     assert f"chain:     {GPT_OSS_CPU} -> mxfp4_reference [{table}:9]" in text
     assert "  needs_qrt_flag: passed over: needs cpu flag qrt_flag" in text
+
+
+def test_plan_warns_which_chain_entries_this_host_passes_over(tmp_path: Path) -> None:
+    from quantreg.models.gpt_oss import tiny_gpt_oss_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_gpt_oss_config()))
+    table = write(tmp_path / "user.yaml", CHAIN_TABLE)
+    out = child("plan", str(model), "--device", "cpu", "--no-vllm", "--json", "--config", str(table), kind="avx2")
+    cpu = json.loads(out.stdout)["devices"]["cpu"]
+    assert cpu["method"] == "mxfp4_reference"
+    [warning] = [w for w in cpu["warnings"] if w.startswith("chain: ")]
+    assert warning.startswith("chain: vllm: passed over: vLLM's own method cannot run here: ")
+    assert "; needs_qrt_flag: passed over: needs cpu flag qrt_flag" in warning
