@@ -162,3 +162,41 @@ def test_with_amx_vllm_stays_chosen_in_real_vllm(chain_table: Path, tiny_model: 
     result: RunResult = vllm_run(tiny_model, env={"QUANTREG_CONFIG": str(chain_table)}, multiprocessing=False)
     assert result.ok, result.log[-4000:]
     assert set(result.moe_quant_methods.values()) == {VLLM_MXFP4_METHOD}
+
+
+def test_ctrl_c_leaves_the_old_table_and_the_bar_draws_on_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
+    """Real SIGINT while tune measures, stderr on a pseudo-terminal: a bar (``\\r``), exit 130,
+    the previous table untouched, no temporary file left beside it."""
+    import pty
+    import select
+    import signal
+
+    out = tmp_path / "tuned.yaml"
+    out.write_text("version: 1\nrules: []\n")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(QUANTREG), "tune", str(tiny_model), "--synthetic", "--out", str(out)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")},
+                            start_new_session=True)
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 300
+        while b"build " not in seen and time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:
+                    break
+        assert b"build " in seen, seen[-2000:]
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    assert b"\r\x1b[2K[" in seen  # the bar, redrawn in place
+    assert out.read_text() == "version: 1\nrules: []\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned.yaml"]
