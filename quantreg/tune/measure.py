@@ -96,6 +96,8 @@ def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
         if name not in weight_map:
             raise LookupError(f"{root}: no tensor {name} in the checkpoint (is it GPT-OSS MXFP4?)")
         with safe_open(str(root / weight_map[name]), framework="pt") as handle:
+            if name not in handle.keys():
+                raise LookupError(f"{root / weight_map[name]}: no tensor {name} (is it GPT-OSS MXFP4?)")
             tensor = handle.get_tensor(name)
         if theirs.endswith("_blocks"):
             tensor = tensor.reshape(tensor.shape[0], tensor.shape[1], -1)

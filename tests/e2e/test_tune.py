@@ -200,3 +200,18 @@ def test_ctrl_c_leaves_the_old_table_and_the_bar_draws_on_a_terminal(tiny_model:
     assert b"\r\x1b[2K[" in seen  # the bar, redrawn in place
     assert out.read_text() == "version: 1\nrules: []\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned.yaml"]
+
+
+def test_without_synthetic_tune_reads_the_checkpoints_own_first_moe_layer(tiny_model: Path) -> None:
+    """The experts tune measures are exactly layer 0's checkpoint tensors, as vLLM's loader hands them."""
+    from quantreg.tiny.checkpoint import load_tensors
+    from quantreg.tune.measure import checkpoint_experts
+
+    experts = checkpoint_experts(tiny_model, 0)
+    tensors = load_tensors(tiny_model)
+    blocks = tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    assert experts.w13_weight.shape == (blocks.shape[0], blocks.shape[1], blocks.shape[2] * blocks.shape[3])
+    assert bool((experts.w13_weight.flatten() == blocks.flatten()).all())
+    assert bool((experts.w2_bias == tensors["model.layers.0.mlp.experts.down_proj_bias"]).all())
+    with pytest.raises(LookupError, match=r"no tensor model\.layers\.9\.mlp\.experts\.gate_up_proj_blocks"):
+        checkpoint_experts(tiny_model, 9)
