@@ -204,3 +204,16 @@ def test_plan_warns_which_chain_entries_this_host_passes_over(tmp_path: Path) ->
     [warning] = [w for w in cpu["warnings"] if w.startswith("chain: ")]
     assert warning.startswith("chain: vllm: passed over: vLLM's own method cannot run here: ")
     assert "; needs_qrt_flag: passed over: needs cpu flag qrt_flag" in warning
+
+
+def test_the_json_schema_accepts_a_table_method_with_host_requirements(tmp_path: Path) -> None:
+    import jsonschema
+    import yaml
+
+    from quantreg.table.schema import table_schema
+
+    doc = yaml.safe_load(CHAIN_TABLE.replace("\n    ", "\n"))
+    jsonschema.validate(doc, table_schema())
+    doc["methods"]["needs_qrt_flag"]["host"] = ["avx2"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, table_schema())
