@@ -244,8 +244,9 @@ class Measurement:
             rounds = round_no
             if round_no:
                 self.progress(f"{self.key}: timing round {round_no}", min(1.0, round_no / MAX_ROUNDS))
-            # stop when another round like this one would end past the deadline (one round at least)
-            if round_no >= 1 and time.monotonic() + (time.monotonic() - began) > deadline:
+            # stop when another round like this one (plus half of one for tearing the layers down)
+            # would end past the deadline; one measured round at least
+            if round_no >= 1 and time.monotonic() + 1.5 * (time.monotonic() - began) > deadline:
                 break
         for name in names:
             result = self.results[name]
