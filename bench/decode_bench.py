@@ -50,7 +50,8 @@ def vllm_mxfp4_layer(w13: torch.Tensor, s13: torch.Tensor, b13: torch.Tensor, w2
         return None, (f"not measured on this host (kind {host_facts().kind}, no AMX): vLLM's CPU MXFP4 kernel "
                       "(GptOssMxfp4MoEMethod -> CPUExpertsMxfp4) needs AMX and vLLM refuses the layer")
     from quantreg.models.gpt_oss_moe import GptOssMxfp4Experts
-    from quantreg.testing.harness import MoeShape, VllmMoeHarness
+    from quantreg.testing.harness import VllmMoeHarness
+    from quantreg.testing.shapes import MoeShape
 
     harness = VllmMoeHarness()
     try:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .decision import NOT_TRIED, ChainStep
 from .keys import Key
 
 if TYPE_CHECKING:
@@ -64,13 +65,18 @@ class Answer:
 
 
 def chain_notes(decision: Decision) -> list[str]:
-    """Why the chain went as it did: each method passed over, and the fallback."""
-    passed = [f"{s.method}: {s.reason}" for s in decision.chain
-              if not s.available and not s.reason.startswith("not tried")]
-    if decision.fallback:
-        return [f"fallback: {decision.fallback} (" + "; ".join(passed) + ")"] if passed else \
-            [f"fallback: {decision.fallback}"]
-    return ["passed over: " + "; ".join(passed)] if passed else []
+    """Why the chain went as it did: the fallback, then every chain entry (``available``,
+    ``passed over: <why it cannot run here>``, or not tried) when any entry was passed over."""
+    if not decision.fallback and not decision.passed_over:
+        return []
+    chain = "chain: " + "; ".join(f"{s.method}: {_step(s)}" for s in decision.chain)
+    return [f"fallback: {decision.fallback}", chain] if decision.fallback else [chain]
+
+
+def _step(step: ChainStep) -> str:
+    if step.available:
+        return "available"
+    return step.reason if step.reason.startswith(NOT_TRIED) else f"passed over: {step.reason}"
 
 
 def answer(registry: Registry, key: Key | tuple[str, str, str], findings: Sequence[Finding] | None = None

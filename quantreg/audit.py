@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import jsonread, settings
 from .files import ReadRefused, WriteRefused, append_regular, read_regular
+from .host import host_facts
 from .problems import printable
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ logger = logging.getLogger("vllm.quantreg.audit")
 
 DECISIONS_ENV = settings.DECISIONS
 #: Fields every line carries, in this order (scripts may rely on them).
-FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback")
+FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback", "host")
 
 MAX_TRAIL_BYTES = 1 << 30
 """Largest trail appended to or read back (a line is ~300 bytes: millions of decisions)."""
@@ -98,6 +99,8 @@ def line_for(
         "strict": bool(strict),
         "fingerprint": fingerprint,
         "fallback": decision.fallback,
+        # chains are host-aware: the facts that decided (another host may decide otherwise)
+        "host": dict(decision.host) if decision.host is not None else host_facts().as_json(),
     }
     return encode_line(record)
 

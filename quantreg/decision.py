@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .keys import Key
 from .methods import keeps_vllm
 from .table.file import Rule
 from .table.verify import VerifySpec
+
+NOT_TRIED = "not tried"
+"""How a chain step after the chosen one starts its reason."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,9 @@ class Decision:
     """Which method runs for ``key`` and why.
 
     ``method`` is the chosen name (``"vllm"`` keeps vLLM's own choice). ``fallback`` is set when
-    nothing the table asked for can run here and vLLM's own method is used instead.
+    nothing the table asked for can run here and vLLM's own method is used instead. ``host`` is
+    :meth:`quantreg.host.HostFacts.as_json` of the host that decided (the audit trail records it:
+    chains are host-aware, so the same table can decide differently on another host).
     """
 
     key: Key
@@ -46,6 +51,12 @@ class Decision:
     candidates: tuple[Candidate, ...]
     chain: tuple[ChainStep, ...]
     fallback: str | None = None
+    host: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def passed_over(self) -> tuple[ChainStep, ...]:
+        """The chain entries before the chosen one that could not run here (each with its reason)."""
+        return tuple(s for s in self.chain if not s.available and not s.reason.startswith(NOT_TRIED))
 
     @property
     def keeps_vllm(self) -> bool:
@@ -77,6 +88,7 @@ class Decision:
             "rule": rule_json(self.rule) if self.rule is not None else None,
             "options": dict(self.options),
             "fallback": self.fallback,
+            "host": dict(self.host) if self.host is not None else None,
             "chain": [
                 {"method": s.method, "available": s.available, "reason": s.reason, "plugin": s.plugin}
                 for s in self.chain
@@ -99,13 +111,21 @@ class Decision:
             lines.append(f"options  {dict(self.options)}")
         if self.verify is not None:
             lines.append(f"verify   {self.method} {self.verify.plan()}")
+        if self.rule is not None and self.rule.tuned is not None:
+            lines.append(f"tuned    {self.rule.tuned.summary(self.method)}")
         if self.fallback:
             lines.append(f"fallback {self.fallback}")
         if self.chain:
             lines.append("chain")
             for step in self.chain:
                 mark = "yes" if step.available else "no "
-                lines.append(f"  {mark} {step.method}: {step.reason}")
+                why = step.reason
+                if not step.available and not why.startswith(NOT_TRIED):
+                    why = f"passed over: {why}"
+                lines.append(f"  {mark} {step.method}: {why}")
+            if self.host is not None and self.passed_over:
+                lines.append(f"host     {self.host.get('kind')} ({', '.join(map(str, self.host.get('flags') or []))})"
+                             + (" [simulated]" if self.host.get("simulated") else ""))
         if self.candidates:
             lines.append("matching rules, best first")
             for c in self.candidates:
@@ -154,4 +174,6 @@ def rule_json(rule: Rule) -> dict[str, Any]:
     }
     if rule.verify is not None:
         data["verify"] = rule.verify.to_json()
+    if rule.tuned is not None:
+        data["tuned"] = dict(rule.tuned.raw)
     return data

@@ -64,13 +64,17 @@ class HostFacts:
             return "avx2"
         return "other"
 
-    def as_json(self) -> dict[str, object]:
-        """The facts a decision depended on, for the audit trail, ``doctor`` and ``tune``."""
+    @property
+    def notable_flags(self) -> list[str]:
+        """The flags MoE kernels care about (AMX, AVX-512, AVX2/FMA), sorted: what messages show."""
         wanted = (*AMX_FLAGS, "amx_int8", *AVX512_FLAGS, "avx512_vnni", "avx512_bf16", "avx512_fp16",
                   "avx_vnni", *AVX2_FLAGS)
+        return sorted(f for f in self.cpu_flags if f in wanted)
+
+    def as_json(self) -> dict[str, object]:
+        """The facts a decision depended on, for the audit trail, ``doctor`` and ``tune``."""
         return {"machine": self.machine, "kind": self.kind, "vendor": self.vendor, "model": self.model_name,
-                "cores": self.cores, "flags": sorted(f for f in self.cpu_flags if f in wanted),
-                "simulated": self.simulated}
+                "cores": self.cores, "flags": self.notable_flags, "simulated": self.simulated}
 
 
 def parse_cpuinfo(text: str) -> tuple[frozenset[str], str, str]:

@@ -20,6 +20,8 @@ from types import MappingProxyType
 from typing import Any, TypeGuard
 
 from .environment import PROBE_TIMEOUT_ENV, installed_vllm_version, module_available, probe_timeout
+from .host import FLAGS_ENV as HOST_FLAGS_ENV
+from .host import HostFacts, host_facts
 from .keys import WILDCARD, Key
 from .version_spec import check_specifier, satisfies
 
@@ -48,8 +50,11 @@ def valid_target(target: object) -> TypeGuard[str]:
 def keeps_vllm(name: str) -> bool:
     """Is ``name`` the built-in ``vllm`` method, which stands for "let vLLM build its own"?
 
-    It has no class to build, is always available, ignores options and cannot be redefined;
-    every such special case asks here (or :attr:`Method.keeps_vllm`).
+    It has no class to build, ignores options and cannot be redefined; every such special case
+    asks here (or :attr:`Method.keeps_vllm`). It is available unless a
+    :class:`~quantreg.vllm_limits.VllmLimitation` holds for the key on this host: that depends on
+    the key, so :meth:`quantreg.registry.Registry.availability_for` decides it, not
+    :meth:`Method.availability`.
     """
     return name == VLLM_METHOD
 
@@ -76,6 +81,10 @@ class Method:
     ``options`` names the options a rule may pass (``None``: the method accepts any).
     ``expert_layout`` says how the method holds the expert weights, for ``quantreg plan``'s
     memory estimate: one of :data:`EXPERT_LAYOUTS` (``None``: not declared, bytes unknown).
+    ``host`` lists what the method needs of the host, as ``"cpu:FLAG"`` entries (a
+    ``/proc/cpuinfo`` flag such as ``"cpu:avx2"``, ``"cpu:fma"``, ``"cpu:amx_tile"``): decided from
+    :func:`quantreg.host.host_facts` before the probe runs, so a kernel that needs AVX2 is passed
+    over on a CPU without it by a declaration rather than by running plugin code.
     """
 
     name: str
@@ -87,6 +96,7 @@ class Method:
     description: str = ""
     options: tuple[str, ...] | None = None
     expert_layout: str | None = None
+    host: tuple[str, ...] = ()
     plugin: str = field(default="", compare=False)
 
     @property
@@ -103,6 +113,9 @@ class Method:
             return Availability(True, "vLLM's own method")
         if not self.runs_on(device):
             return Availability(False, f"runs on {', '.join(self.devices)}, not {device}")
+        missing = host_shortfall(self.host, host_facts())
+        if missing is not None:
+            return Availability(False, missing)
         for module in self.requires:
             if not module_available(module):
                 return Availability(False, f"requires module '{module}', which is not installed")
@@ -153,6 +166,9 @@ def check_method(method: Any) -> str | None:
                else _names_problem(method.options, "options", "option names", ("chunk",), None)))
     if bad:
         return f"method '{name}': {bad}"
+    bad = host_requirements_problem(method.host)
+    if bad:
+        return f"method '{name}': {bad}"
     if method.vllm_version is not None:
         if not isinstance(method.vllm_version, str):
             return f"method '{name}': vllm_version must be a string such as '>=0.30,<0.40' or None, " \
@@ -170,6 +186,44 @@ def check_method(method: Any) -> str | None:
         return (f"method '{name}': expert_layout must be one of {', '.join(EXPERT_LAYOUTS)} or None, "
                 f"got {_shown(method.expert_layout)}")
     return None
+
+
+# -- what a method needs of the host ----------------------------------------------------------
+HOST_KINDS = ("cpu",)
+_FLAG_MATCH = re.compile(r"[a-z0-9_]+").fullmatch
+
+
+def host_requirements_problem(value: Any) -> str | None:
+    """``None`` if ``value`` is a tuple/list of ``"cpu:FLAG"`` strings, else what is wrong."""
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        return f"host must be a tuple of requirements such as ('cpu:avx2', 'cpu:fma'), got " \
+               f"{type(value).__name__} {_shown(value)}"
+    for item in value:
+        kind, sep, flag = item.partition(":") if isinstance(item, str) else ("", "", "")
+        if not sep or kind not in HOST_KINDS or not _FLAG_MATCH(flag):
+            return (f"host holds {_shown(item)}, which is not a requirement of the form 'cpu:FLAG' "
+                    "(a lower-case /proc/cpuinfo flag such as 'cpu:avx2')")
+    return None
+
+
+def host_shortfall(requirements: tuple[str, ...], facts: HostFacts) -> str | None:
+    """Why ``facts`` do not meet ``requirements`` (``"cpu:FLAG"`` entries), or ``None`` if they do."""
+    flags = [r.partition(":")[2] for r in requirements if r.startswith("cpu:")]
+    missing = [f for f in flags if f not in facts.cpu_flags]
+    if not missing:
+        return None
+    if not facts.is_x86 and any(f.startswith(("avx", "amx", "fma")) for f in missing):
+        have = f"{_article(facts.machine)} {facts.machine} CPU"
+    else:
+        shown = facts.notable_flags
+        have = f"{_article(facts.kind)} {facts.kind} CPU (flags: {', '.join(shown) if shown else 'none of note'})"
+    simulated = f"; flags simulated by {HOST_FLAGS_ENV}" if facts.simulated else ""
+    plural = "s" if len(missing) > 1 else ""
+    return f"needs cpu flag{plural} {', '.join(missing)}, this host has {have}{simulated}"
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeio" else "a"
 
 
 _MODULE_MATCH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*").fullmatch

@@ -15,11 +15,12 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .decision import Candidate, ChainStep, Decision, rule_json, why_lost, why_won
+from .decision import NOT_TRIED, Candidate, ChainStep, Decision, rule_json, why_lost, why_won
+from .host import host_facts
 from .index import Index
 from .keys import Key
 from .loading import load
-from .methods import VLLM_METHOD, Availability, Method
+from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
 from .problems import Problem
@@ -56,6 +57,7 @@ class Registry:
         self._availability: dict[tuple[str, str], Availability] = {}
         self._findings: dict[str | None, tuple[Finding, ...]] = {}
         self._limitations: tuple[list[VllmLimitation], list[str]] | None = None
+        self._vllm_availability: dict[Key, Availability] = {}
         self._lock = threading.Lock()
 
     # -- building ---------------------------------------------------------------------------
@@ -111,6 +113,28 @@ class Registry:
             self._availability[cache_key] = found
         return found
 
+    def availability_for(self, method: str, key: Key) -> Availability:
+        """Can ``method`` run for ``key`` on this host? ``vllm`` too: unless a limitation holds.
+
+        Why per key for ``vllm`` only: vLLM's own method has a kernel for some keys and not
+        others on a given host (GPT-OSS MXFP4 on a CPU without AMX); a registered method's
+        answer depends on the device alone. Cached like :meth:`availability`: a limitation's
+        check reads host facts (no torch, no vLLM), so the answer is cheap and fixed per process.
+        """
+        if not keeps_vllm(method):
+            return self.availability(method, key.device)
+        found = self._vllm_availability.get(key)
+        if found is None:
+            held = [lim for lim in self.limitations()[0] if lim.matches(key) and lim.holds()]
+            if held:
+                reasons = "; ".join(lim.reason + (f" (from plugin '{lim.plugin}')" if lim.plugin else "")
+                                    for lim in held)
+                found = Availability(False, f"vLLM's own method cannot run here: {reasons}")
+            else:
+                found = Availability(True, "vLLM's own method")
+            self._vllm_availability[key] = found
+        return found
+
     def resolve(self, key: Key | tuple[str, str, str]) -> Decision:
         key = Key(*key)
         with self._lock:
@@ -131,18 +155,22 @@ class Registry:
         chosen: str | None = None
         for name in winner.methods:
             if chosen is not None:
-                chain.append(ChainStep(name, False, f"not tried: '{chosen}' came first", self._plugin_of(name)))
+                chain.append(ChainStep(name, False, f"{NOT_TRIED}: '{chosen}' came first", self._plugin_of(name)))
                 continue
-            avail = self.availability(name, key.device)
+            avail = self.availability_for(name, key)
             chain.append(ChainStep(name, avail.ok, avail.reason, self._plugin_of(name)))
             if avail.ok:
                 chosen = name
         fallback = None
         if chosen is None:
             fallback = "no method in the chain is available here; vLLM keeps its own method"
+            vllm_here = self.availability_for(VLLM_METHOD, key)
+            if not vllm_here.ok:
+                fallback += f"; and {vllm_here.reason}"
             chosen = VLLM_METHOD
         options = winner.options if fallback is None else {}
-        return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback)
+        return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback,
+                        host=host_facts().as_json())
 
     def findings(self, device: str | None) -> tuple[Finding, ...]:
         """The plugins' ``doctor_findings`` for ``device``, asked once per registry and device.

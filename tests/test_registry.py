@@ -297,7 +297,7 @@ def test_chain_availability_with_reasons(table: Callable[[str, str], Path], chai
     text = decision.render()
     assert f"rule     {user}:3 (user layer) match (*, *, cpu)" in text
     assert "note     try everything" in text
-    assert "  no  on_hpu: runs on hpu, not cpu" in text and "  yes probe_yes: device answered" in text
+    assert "  no  on_hpu: passed over: runs on hpu, not cpu" in text and "  yes probe_yes: device answered" in text
 
 
 def test_fallback_to_vllm_when_nothing_in_the_chain_can_run(table: Callable[[str, str], Path],

@@ -36,7 +36,7 @@ def test_schema_is_a_valid_draft_2020_12_schema() -> None:
     jsonschema.Draft202012Validator.check_schema(SCHEMA)
     assert SCHEMA["required"] == ["version", "rules"]
     assert set(SCHEMA["properties"]["rules"]["items"]["properties"]) == {"match", "method", "options", "priority",
-                                                                         "note", "verify"}
+                                                                         "note", "verify", "tuned"}
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])

@@ -22,11 +22,12 @@ from . import cache as tablecache
 from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
 from .located import file_identity as _file_identity
 from .methods import parse_methods
+from .tuned import TunedEvidence, parse_tuned
 from .verify import FLOAT64_FORMATS, VerifySpec, parse_verify
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
-RULE_KEYS = ("match", "method", "options", "priority", "note", "verify")
+RULE_KEYS = ("match", "method", "options", "priority", "note", "verify", "tuned")
 MATCH_VALUE_RE = r"^[\w.\-]+$"
 """Match values (quant_format, model_type, device): ``\\w`` is Unicode here (letters and digits of
 any script, ``_``), because vLLM takes ``model_type`` verbatim from a checkpoint's config.json."""
@@ -62,6 +63,7 @@ class Rule:
     where: str = ""  # the rule's position in its file, for messages: rules[3]
     verify: VerifySpec | None = None  # run a second method beside the chosen one (quantreg.table.verify)
     verify_line: int | None = None
+    tuned: TunedEvidence | None = None  # the measurements `quantreg tune` ordered the chain by (quantreg.table.tuned)
 
     @property
     def location(self) -> str:
@@ -213,6 +215,9 @@ class _Checker:
             verify = parse_verify(item["verify"], f"{where}.verify", key_lines.get("verify", line), self.fail,
                                   # a broken match is reported already; do not add a float64 complaint to it
                                   match.quant_format if match is not None else FLOAT64_FORMATS)
+        tuned = None
+        if "tuned" in item:
+            tuned = parse_tuned(item["tuned"], f"{where}.tuned", key_lines.get("tuned", line), self.fail)
         if len(self.problems) > before or match is None:
             if methods:  # the name and reference checks still apply to what could be read
                 self.references.append(Rule(
@@ -235,6 +240,7 @@ class _Checker:
             where=where,
             verify=verify,
             verify_line=key_lines.get("verify"),
+            tuned=tuned,
         ))
         return rule
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..keys import WILDCARD
-from ..methods import EXPERT_LAYOUTS, Method, keeps_vllm, valid_name, valid_target
+from ..methods import EXPERT_LAYOUTS, Method, host_requirements_problem, keeps_vllm, valid_name, valid_target
 from ..problems import did_you_mean
 
-METHOD_KEYS = ("target", "devices", "requires", "options", "description", "expert_layout")
+METHOD_KEYS = ("target", "devices", "requires", "options", "description", "expert_layout", "host")
 
 Fail = Callable[[int | None, str, str], None]
 
@@ -64,6 +64,11 @@ def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_layer: bool
         requires = _strings(spec.get("requires", []), fail, spec_lines.get("requires"), f"{where}.requires")
         options = spec.get("options")
         opts = None if options is None else _strings(options, fail, spec_lines.get("options"), f"{where}.options")
+        host = _strings(spec.get("host", []), fail, spec_lines.get("host"), f"{where}.host")
+        bad_host = host_requirements_problem(host) if host is not None else None
+        if bad_host:
+            fail(spec_lines.get("host", mline), f"{where}.host", bad_host.removeprefix("host "))
+            continue
         description = spec.get("description", "")
         if not isinstance(description, str):
             fail(spec_lines.get("description"), f"{where}.description", "expected a string")
@@ -73,8 +78,8 @@ def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_layer: bool
             fail(spec_lines.get("expert_layout"), f"{where}.expert_layout",
                  f"expected one of {', '.join(EXPERT_LAYOUTS)}{did_you_mean(str(layout), EXPERT_LAYOUTS)}")
             continue
-        if devices is None or requires is None or (options is not None and opts is None):
+        if devices is None or requires is None or host is None or (options is not None and opts is None):
             continue
         out.append(Method(name=name, target=target, devices=devices, requires=requires, options=opts,
-                          description=description, expert_layout=layout, plugin=plugin_name))
+                          description=description, expert_layout=layout, host=host, plugin=plugin_name))
     return tuple(out)

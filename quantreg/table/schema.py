@@ -22,6 +22,34 @@ NAME_PATTERN = NAME_RE + r"(?!\n)"
 MATCH_VALUE_PATTERN = MATCH_VALUE_RE + r"(?!\n)"
 
 
+def _tuned_schema(name: dict[str, Any]) -> dict[str, Any]:
+    """``tuned:`` (see :mod:`quantreg.table.tuned`): the evidence ``quantreg tune`` writes."""
+    number_or_null = {"type": ["number", "null"], "minimum": 0}
+    by_tokens = {"type": "object", "propertyNames": {"pattern": "^[1-9][0-9]*$"}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["results"],
+        "description": "measurements quantreg tune ordered the chain by; shown by explain, never changes a decision",
+        "properties": {
+            "at": {"type": "string"}, "vllm": {"type": ["string", "null"]}, "torch": {"type": ["string", "null"]},
+            "host": {"type": "object"}, "shape": {"type": "object"},
+            "tolerance": {"type": "number", "exclusiveMinimum": 0},
+            "budget_s": {"type": "number", "exclusiveMinimum": 0},
+            "rounds": {"type": "integer", "minimum": 0},
+            "phase_weights": {**by_tokens, "minProperties": 1,
+                              "additionalProperties": {"type": "number", "minimum": 0}},
+            "results": {"type": "array", "items": {
+                "type": "object", "required": ["method", "ok"], "additionalProperties": False,
+                "properties": {
+                    "method": name, "ok": {"type": "boolean"}, "error": {"type": ["string", "null"]},
+                    "ms": {**by_tokens, "additionalProperties": number_or_null},
+                    "score_ms": number_or_null, "rel_error": number_or_null,
+                }}},
+        },
+    }
+
+
 def _verify_schema(name: dict[str, Any]) -> dict[str, Any]:
     """``verify:`` (see :mod:`quantreg.table.verify`); ``against: vllm`` is refused, float64 checked per rule."""
     props: dict[str, Any] = {
@@ -64,6 +92,7 @@ def table_schema() -> dict[str, Any]:
         "priority": {"type": "integer", "description": "tie-breaker after layer and specificity"},
         "note": {"type": "string"},
         "verify": _verify_schema(name),
+        "tuned": _tuned_schema(name),
     }
     assert set(rule_props) == set(RULE_KEYS)
     top_props: dict[str, Any] = {
@@ -97,6 +126,9 @@ def table_schema() -> dict[str, Any]:
                     "target": {"type": "string", "pattern": "^" + TARGET_RE + "$(?!\\n)"},
                     "devices": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "requires": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "host": {"anyOf": [{"type": "string", "pattern": "^cpu:[a-z0-9_]+$"},
+                                       {"type": "array", "items": {"type": "string", "pattern": "^cpu:[a-z0-9_]+$"}}],
+                             "description": "what the method needs of the host, e.g. [cpu:avx2, cpu:fma]"},
                     "options": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "description": {"type": "string"},
                     "expert_layout": {"enum": list(EXPERT_LAYOUTS),

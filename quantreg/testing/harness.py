@@ -170,7 +170,9 @@ class MoeLayer:
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """``MoERunner.forward`` in a forward context; the output comes back on the CPU."""
         device = self.harness.device
-        with self.harness.context(), set_forward_context(None, self.harness.config), torch.inference_mode():
+        # no_grad, not inference_mode: dequantize_mxfp4's threaded path for big (real-size) tensors
+        # writes into tensors made outside the block, which inference_mode refuses.
+        with self.harness.context(), set_forward_context(None, self.harness.config), torch.no_grad():
             out: torch.Tensor = self.runner.forward(hidden_states.to(device), router_logits.to(device))
         return out.cpu()
 

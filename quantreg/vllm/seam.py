@@ -164,7 +164,9 @@ class Seam:
         decision = registry.resolve(key)
         self.log_once(decision, registry)
         if decision.fallback and strict:
-            raise QuantregError(f"quantreg (strict): {decision.summary()}; " + chain_reasons(decision))
+            from ..answer import chain_notes
+
+            raise QuantregError(f"quantreg (strict): {decision.summary()}; " + "; ".join(chain_notes(decision)))
         if decision.keeps_vllm:
             return original(layer, prefix, quant_config, moe_config)
         context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
@@ -201,10 +203,6 @@ class Seam:
             line = f"{decision.summary()}; (notes unavailable: {type(exc).__name__}: {exc})"
             warns = bool(decision.fallback)
         (logger.warning if warns else logger.info)("quantreg: %s", line)
-
-
-def chain_reasons(decision: Decision) -> str:
-    return "; ".join(f"{s.method}: {'available' if s.available else s.reason}" for s in decision.chain)
 
 
 def report_faults(registry: Registry, strict: bool) -> None:

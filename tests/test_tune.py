@@ -1,0 +1,173 @@
+"""``quantreg tune``'s pure half: ranking, the ``tuned:`` evidence in real YAML, atomic writing, explain.
+
+The measuring half (real vLLM layers, 20B shapes, the throwaway slow/wrong plugin and real
+vLLM-CPU using the written table) is tests/e2e/test_tune.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from core_support import QUANTREG, write
+
+from quantreg import Key, Registry
+from quantreg.tune import table as tune_table
+from quantreg.tune.rank import PHASE_WEIGHTS, Result, chain, ranked
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+KEY = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
+EVIDENCE = {"at": "2026-12-01T22:00:00Z", "host": {"kind": "avx512", "cores": 2, "flags": ["avx2", "fma"]},
+            "vllm": "0.32.0", "torch": "2.13.0+cpu", "tolerance": 0.02, "budget_s": 60.0, "rounds": 3,
+            "shape": {"experts": 32, "hidden": 2880, "intermediate": 2880, "top_k": 4}}
+
+
+def results() -> list[Result]:
+    return [
+        Result("mxfp4_reference", ok=True, ms={1: 17.0, 64: 130.0, 256: 400.0}, rel_error=0.004),
+        Result("fast_kernel", ok=True, ms={1: 1.9, 64: 20.0, 256: 90.0}, rel_error=0.006),
+        Result("wrong", ok=False, error="numerics: relative error 0.61 > tolerance 0.02 at 1 token",
+               ms={}, rel_error=0.61),
+        Result("prefill_only", ok=True, ms={1: 20.0, 64: 15.0, 256: 50.0}),
+        Result("vllm", ok=False, error="vLLM's own method cannot run here: no AMX"),
+    ]
+
+
+def test_ranking_is_decode_weighted_and_refuses_failures() -> None:
+    order = [r.method for r in ranked(results())]
+    # prefill_only beats the reference on prefill but loses on decode-weighted score? 20^.5*15^.25*50^.25 = 22.1 < 41
+    assert order == ["fast_kernel", "prefill_only", "mxfp4_reference", "vllm", "wrong"]
+    assert chain(results()) == ["fast_kernel", "prefill_only", "mxfp4_reference"]
+    slow = Result("m", ok=True, ms={1: 2.0, 64: 8.0, 256: 32.0})
+    assert slow.score() == pytest.approx((2.0 ** 0.5) * (8.0 ** 0.25) * (32.0 ** 0.25))
+    assert Result("x", ok=True, ms={1: 2.0}).score() is None  # not timed at every phase: never chosen
+    assert Result("x", ok=False, ms={1: 1.0, 64: 1.0, 256: 1.0}).score() is None
+    assert sum(PHASE_WEIGHTS.values()) == 1.0 and PHASE_WEIGHTS[1] == 0.5
+
+
+def test_a_tie_is_broken_by_name() -> None:
+    same = {1: 1.0, 64: 1.0, 256: 1.0}
+    assert chain([Result("b", ok=True, ms=dict(same)), Result("a", ok=True, ms=dict(same))]) == ["a", "b"]
+
+
+def written(tmp_path: Path, rule_results: list[Result] | None = None) -> Path:
+    rule = tune_table.rule_for(KEY, rule_results or results(), EVIDENCE)
+    assert rule is not None
+    return tune_table.write_atomically(tmp_path / "tuned.yaml", tune_table.render([rule]))
+
+
+def test_the_written_table_loads_and_explain_shows_the_evidence(tmp_path: Path) -> None:
+    path = written(tmp_path)
+    text = path.read_text()
+    assert text.startswith("# Written by `quantreg tune`") and "geometric mean of median ms" in text
+    methods = tmp_path / "methods.yaml"  # the tuned names must be registered for the table to load
+    write(methods, """
+        version: 1
+        allow_import_targets: true
+        methods:
+          fast_kernel: {target: "qrt_never:A"}
+          prefill_only: {target: "qrt_never:B"}
+          wrong: {target: "qrt_never:C"}
+        rules: []
+    """)
+    registry = Registry.build(config=[methods, path])
+    assert not registry.faults, [str(f) for f in registry.faults]
+    decision = registry.resolve(KEY)
+    assert decision.method == "fast_kernel"
+    assert decision.rule is not None and decision.rule.tuned is not None
+    rendered = decision.render()
+    [line] = [ln for ln in rendered.splitlines() if ln.startswith("tuned    ")]
+    assert line.startswith("tuned    chosen by quantreg tune on 2026-12-01 on an avx512 host (2 cores): "
+                           "fast_kernel 1.9 ms vs prefill_only 20 ms vs mxfp4_reference 17 ms at 1 token; "
+                           "refused: vllm (vLLM's own method cannot run here: no AMX); wrong (numerics: ")
+    data = decision.to_json()
+    assert data["rule"]["tuned"]["results"][0]["method"] == "fast_kernel"
+    assert data["rule"]["tuned"]["phase_weights"] == {"1": 0.5, "64": 0.25, "256": 0.25}
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")} | env
+    return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True, env=full, timeout=120)
+
+
+def test_quantreg_validate_and_explain_accept_the_written_table(tmp_path: Path) -> None:
+    """A table whose chain names installed methods only (mxfp4_reference, vllm): validate and explain, real CLI."""
+    mine = [Result("mxfp4_reference", ok=True, ms={1: 17.0, 64: 130.0, 256: 400.0}),
+            Result("vllm", ok=True, ms={1: 5.9, 64: 47.0, 256: 120.0})]
+    path = written(tmp_path, mine)
+    out = cli("validate", str(path))
+    assert out.returncode == 0 and out.stdout.strip() == "ok: 1 table(s) valid", out.stdout + out.stderr
+    shown = cli("explain", *KEY, "--config", str(path))
+    assert "tuned    chosen by quantreg tune on 2026-12-01 on an avx512 host (2 cores)" in shown.stdout
+
+
+@pytest.mark.parametrize(("tuned", "key", "expected"), [
+    ("tuned: [1, 2]", "rules[0].tuned", "expected a mapping written by 'quantreg tune'"),
+    ("tuned: {results: [], colour: red}", "rules[0].tuned.colour", "unknown key"),
+    ("tuned: {at: 3, results: []}", "rules[0].tuned.at", "expected a string"),
+    ("tuned: {results: {a: 1}}", "rules[0].tuned.results", "expected a list"),
+    ("tuned: {results: [{method: m, ok: maybe}]}", "rules[0].tuned.results[0].ok", "expected true or false"),
+    ("tuned: {results: [{method: m, ok: true, ms: {one: 2}}]}", "rules[0].tuned.results[0].ms",
+     "token count -> milliseconds"),
+    ("tuned: {phase_weights: {1: -1}, results: []}", "rules[0].tuned.phase_weights", "weight >= 0"),
+    ("tuned: {budget_s: 0, results: []}", "rules[0].tuned.budget_s", "positive number"),
+])
+def test_bad_tuned_values_are_located_problems(tuned: str, key: str, expected: str, tmp_path: Path) -> None:
+    path = write(tmp_path / "t.yaml", f"""
+        version: 1
+        rules:
+          - match: {{device: cpu}}
+            method: vllm
+            {tuned}
+    """)
+    out = cli("validate", str(path), "--json")
+    assert out.returncode == 1
+    [problem] = json.loads(out.stdout)["problems"]
+    assert problem.startswith(f"{path}:") and f" {key}: " in problem and expected in problem, problem
+    assert "Traceback" not in out.stderr
+
+
+def test_schema_describes_tuned() -> None:
+    schema = json.loads(cli("schema").stdout)
+    tuned = schema["properties"]["rules"]["items"]["properties"]["tuned"]
+    assert tuned["required"] == ["results"] and "phase_weights" in tuned["properties"]
+
+
+def test_an_interrupted_write_leaves_the_old_table_and_no_temp_file(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "tuned.yaml"
+    target.write_text("version: 1\nrules: []\n")
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tune_table.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune_table.write_atomically(target, "version: 1\nrules: [half")
+    assert target.read_text() == "version: 1\nrules: []\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned.yaml"]
+    monkeypatch.undo()
+    tune_table.write_atomically(target, "version: 1\nrules: []\n# new\n")
+    assert target.read_text().endswith("# new\n") and sorted(p.name for p in tmp_path.iterdir()) == ["tuned.yaml"]
+
+
+def test_tune_refuses_what_it_cannot_measure_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    out = cli("tune", str(tmp_path), "--json")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert json.loads(out.stdout)["ok"] is False and "no MoE layers" in out.stderr
+    assert cli("tune", str(tmp_path), "--device", "hpu").returncode == 2
+    assert not (tmp_path / "tuned.yaml").exists()
+
+
+def test_the_json_schema_accepts_the_written_table(tmp_path: Path) -> None:
+    import jsonschema
+    import yaml
+
+    from quantreg.table.schema import table_schema
+
+    jsonschema.validate(yaml.safe_load(written(tmp_path).read_text()), table_schema())
