@@ -449,7 +449,7 @@ def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], 
     if as_json:
         print(json.dumps(data, indent=2, default=str))
     elif unreadable:  # no checkpoint to describe: only why (no "0 MoE layer(s) [none], None experts")
-        print("\n".join(f"problem   {p['text'] if isinstance(p, Mapping) else p}" for p in data["problems"]))
+        print("\n".join(printable(f"problem   {p['text'] if isinstance(p, Mapping) else p}") for p in data["problems"]))
     else:
         print(render(data, model_dir))
     return 1 if unreadable else 0

@@ -40,6 +40,8 @@ HOST_CPU_FLAGS = "QUANTREG_HOST_CPU_FLAGS"
 FINGERPRINT = "QUANTREG_FINGERPRINT"
 RUN_FINGERPRINT = "QUANTREG_RUN_FINGERPRINT"
 TABLES = "QUANTREG_TABLES"
+SERVE_TIMEOUT = "QUANTREG_SERVE_TIMEOUT"
+HIDE_AMX = "QUANTREG_HIDE_AMX"
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("", "0", "false", "no", "off")
@@ -148,6 +150,10 @@ SETTINGS: tuple[Setting, ...] = (
                                                "additional_config, compared by every Worker."),
     Setting(TABLES, parse_text, None, "Set by the driver: its user tables (paths, sha256, text) for workers on "
                                       "nodes without the files."),
+    Setting(SERVE_TIMEOUT, parse_seconds, 180.0, "Kit: seconds quantreg.testing.serving waits for a test server's "
+                                                 "/health."),
+    Setting(HIDE_AMX, parse_text, None, "Kit: 1 in a vLLM child's environment (quantreg.testing.host_kind) hides "
+                                        "AMX from vLLM, so an AMX host shows the other kind's branch."),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -558,7 +558,7 @@ def test_a_non_utf8_path_on_a_strict_utf8_stdout(tmp_path: Path) -> None:
         text = out.stdout.decode("utf-8")  # valid UTF-8 throughout
         assert out.returncode == 1, out.stderr
         assert b"Traceback" not in out.stderr and "UnicodeEncodeError" not in text
-        lines = json.loads(text)["problems"] if "--json" in args else text.splitlines()
+        lines = [p["text"] for p in json.loads(text)["problems"]] if "--json" in args else text.splitlines()
         assert any(p.endswith("caf\\udce9.yaml:2: rules: expected a list of rules, got mapping") for p in lines)
     _, problems, _ = read_table(path, Layer.USER)
     assert str(problems[0]).encode("utf-8")  # printable on a strict stream

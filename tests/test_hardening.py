@@ -326,10 +326,11 @@ SEAM_FAULTS = {
     "not_moe_method": "method 'not_moe_method' for (not_moe_method, unknown, cpu) [{table}:7] could not be built: "
                       "TypeError: method 'not_moe_method' target qrt_faulty:Plain does not subclass vLLM's "
                       "FusedMoEMethodBase",
-    "hanging_probe": "(hanging_probe, unknown, cpu) -> vllm [{table}:9] (fallback: no method in the chain is "
-                     "available here; vLLM keeps its own method)",
-    "raising_probe": "(raising_probe, unknown, cpu) -> vllm [{table}:11] (fallback: no method in the chain is "
-                     "available here; vLLM keeps its own method)",
+    # the decision line (quantreg.answer): key -> method [rule]; the fallback; the chain
+    "hanging_probe": "(hanging_probe, unknown, cpu) -> vllm [{table}:9]; fallback: no method in the chain is "
+                     "available here; vLLM keeps its own method; chain: hanging_probe: passed over: ",
+    "raising_probe": "(raising_probe, unknown, cpu) -> vllm [{table}:11]; fallback: no method in the chain is "
+                     "available here; vLLM keeps its own method; chain: raising_probe: passed over: ",
 }
 
 
@@ -390,7 +391,7 @@ def register_methods(register):
         message = expected.format(table=table)
         if strict:
             assert results[name].startswith("RAISED QuantregError"), (name, results[name])
-            assert message in results[name] or message.split(" (fallback")[0] in results[name], (name, results[name])
+            assert message in results[name] or message.split("; fallback")[0] in results[name], (name, results[name])
         else:
             assert results[name] == "-> VLLM-OWN", (name, results[name])  # vLLM's own method for that layer
             assert message in out.stderr, (name, out.stderr[-3000:])  # ... and one WARNING saying why

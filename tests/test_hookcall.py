@@ -206,7 +206,7 @@ def test_the_issue_examples_are_faults_not_tracebacks() -> None:
     found, faults = plugin_limitations(registry.plugins)
     assert found == [] and faults == ["plugin 'bad', hook 'register_vllm_limitations': VllmLimitation.device must "
                                       "be str | tuple[str, ...], got None (NoneType)"]
-    [finding] = collect_findings(registry, "cpu")
+    [finding] = collect_findings(registry.plugins, registry.resolve, "cpu")
     assert finding.level == "error" and "Finding.key must be quantreg.keys.Key | None, got 5" in finding.message
     assert finding.as_json()["key"] is None
 

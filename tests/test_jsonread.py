@@ -145,8 +145,10 @@ def test_trail_values_with_escapes_are_escaped(tmp_path: Path) -> None:
     trail.write_text(json.dumps({"event": "verify", "ok": False, "prefix": "\x1b[31mred\nforged"}) + "\n"
                      + '{"pid": Infinity}\n' + "[" * 100_000 + "\n")
     summary = audit.summarise(trail)
-    assert len(summary.problems) == 3
+    assert len(summary.problems) == 2  # the Infinity line and the deep one; the verify line is a verified layer
     assert all("\x1b" not in p and "\n" not in p for p in summary.problems)
+    rendered = [v.render() for v in summary.verified.values()]
+    assert rendered and all("\x1b" not in r and "\n" not in r for r in rendered)
 
 
 # -- QUANTREG_TABLES ----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def test_vllm_is_imported_only_under_quantreg_vllm_and_the_kit() -> None:
 #: ``core`` is the deciding core, the plugin API and the table pipeline; ``vllm`` the start-up hook
 #: and seam; ``kit`` the conformance kit that builds vLLM layers; ``tools`` the commands.
 FLOORS = ("core", "vllm", "kit", "tools")
-TOOLS = ("quantreg.cli", "quantreg.__main__", "quantreg.plan", "quantreg.demo")
+TOOLS = ("quantreg.cli", "quantreg.__main__", "quantreg.plan", "quantreg.demo", "quantreg.tune", "quantreg.newplugin")
 #: Documented arrows that run back up (docs/design.md, "Arrows that run up"): (from, to).
 UPWARD_ALLOWED: set[tuple[str, str]] = set()
 

@@ -42,6 +42,7 @@ def test_three_typos_and_their_references_in_one_run(tmp_path: Path) -> None:
     found = [(p["line"], p["key"]) for p in problems]
     assert found == sorted(found, key=lambda f: f[0])  # sorted by line
     assert found == [(3, "rules[0].match.devce"), (4, "rules[0].method"), (7, "rules[1].priorty"),
+                     (8, "rules[1].verify"),  # verify: on a `vllm` rule can never run (issue 21 class 11)
                      (8, "rules[1].verify.against"), (10, "rules[2].method"), (11, "rules[2].priority")], problems
     assert "did you mean 'vllm'?" in problems[1]["message"]
 

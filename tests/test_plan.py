@@ -254,10 +254,13 @@ def test_header_reader_matches_the_safetensors_package(tmp_path: Path) -> None:
 
 def test_cpu_without_amx_gets_the_vllm_cannot_note(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
+    """Both host kinds through the host-facts seam (quantreg.host.simulate), on any machine."""
+    from quantreg.host import simulate
+
     assert vllm_limits.has_amx(WITH_AMX) and not vllm_limits.has_amx(NO_AMX)
     monkeypatch.setattr(vllm_limits, "is_x86", lambda: True)
-    real_flags = vllm_limits.cpu_flags
-    monkeypatch.setattr(vllm_limits, "cpu_flags", lambda cpuinfo=None: real_flags(NO_AMX))
+    for name, value in simulate("avx2").items():
+        monkeypatch.setenv(name, value)
     note = vllm_backend_note(key)
     assert note is not None and note.startswith("vLLM's own method will fail for this key here")
     assert "cpu_moe.py:624" in note and "amx_tile" in note
@@ -266,7 +269,8 @@ def test_cpu_without_amx_gets_the_vllm_cannot_note(checkpoint: Path, monkeypatch
     data = planmod.plan(checkpoint, ["cpu"], Registry.build(entry_points=False), use_vllm=False)
     assert data["devices"]["cpu"]["method"] == "vllm"
     assert any("No MXFP4 MoE backend" in w for w in data["devices"]["cpu"]["warnings"])
-    monkeypatch.setattr(vllm_limits, "cpu_flags", lambda cpuinfo=None: real_flags(WITH_AMX))
+    for name, value in simulate("amx").items():
+        monkeypatch.setenv(name, value)
     assert vllm_backend_note(key) is None
 
 
@@ -324,7 +328,7 @@ def test_a_bad_limitation_registration_is_a_fault_naming_the_plugin() -> None:
     pl = _limits_plugins(("sloppy", SimpleNamespace(register_vllm_limitations=register_vllm_limitations)))
     found, faults = vllm_limits.plugin_limitations(pl)
     assert found == [] and faults == ["plugin 'sloppy', hook 'register_vllm_limitations': register() expects a "
-                                      "quantreg.vllm_limits.VllmLimitation, got str"]
+                                      "quantreg.VllmLimitation, got str"]
 
 
 class _StackPlugin:

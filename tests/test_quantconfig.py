@@ -171,7 +171,7 @@ def register_quant_config_keepers(register):
     assert third.keeps("gpt_oss") is False
     assert "quant-config keeper 'k' of plugin 'broken' failed on qrt_third_party: RuntimeError: cannot find the " \
         "switch" in caplog.text
-    assert "register() expects a quantreg.keepers.QuantConfigKeeper, got str" in caplog.text
+    assert "register() expects a quantreg.QuantConfigKeeper, got str" in caplog.text
     assert any(f.hook == "register_quant_config_keepers" for f in registry.failures)
 
 
@@ -230,7 +230,7 @@ def test_doctor_findings_are_attributed_and_faults_isolated() -> None:
         ("warning", "a", "the table says vllm here"),
         ("error", "a",
          "hook doctor_findings registered level 'loud' (expected one of info, warning, error): bad level"),
-        ("error", "a", "hook doctor_findings register() expects a quantreg.findings.Finding, got str"),
+        ("error", "a", "hook doctor_findings register() expects a quantreg.Finding, got str"),
         ("error", "b", "hook doctor_findings raised OSError: no such device"),
         ("info", "c", "takes only register"),
     ]

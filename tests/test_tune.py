@@ -126,7 +126,8 @@ def test_bad_tuned_values_are_located_problems(tuned: str, key: str, expected: s
     """)
     out = cli("validate", str(path), "--json")
     assert out.returncode == 1
-    [problem] = json.loads(out.stdout)["problems"]
+    [found] = json.loads(out.stdout)["problems"]  # {path, line, key, message, text}
+    problem = found["text"]
     assert problem.startswith(f"{path}:") and f" {key}: " in problem and expected in problem, problem
     assert "Traceback" not in out.stderr
 

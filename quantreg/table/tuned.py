@@ -2,7 +2,7 @@
 
 Why in the table itself: a chain ordered by measurement is only trustworthy while one can see
 what was measured, where and when. ``explain`` shows it ("chosen by quantreg tune on 2026-12-01
-on an avx512 host: mxfp4_reference 17 ms vs slow 40 ms at 1 token"), and a reader of the YAML
+on an avx512 host: fast_method 17 ms vs slow_method 40 ms at 1 token"), and a reader of the YAML
 sees the same numbers. The evidence is checked like every other rule field (located problems
 naming file, line and key) but never changes a decision: the ``method:`` chain does.
 

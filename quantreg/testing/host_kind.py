@@ -23,10 +23,11 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from .. import settings
 from ..host import host_facts, simulate
 
 #: Set (to ``1``) in a child's environment by :func:`without_amx_env`; read by the sitecustomize.
-HIDE_AMX_ENV = "QUANTREG_HIDE_AMX"
+HIDE_AMX_ENV = settings.HIDE_AMX
 
 SITECUSTOMIZE = f'''"""quantreg.testing.host_kind: this process (and the vLLM workers it starts) sees no AMX."""
 import os

@@ -24,14 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import settings
 from .vllm_run import group_alive
 
 #: Bounded wait for /health; healthy in 32-53 s on a quiet machine (QUANTREG_SERVE_TIMEOUT overrides).
-START_TIMEOUT = float(os.environ.get("QUANTREG_SERVE_TIMEOUT", "180"))
+START_TIMEOUT = float(settings.value(settings.SERVE_TIMEOUT))
 REQUEST_TIMEOUT = 60.0
 #: Environment variables of the caller that would change what these servers decide.
-QUANTREG_VARS = ("QUANTREG_CONFIG", "QUANTREG_STRICT", "QUANTREG_PLUGINS", "QUANTREG_DISABLE_PLUGINS",
-                 "QUANTREG_FINGERPRINT", "QUANTREG_DECISIONS")
+QUANTREG_VARS = (settings.CONFIG, settings.STRICT, settings.PLUGINS, settings.DISABLE_PLUGINS,
+                 settings.FINGERPRINT, settings.DECISIONS)
 
 
 def free_port() -> int:

@@ -23,7 +23,6 @@ Imports torch and vLLM (through the kit).
 from __future__ import annotations
 
 import gc
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -86,8 +85,12 @@ def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
              "w13_bias": "gate_up_proj_bias", "w2_weight": "down_proj_blocks", "w2_weight_scale": "down_proj_scales",
              "w2_bias": "down_proj_bias"}
     index = root / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+    if index.is_file():  # bounded, regular files only, finite JSON (quantreg.files / quantreg.jsonread)
+        from ..files import read_regular
+        from ..jsonread import loads
+        from ..plan import MAX_INDEX
+
+        weight_map: dict[str, str] = loads(read_regular(index, MAX_INDEX, expected="a JSON file"))["weight_map"]
     else:
         weight_map = {prefix + n: "model.safetensors" for n in names.values()}
     found: dict[str, torch.Tensor] = {}
@@ -95,7 +98,12 @@ def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
         name = prefix + theirs
         if name not in weight_map:
             raise LookupError(f"{root}: no tensor {name} in the checkpoint (is it GPT-OSS MXFP4?)")
-        with safe_open(str(root / weight_map[name]), framework="pt") as handle:
+        from ..files import inside
+
+        shard = inside(root, weight_map[name])  # never outside the checkpoint the user named
+        if shard is None:
+            raise LookupError(f"{root}: the index names {weight_map[name]!r} for {name}, outside the checkpoint")
+        with safe_open(shard, framework="pt") as handle:
             if name not in handle.keys():
                 raise LookupError(f"{root / weight_map[name]}: no tensor {name} (is it GPT-OSS MXFP4?)")
             tensor = handle.get_tensor(name)

@@ -34,6 +34,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         target=f"{PACKAGE}.method:CpuMxfp4MoEMethod",
         devices=("cpu",),
         requires=("torch", "vllm"),
+        host=("cpu:avx2", "cpu:fma"),  # the kernel's baseline ISA: decided from host facts, before the probe
         probe=f"{PACKAGE}.probe:kernel_available",
         options=OPTIONS,
         description="MXFP4 experts kept packed, fused dequant + GEMV/GEMM kernel (AVX2+FMA or AVX-512), any x86-64 CPU",

@@ -92,7 +92,6 @@ def test_on_an_amx_host_the_plugin_rule_keeps_vllms_own_kernel() -> None:
     assert _decide("amx") == quantreg.VLLM_METHOD
 
 
-@pytest.mark.xfail(strict=False, reason="needs host-aware chains (issue 20)")
 def test_on_a_host_without_amx_the_plugin_rule_picks_cpu_mxfp4() -> None:
     """Simulated AVX2-only host (both kinds' branch run here): vLLM refuses GPT-OSS MXFP4 there."""
     assert _decide("avx2") == "cpu_mxfp4"
