@@ -207,7 +207,9 @@ def run(quick: bool) -> list[Metric]:
             "last_level_cache_mb": llc / 2**20, "load_average_at_start": load_average()}
     results: dict[str, dict[str, Any]] = {}
     one_token_rounds: list[dict[str, Any]] = []
-    with torch.inference_mode():
+    # no_grad, not inference_mode: mxfp4_reference's decode cache keys on the weights' version
+    # counters, which inference tensors lack (in vLLM the weights are ordinary parameters too).
+    with torch.no_grad():
         layer = random_layer(32, seed=20)
         assert sum(t.numel() for t in layer.values()) >= 4 * llc, "20B layer smaller than 4x the LLC"
         baselines = Bf16Baselines(layer)
