@@ -21,7 +21,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ["csrc/moe.cpp", "csrc/gemv_avx2.cpp", "csrc/gemv_avx512.cpp"]
+SOURCES = ["csrc/moe.cpp", "csrc/gemv_avx2.cpp", "csrc/gemv_avx512.cpp", "csrc/decode_bf16.cpp"]
 FAILURE_FILE = "BUILD_FAILED.txt"
 NOT_BUILT = "quantreg-cpu-mxfp4: compiled kernel NOT built ({reason}); installing the pure-Python package only"
 

@@ -49,6 +49,10 @@ struct GemvJob {
 void gemv_avx2(const GemvJob& job);
 void gemv_avx512(const GemvJob& job);
 
+// Rows [0, rows) of one expert's MXFP4 weight ([rows, K/2] blocks, [rows, K/32] scales) -> bf16
+// bit patterns [rows, K], exactly (decode_bf16.cpp; the prefill path's scratch tile).
+void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t k, uint16_t* dst);
+
 // XOR-reduce of n bytes with 256-bit loads: one read pass at full speed (the bench's floor).
 uint64_t read_pass_avx2(const uint8_t* p, int64_t n);
 

@@ -10,6 +10,12 @@
 //  4. bias + activation per routed pair, the result quantised to Q8 again;
 //  5. w2 GEMV the same way;
 //  6. per token, sum_k weight_k * (y_k + b2_e) in slot order (deterministic), to x's dtype.
+// Prefill: an expert with >= gemm_min_tokens routed tokens skips the Q8 GEMVs (compute-bound
+// there) and takes steps 3 and 5 as bf16 GEMMs instead: (expert, 256-row tile) jobs, each decodes
+// its tile to bf16 exactly (decode_bf16.cpp) into a scratch tensor freed after the job (weights
+// stay packed) and calls at::mm (oneDNN: AMX / AVX-512 BF16 where present) on the expert's
+// tokens in bf16; its activation is kept in bf16, not Q8. Error: that of bf16 activations and
+// bf16 GEMM outputs, like mxfp4_reference's.
 // Jobs are handed out by an atomic counter inside one parallel region, so experts with more
 // tokens do not leave the other threads idle.
 #include <ATen/Parallel.h>
@@ -175,30 +181,60 @@ void check_bias(const std::optional<at::Tensor>& bias, int64_t e, int64_t n, con
               " must be [", e, ", ", n, "], got ", bias->sizes());
 }
 
+// The routed pairs [begin, end) of one local expert e (pairs are stored in expert order).
+struct Group {
+  int64_t e, begin, end;
+};
+
 // Rows per GEMV job: small enough that 1 token over 4 experts gives every thread many jobs,
 // large enough that the per-job overhead (pointer set-up, atomics) is noise.
 constexpr int64_t kRowsPerJob = 64;
 
 // act/out hold `per` activation rows per routed pair (1 for Q8, 2 for q8x2), pairs in expert order.
-void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<int64_t>& experts,
-              const std::vector<int64_t>& offsets, const std::vector<const uint8_t*>& act,
-              const std::vector<float*>& out, int64_t per) {
+void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<Group>& groups,
+              const std::vector<const uint8_t*>& act, const std::vector<float*>& out, int64_t per) {
   const int64_t blocks_per_expert = (w.n + kRowsPerJob - 1) / kRowsPerJob;
-  const int64_t njobs = static_cast<int64_t>(experts.size()) * blocks_per_expert;
+  const int64_t njobs = static_cast<int64_t>(groups.size()) * blocks_per_expert;
   const int64_t row_bytes = w.k / 2, row_scales = w.k / 32;
   run_jobs(njobs, [&](int64_t job) {
-    const int64_t i = job / blocks_per_expert;
-    const int64_t e = experts[static_cast<size_t>(i)];
+    const Group& grp = groups[static_cast<size_t>(job / blocks_per_expert)];
+    const int64_t e = grp.e;
     GemvJob g;
     g.blocks = w.blocks + e * w.n * row_bytes;
     g.scales = w.scales + e * w.n * row_scales;
     g.k = w.k;
     g.row_begin = (job % blocks_per_expert) * kRowsPerJob;
     g.row_end = std::min(w.n, g.row_begin + kRowsPerJob);
-    g.act = act.data() + per * offsets[static_cast<size_t>(i)];
-    g.out = out.data() + per * offsets[static_cast<size_t>(i)];
-    g.m = per * (offsets[static_cast<size_t>(i) + 1] - offsets[static_cast<size_t>(i)]);
+    g.act = act.data() + per * grp.begin;
+    g.out = out.data() + per * grp.begin;
+    g.m = per * (grp.end - grp.begin);
     gemv(g);
+  });
+}
+
+// Rows per prefill GEMM job: a 256 x 2880 bf16 tile is 1.4 MiB (stays in L2/LLC between its
+// decode and the GEMM that reads it) and GPT-OSS-20B's 5760 / 2880 rows give 23 / 12 jobs per
+// expert, enough to balance the threads.
+constexpr int64_t kGemmRows = 256;
+
+// out[r * w.n + row] = sum_k W_e[row, k] * in[r, k] for the pairs r of every group, W decoded
+// tile by tile to bf16; in: bf16 [routed, K]. at::mm inside the parallel region runs on the
+// calling thread (ATen and oneDNN do not nest), so the jobs are the only parallelism.
+void run_gemm(const Stack& w, const std::vector<Group>& groups, const at::Tensor& in, float* out) {
+  const int64_t tiles = (w.n + kGemmRows - 1) / kGemmRows;
+  const int64_t njobs = static_cast<int64_t>(groups.size()) * tiles;
+  run_jobs(njobs, [&](int64_t job) {
+    const Group& grp = groups[static_cast<size_t>(job / tiles)];
+    const int64_t row0 = (job % tiles) * kGemmRows, rows = std::min(kGemmRows, w.n - row0);
+    at::Tensor tile = at::empty({rows, w.k}, in.options());
+    const int64_t first = grp.e * w.n + row0;
+    decode_rows_bf16_avx2(w.blocks + first * (w.k / 2), w.scales + first * (w.k / 32), rows, w.k,
+                          reinterpret_cast<uint16_t*>(tile.data_ptr<c10::BFloat16>()));
+    const at::Tensor res = at::mm(in.narrow(0, grp.begin, grp.end - grp.begin), tile.t()).contiguous();
+    const c10::BFloat16* rp = res.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < grp.end - grp.begin; ++i)
+      for (int64_t j = 0; j < rows; ++j)
+        out[(grp.begin + i) * w.n + row0 + j] = static_cast<float>(rp[i * rows + j]);
   });
 }
 
@@ -206,7 +242,7 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
                        const at::Tensor& w13, const at::Tensor& w13_scale, const std::optional<at::Tensor>& w13_bias,
                        const at::Tensor& w2, const at::Tensor& w2_scale, const std::optional<at::Tensor>& w2_bias,
                        const std::string& activation, double alpha, double limit, const std::string& isa,
-                       const std::string& precision) {
+                       const std::string& precision, int64_t gemm_min_tokens) {
   TORCH_CHECK(precision == "q8" || precision == "q8x2", "quantreg_cpu_mxfp4: precision must be 'q8' or 'q8x2', "
               "got '", precision, "'");
   const int64_t per = precision == "q8x2" ? 2 : 1;
@@ -264,6 +300,18 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
   }
   const int64_t routed = offsets.back();
   if (routed == 0) return out;
+  // Which experts take the GEMM path (gemm_min_tokens <= 0: none).
+  std::vector<Group> small, big;
+  std::vector<char> big_pair(static_cast<size_t>(routed), 0);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const Group g{experts[i], offsets[i], offsets[i + 1]};
+    if (gemm_min_tokens > 0 && g.end - g.begin >= gemm_min_tokens) {
+      big.push_back(g);
+      std::fill(big_pair.begin() + g.begin, big_pair.begin() + g.end, 1);
+    } else {
+      small.push_back(g);
+    }
+  }
   std::vector<int64_t> pair_of(static_cast<size_t>(routed));   // routed index -> t * topk + slot
   std::vector<int64_t> routed_of(static_cast<size_t>(pairs), -1);  // t * topk + slot -> routed index
   std::vector<int64_t> expert_of(static_cast<size_t>(routed));
@@ -303,7 +351,20 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
       dst[static_cast<size_t>(per * r + j)] = h13.data() + (j * routed + r) * N1;
     }
   }
-  run_gemv(gemv, s13, experts, offsets, act, dst, per);
+  run_gemv(gemv, s13, small, act, dst, per);
+  // The GEMM experts' tokens in bf16, one row per routed pair (rows of GEMV pairs unused).
+  const at::TensorOptions bf16 = x.options().dtype(at::kBFloat16);
+  at::Tensor xb = big.empty() ? at::Tensor() : at::empty({routed, H}, bf16);
+  at::Tensor ab = big.empty() ? at::Tensor() : at::empty({routed, I}, bf16);
+  if (!big.empty()) {
+    c10::BFloat16* xbp = xb.data_ptr<c10::BFloat16>();
+    run_jobs(routed, [&](int64_t r) {
+      if (!big_pair[static_cast<size_t>(r)]) return;
+      const int64_t t = pair_of[static_cast<size_t>(r)] / topk;
+      for (int64_t h = 0; h < H; ++h) xbp[r * H + h] = c10::BFloat16(load_float(xp, xdt, t * H + h));
+    });
+    run_gemm(s13, big, xb, h13.data());
+  }
 
   // 4. Bias, activation, Q8.
   std::vector<uint8_t> qa(static_cast<size_t>(per * routed * q2));
@@ -333,7 +394,10 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
         a[static_cast<size_t>(i)] = g / (1.f + std::exp(-g)) * u;
       }
     }
-    if (per == 2) {
+    if (big_pair[static_cast<size_t>(r)]) {
+      c10::BFloat16* abp = ab.data_ptr<c10::BFloat16>() + r * I;
+      for (int64_t i = 0; i < I; ++i) abp[i] = c10::BFloat16(a[static_cast<size_t>(i)]);
+    } else if (per == 2) {
       quantize_q8x2(a.data(), I, qa.data() + 2 * r * q2, qa.data() + (2 * r + 1) * q2, a.data() + I);
     } else {
       quantize_q8(a.data(), I, qa.data() + r * q2);
@@ -348,7 +412,8 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
       dst[static_cast<size_t>(per * r + j)] = y.data() + (j * routed + r) * H;
     }
   }
-  run_gemv(gemv, s2, experts, offsets, act, dst, per);
+  run_gemv(gemv, s2, small, act, dst, per);
+  if (!big.empty()) run_gemm(s2, big, ab, y.data());
 
   // 6. Weighted sum per token, slots in order.
   void* op = out.data_ptr();
@@ -385,7 +450,7 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
 at::Tensor moe_forward_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
                             const std::optional<at::Tensor>&, const std::string&, double, double,
-                            const std::string&, const std::string&) {
+                            const std::string&, const std::string&, int64_t) {
   return at::empty_like(x);
 }
 
@@ -418,7 +483,7 @@ int64_t read_pass(const std::vector<at::Tensor>& tensors) {
 TORCH_LIBRARY(quantreg_cpu_mxfp4, m) {
   m.def("moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w13_scale, "
         "Tensor? w13_bias, Tensor w2, Tensor w2_scale, Tensor? w2_bias, str activation, float alpha, "
-        "float limit, str isa, str precision) -> Tensor");
+        "float limit, str isa, str precision, int gemm_min_tokens) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quantreg_cpu_mxfp4, CPU, m) { m.impl("moe_forward", &quantreg_cpu_mxfp4::moe_forward); }

@@ -43,10 +43,16 @@ further on, so no repack and no copy is needed (resident bytes = the input's, 1.
 is contiguous uint8; otherwise one contiguous copy is made. A ggml-style row-interleaved repack
 was not tried (see the bench for where the decode path stands against the read floor).
 
-Prefill: the same int8 kernel, tiled (32 tokens x 4 rows per sweep, weights decoded once per
-4-row x 128-column tile and reused over 4 (AVX-512) or 2 (AVX2) tokens). It is compute-bound at
-many tokens per expert; a decode-to-bf16 + ATen GEMM path (AMX where present) is not implemented,
-so there is no tokens-per-expert threshold yet.
+Prefill: the int8 kernel is compute-bound at many tokens per expert (tiled: 32 tokens x 4 rows
+per sweep, weights decoded once per 4-row x 128-column tile and reused over 4 (AVX-512) or 2
+(AVX2) tokens). So an expert with at least :data:`GEMM_MIN_TOKENS` routed tokens takes another
+path inside the same op: (expert, 256-row tile) jobs decode their tile to bf16 -- exactly, every
+MXFP4 value is a bf16 -- into a scratch tensor that lives for the job only (weights stay packed,
+resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``at::mm``
+(oneDNN: AMX where present, AVX-512 BF16 / AVX2 otherwise), W13 then activation (kept in bf16)
+then W2; weighting and the per-token sum are shared with the int8 path. Its error is that of a
+torch bf16 MoE on the dequantised weights (``mxfp4_reference``'s scheme): 0.5-0.7 % measured,
+independent of the precision setting. The weight decode is AVX2 on both ISA paths.
 
 Threads: every stage runs on torch's intra-op threads (``at::parallel_for``); GEMV jobs are
 (expert, 64-row block) pairs taken from a shared counter, so uneven experts balance.
@@ -69,6 +75,14 @@ PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
 PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
+# Tokens routed to one expert from which it takes the prefill path (bf16 tiles + at::mm) instead
+# of the Q8 GEMV, per activation precision. Measured (GPT-OSS-20B layer, 4 experts x c tokens,
+# 2 threads, AMD EPYC AVX-512 BF16 without AMX, load ~2): q8x2 GEMV 20.7 ms vs GEMM 21.1 ms at
+# c=16, 36.0 vs 26.6 at 24, 48.7 vs 31.5 at 32; q8 GEMV 23.3 vs 28.2 at 32, 47.0 vs 46.8 at 64.
+# The GEMM has a fixed cost (decoding the expert, ~3.5 ms) that the int8 GEMV does not, and q8
+# does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is faster
+# still, so these thresholds are conservative there.
+GEMM_MIN_TOKENS = {"q8x2": 16, "q8": 64}
 
 
 @cache
@@ -202,6 +216,7 @@ def moe_forward(
     activation: str = "swigluoai",
     alpha: float = 1.702,
     limit: float = 7.0,
+    gemm_min_tokens: int | None = None,
 ) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * (W2_e act(W13_e x_t + b13_e) + b2_e)`` for ``e = topk_ids[t, k]``.
 
@@ -212,13 +227,17 @@ def moe_forward(
     ``g = min(gate, limit)``; ``"silu"``: w13 = ``[gate; up]`` halves, ``silu(gate) * up``
     (``alpha``/``limit`` unused). Biases bf16/fp32 ``[E, 2I]`` / ``[E, H]`` or None. Returns
     ``[T, H]`` in ``x``'s dtype. Raises ``RuntimeError`` if the extension is not built.
+    ``gemm_min_tokens``: experts with at least this many routed tokens take the prefill path
+    (None: :data:`GEMM_MIN_TOKENS` for the precision; 0: none; tests and bench pin a path with it).
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     op = _op()
+    prec = precision()
+    threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens is None else int(gemm_min_tokens)
     out: torch.Tensor = op(  # type: ignore[operator]
         x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), w13.blocks, w13.scales,
         None if w13_bias is None else w13_bias.contiguous(), w2.blocks, w2.scales,
         None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit), isa(),
-        precision())
+        prec, threshold)
     return out
