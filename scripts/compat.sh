@@ -45,7 +45,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$DIR" "$(dirname "$OUT")"
 # The tests that make up the subset; `-m compat` picks the marked tests inside them.
 COMPAT_TESTS=(tests/test_vllm_versions.py tests/test_seam_coverage.py tests/test_conformance.py tests/e2e/test_seam.py tests/e2e/test_mxfp4_reference.py tests/e2e/test_harness.py
-              plugins/hpu_mxfp4/tests/test_hpu_mxfp4_vllm.py)
+              plugins/hpu_mxfp4/tests/test_hpu_mxfp4_vllm.py plugins/cpu_mxfp4/tests/test_cpu_mxfp4_kit.py)
 
 # The torch each release pins (0.28-0.32: 2.13.0+cpu, the wheel on this disk; 0.26: 2.11.0+cpu,
 # only on PyTorch's own index).
@@ -128,6 +128,13 @@ PYEOF
   $pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # Real distributions, as a user gets them: vLLM's worker processes find the entry points.
   $pip install -q --force-reinstall --no-deps . ./plugins/hpu_mxfp4 || return 1
+  # Plugin #2 compiles against torch: the wheel setup.sh built for the main venv's torch, where
+  # this release pins the same torch (0.28-0.32: 2.13.0); elsewhere it stays out (its tests skip).
+  local cpu_wheel
+  cpu_wheel=$(ls "${QUANTREG_DIST:-dist}"/quantreg_cpu_mxfp4-[0-9]*.whl 2>/dev/null | head -1)
+  if [ -n "$cpu_wheel" ] && [ "$(torch_pin "$v")" = "$(torch_of "$MAIN_VENV")" ]; then
+    $pip install -q --force-reinstall --no-deps "$cpu_wheel" || return 1
+  fi
   $pip install -q "pluggy>=1.3" "PyYAML>=6.0" "pytest>=8" "hypothesis>=6" "jsonschema>=4" || return 1
   "$venv/bin/python" -c 'import vllm, quantreg.vllm' || return 1
 }
