@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("vllm")
-pytest.importorskip("quantreg_cpu_mxfp4", reason="quantreg-cpu-mxfp4 is not installed in this venv (compat.sh installs it where the torch matches)")
+pytest.importorskip("quantreg_cpu_mxfp4", reason="quantreg-cpu-mxfp4 is not installed in this venv "
+                    "(compat.sh installs it where the release pins the main venv's torch)")
 
 import quantreg
 from quantreg.testing import run_checks
