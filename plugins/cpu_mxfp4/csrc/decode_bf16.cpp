@@ -7,7 +7,7 @@
 // doubling), keep the high halves. Byte 0 scales to 0 and 255 to NaN, like the GEMV kernels.
 #include <immintrin.h>
 
-#include <cmath>
+// builtins, not <cmath>: no inline library code compiled for AVX2 here (see gemv.h)
 
 #include "gemv.h"
 
@@ -30,8 +30,8 @@ QR_AVX2 void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales,
                                    uint16_t* dst) {
   float scale_of[256];
   scale_of[0] = 0.f;
-  for (int s = 1; s < 255; ++s) scale_of[s] = std::ldexp(1.f, s - 128);
-  scale_of[255] = std::nanf("");
+  for (int s = 1; s < 255; ++s) scale_of[s] = __builtin_ldexpf(1.f, s - 128);
+  scale_of[255] = __builtin_nanf("");
   const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
   const __m128i nib = _mm_set1_epi8(0x0F);
   const int64_t nb = k / 32;

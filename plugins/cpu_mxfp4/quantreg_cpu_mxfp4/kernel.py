@@ -25,8 +25,9 @@ decoded once per token tile, so no extra weight traffic; the dot-product work do
 becomes ~1/254 of Q8's and what remains is fp32 accumulation and the final rounding to ``x``'s
 dtype (bf16: 0.4 % of an element, ~0.3 % ``relative_error``). The tests hold both settings to
 the 2 % tolerance and ``q8x2`` to 1 %. Cost (bench/cpu_mxfp4_bench.py, shared 2-core host): free
-at 1 token (memory-bound), +30 % at 16 tokens, ~3.6x at 256 tokens (compute-bound) -- set
-``q8`` where prefill throughput matters more than the last percent of accuracy.
+at 1 token (memory-bound), +30 % at 16 tokens on the int8 path (compute-bound), which is why
+``q8x2`` hands experts to the bf16 prefill path from 16 tokens and ``q8`` only from 64 (below);
+``q8`` stays the faster setting for long prompts on hosts without AMX.
 
 Format edge cases: E8M0 byte 255 (NaN in the OCP spec) yields non-finite outputs for the rows
 that use it; byte 0 (2^-127) is treated as 0 (a difference below 1e-38 relative). Non-finite
