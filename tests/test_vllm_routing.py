@@ -116,3 +116,29 @@ def test_local_expert_ids_follow_vllms_expert_map(harness: Any) -> None:
     assert local.tolist() == rank1.expert_map[ids].tolist() == [[-1, 1], [0, 3], [-1, -1]]
     whole = harness.build(method_factory(_probe_class())).experts
     assert routing.local_expert_ids(whole, ids).tolist() == ids.tolist()  # one rank: every id is local
+
+
+class _Method(routing.InMethodRouting):
+    def __init__(self, order: str) -> None:
+        self._order = order
+
+    def apply_monolithic(self) -> str:
+        return "routed here"
+
+
+def test_in_method_routing_defers_auto_refuses_explicit_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    logger = logging.getLogger("vllm.quantreg.test_routing")
+    method = _Method("pending")
+    method.defer_unsupported("some_method", "auto", [], "layer.0", logger)
+    assert method.is_monolithic and method._select_monolithic()() == "routed here"
+    with caplog.at_level(logging.INFO, logger="vllm.quantreg"):
+        method.defer_unsupported("some_method", "auto", ["e_score_correction_bias"], "layer.0", logger)
+        method.defer_unsupported("some_method", "auto", ["e_score_correction_bias"], "layer.0", logger)
+    assert not method.is_monolithic and method._order == "vllm"
+    assert [r.getMessage() for r in caplog.records] == [
+        "some_method: layer 'layer.0' uses e_score_correction_bias: vLLM's router selects its experts (modular path)"]
+    with pytest.raises(ValueError, match=r"^some_method: layer 'layer\.1' uses hash routing"):
+        _Method("topk_softmax").defer_unsupported("some_method", "topk_softmax",
+                                                  ["hash routing (hash_indices_table)"], "layer.1", logger)

@@ -14,12 +14,13 @@ release without a feature reports nothing for it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IN_METHOD_ORDERS", "check_in_method_routing", "default_order", "local_expert_ids",
+__all__ = ["IN_METHOD_ORDERS", "InMethodRouting", "check_in_method_routing", "default_order", "local_expert_ids",
            "select_in_method", "to_local", "unsupported_routing"]
 
 #: The orders computed inside a method: top-k of the logits then softmax over k (GPT-OSS's own
@@ -116,3 +117,40 @@ def local_expert_ids(layer: Any, topk_ids: torch.Tensor) -> torch.Tensor:
     num_local = int(layer.local_num_experts)
     first = int(getattr(layer.moe_config, "ep_rank", 0)) * num_local
     return to_local(topk_ids, first, num_local).to(torch.int32)
+
+
+class InMethodRouting:
+    """Mixin for a method that routes inside (monolithic) unless it defers a layer to vLLM's router.
+
+    Why a mixin: vLLM asks the method itself whether it is monolithic, per layer, and a method
+    learns what a layer's router does only at build (quantreg's context) or after loading, so the
+    answer must follow one attribute. ``_order`` is the order the method computes: an in-method
+    order (or the method's own), or ``"vllm"``: modular, vLLM's router picks and ``apply`` gets its
+    choice. Put it before vLLM's class in the bases so its ``is_monolithic`` wins.
+    """
+
+    _order: str
+    apply_monolithic: Any  # the subclass's forward when monolithic
+
+    @property
+    def is_monolithic(self) -> bool:
+        return self._order != "vllm"
+
+    def _select_monolithic(self) -> Any:
+        return self.apply_monolithic
+
+    def defer_unsupported(self, method: str, requested: str, unsupported: list[str], layer_name: str,
+                          logger: logging.Logger) -> None:
+        """Refuse (``requested`` is an in-method order) or defer to vLLM's router a layer with ``unsupported``.
+
+        Nothing happens when ``unsupported`` is empty; otherwise :func:`check_in_method_routing`
+        raises for an explicit in-method order, else ``_order`` becomes ``"vllm"`` and ``logger``
+        says so once (an INFO line naming the layer and the features).
+        """
+        if not unsupported:
+            return
+        check_in_method_routing(method, requested, layer_name, unsupported)
+        if self._order != "vllm":
+            self._order = "vllm"
+            logger.info("%s: layer '%s' uses %s: vLLM's router selects its experts (modular path)",
+                        method, layer_name, ", ".join(unsupported))

@@ -31,7 +31,7 @@ import torch
 
 from quantreg.methods import BuildContext
 from quantreg.vllm.moe_method import init_without_backend, upstream_mxfp4_method
-from quantreg.vllm.routing import local_expert_ids
+from quantreg.vllm.routing import InMethodRouting, local_expert_ids
 
 from . import kernel, routing
 from .options import MethodOptions
@@ -45,7 +45,7 @@ PACKED_PARAMETERS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_s
 _Base: type[Any] = upstream_mxfp4_method()
 
 
-class CpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
+class CpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
     """``cpu_mxfp4``: packed MXFP4 experts run by this distribution's CPU kernel."""
 
     quantreg_name: ClassVar[str] = "cpu_mxfp4"
@@ -72,22 +72,9 @@ class CpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         At build when quantreg passes the layer being built (so a refusal reaches the seam), and
         again after loading for methods built without a context.
         """
-        unsupported = routing.unsupported_routing(moe, layer)
-        if not unsupported:
-            return
-        name = prefix or str(getattr(layer, "layer_name", ""))
-        routing.check_in_method_routing(self.method_options.routing, name, unsupported)
-        if self._order != "vllm":
-            self._order = "vllm"
-            logger.info("cpu_mxfp4: layer '%s' uses %s: vLLM's router selects its experts (modular path)",
-                        name, ", ".join(unsupported))
-
-    @property
-    def is_monolithic(self) -> bool:
-        return self._order != "vllm"
-
-    def _select_monolithic(self) -> Any:
-        return self.apply_monolithic
+        self.defer_unsupported(self.quantreg_name, self.method_options.routing,
+                               routing.unsupported_routing(moe, layer),
+                               prefix or str(getattr(layer, "layer_name", "")), logger)
 
     # -- load -------------------------------------------------------------------------------
     def process_weights_after_loading(self, layer: Any) -> None:

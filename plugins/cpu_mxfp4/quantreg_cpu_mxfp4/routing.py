@@ -53,15 +53,6 @@ def unsupported_routing(moe_config: Any, layer: Any) -> list[str]:
     return found + shared.unsupported_routing(moe_config, layer)
 
 
-def check_in_method_routing(routing: str, prefix: str, unsupported: list[str]) -> None:
-    """An explicit in-method order on a layer whose routing it does not compute: a ValueError at build.
-
-    quantreg's seam then falls back to vLLM's own method (lenient) or stops (strict); the method
-    never runs with experts other than those vLLM's router would pick.
-    """
-    shared.check_in_method_routing("cpu_mxfp4", routing, prefix, unsupported)
-
-
 def order_for(routing: str, model: str | None, unsupported: list[str]) -> str:
     """``topk_softmax`` (GPT-OSS), ``softmax_topk`` (others) or ``vllm`` (vLLM's router; modular)."""
     if routing != "auto":

@@ -32,6 +32,7 @@ import torch
 from quantreg.formats.mxfp4 import dequantize_mxfp4
 from quantreg.methods import BuildContext
 from quantreg.vllm.moe_method import init_without_backend, upstream_mxfp4_method
+from quantreg.vllm.routing import InMethodRouting
 
 from . import routing, sequence_parallel
 from .hpu_op import ChunkPolicy, ExpertWeights, MoeOp, OpSet, hpu_ops, reference_ops, vllm_gaudi_chunk_policy
@@ -46,7 +47,7 @@ _SUPPORTED_ACTIVATIONS = ("silu", "gelu", "relu")
 _Base: type[Any] = upstream_mxfp4_method()
 
 
-class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
+class HpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
     """``hpu_mxfp4``: Gaudi's native MXFP4 MoE kernels on the packed weights."""
 
     quantreg_name: ClassVar[str] = "hpu_mxfp4"
@@ -76,15 +77,9 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         the seam, and again after loading for methods built without a context (the layer is known
         only then). ``auto`` goes modular; an explicit in-method order raises a ValueError.
         """
-        unsupported = routing.unsupported_routing(moe, layer)
-        if not unsupported:
-            return
-        routing.check_in_method_routing(self.quantreg_name, self.method_options.routing,
-                                        prefix or str(getattr(layer, "layer_name", "")), unsupported)
-        if self._order != "vllm":
-            self._order = "vllm"
-            logger.info("%s: layer '%s' uses %s: vLLM's router selects its experts (modular path)",
-                        self.quantreg_name, prefix or getattr(layer, "layer_name", ""), ", ".join(unsupported))
+        self.defer_unsupported(self.quantreg_name, self.method_options.routing,
+                               routing.unsupported_routing(moe, layer),
+                               prefix or str(getattr(layer, "layer_name", "")), logger)
 
     # -- what runs where ------------------------------------------------------------------
     def _prepare_device(self) -> None:
@@ -98,13 +93,6 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
 
     def _chunk_policy(self, global_num_experts: int) -> ChunkPolicy:
         return vllm_gaudi_chunk_policy(global_num_experts)
-
-    @property
-    def is_monolithic(self) -> bool:
-        return self._order != "vllm"
-
-    def _select_monolithic(self) -> Any:
-        return self.apply_monolithic
 
     # -- load -------------------------------------------------------------------------------
     def process_weights_after_loading(self, layer: Any) -> None:

@@ -46,12 +46,6 @@ def uses_custom_routing(layer: Any) -> bool:
     return grouped or getattr(layer, "custom_routing_function", None) is not None
 
 
-def check_in_method_routing(method: str, routing: str, prefix: str, unsupported: list[str]) -> None:
-    """An explicitly requested in-method order on a layer whose routing it cannot compute: refuse
-    (:func:`quantreg.vllm.routing.check_in_method_routing`; the seam falls back or, strict, stops)."""
-    shared.check_in_method_routing(method, routing, prefix, unsupported)
-
-
 def order_for(routing: str, model_type: str | None, layer: Any, unsupported: list[str] | None = None) -> str:
     """Which routing a layer gets: ``topk_softmax``, ``softmax_topk``, ``layer_router`` or ``vllm``.
 
@@ -60,7 +54,7 @@ def order_for(routing: str, model_type: str | None, layer: Any, unsupported: lis
     ``RoutedExperts`` no longer carries the ``router`` the seed called (``layer_router``), and how
     every feature in ``unsupported`` (:func:`unsupported_routing`) is honoured: deferred to vLLM's
     router, never approximated. An explicit in-method order with such features is refused
-    (:func:`check_in_method_routing`) before this is asked.
+    (:func:`quantreg.vllm.routing.check_in_method_routing`) before this is asked.
     """
     if routing != "auto":
         return routing
