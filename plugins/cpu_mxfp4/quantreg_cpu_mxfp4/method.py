@@ -5,14 +5,16 @@ and E8M0 scales, bf16 biases, and the GPT-OSS and Mixtral loaders' expectations:
 these parameters, see quantreg's ``tests/e2e/test_second_arch.py``), and replaces everything that
 runs:
 
-* construction skips the parent's CUDA backend selection (``mxfp4_backend = None``); vLLM then
+* construction skips the parent's CUDA backend selection
+  (:func:`quantreg.vllm.moe_method.init_without_backend`: ``mxfp4_backend = None``); vLLM then
   rounds the intermediate size up to a multiple of 64 and zero-fills the padding, which this
   method computes through unchanged (zero rows and columns add exactly zero);
 * ``process_weights_after_loading`` hands the loaded parameters to the kernel's
   :class:`~quantreg_cpu_mxfp4.kernel.PackedExperts` (which may repack them) and **frees** the
   layer's copies: the weights stay packed, no bf16 copy of the experts exists;
 * the forward routes (GPT-OSS: top-k of the logits, softmax over k; others: softmax, top-k,
-  renormalise), maps global expert ids to this expert-parallel rank's local ones and calls
+  renormalise), maps global expert ids to this expert-parallel rank's local ones
+  (:func:`quantreg.vllm.routing.local_expert_ids`) and calls
   :func:`~quantreg_cpu_mxfp4.kernel.moe_forward`.
 
 Routing it does not compute is deferred to vLLM's router (``routing: auto``: the method goes
@@ -26,10 +28,10 @@ import logging
 from typing import Any, ClassVar
 
 import torch
-from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
-from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
 
 from quantreg.methods import BuildContext
+from quantreg.vllm.moe_method import init_without_backend, upstream_mxfp4_method
+from quantreg.vllm.routing import InMethodRouting, local_expert_ids
 
 from . import kernel, routing
 from .options import MethodOptions
@@ -40,19 +42,10 @@ logger = logging.getLogger("vllm.quantreg.cpu_mxfp4")
 PACKED_PARAMETERS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
 
 
-def upstream_method_class() -> type[Any]:
-    """vLLM's own ``GptOssMxfp4MoEMethod``, even if a platform plugin rebound the module attribute."""
-    bound: type[Any] = vllm_mxfp4.GptOssMxfp4MoEMethod
-    for cls in bound.__mro__:
-        if cls.__module__ == vllm_mxfp4.__name__ and cls.__name__ == "GptOssMxfp4MoEMethod":
-            return cls
-    return bound
+_Base: type[Any] = upstream_mxfp4_method()
 
 
-_Base: type[Any] = upstream_method_class()
-
-
-class CpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
+class CpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
     """``cpu_mxfp4``: packed MXFP4 experts run by this distribution's CPU kernel."""
 
     quantreg_name: ClassVar[str] = "cpu_mxfp4"
@@ -62,15 +55,7 @@ class CpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
     def __init__(self, moe: Any, quantreg_context: BuildContext | None = None, **options: Any) -> None:
         """``cls(moe_config, **options)``; quantreg's seam also passes ``quantreg_context`` (the layer's key)."""
         self.method_options = MethodOptions.parse(self.quantreg_name, options)
-        FusedMoEMethodBase.__init__(self, moe)  # skip GptOssMxfp4MoEMethod's CUDA backend selection
-        self.weight_dtype = "gpt_oss_mxfp4"
-        self.mxfp4_backend = None
-        self.experts_cls = None
-        self.moe_kernel = None
-        self.max_capture_size = getattr(moe, "max_capture_size", 0)
-        self._cache_permute_indices: dict[Any, Any] = {}
-        self.w13_precision_config = None
-        self.w2_precision_config = None
+        init_without_backend(self, moe)  # vLLM's create_weights, not its CUDA backend selection
         self.model_type = routing.model_type(quantreg_context)
         self._order = "vllm" if self.method_options.routing == "vllm" else "pending"
         self._activation = "swigluoai"
@@ -87,22 +72,9 @@ class CpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         At build when quantreg passes the layer being built (so a refusal reaches the seam), and
         again after loading for methods built without a context.
         """
-        unsupported = routing.unsupported_routing(moe, layer)
-        if not unsupported:
-            return
-        name = prefix or str(getattr(layer, "layer_name", ""))
-        routing.check_in_method_routing(self.method_options.routing, name, unsupported)
-        if self._order != "vllm":
-            self._order = "vllm"
-            logger.info("cpu_mxfp4: layer '%s' uses %s: vLLM's router selects its experts (modular path)",
-                        name, ", ".join(unsupported))
-
-    @property
-    def is_monolithic(self) -> bool:
-        return self._order != "vllm"
-
-    def _select_monolithic(self) -> Any:
-        return self.apply_monolithic
+        self.defer_unsupported(self.quantreg_name, self.method_options.routing,
+                               routing.unsupported_routing(moe, layer),
+                               prefix or str(getattr(layer, "layer_name", "")), logger)
 
     # -- load -------------------------------------------------------------------------------
     def process_weights_after_loading(self, layer: Any) -> None:
@@ -157,21 +129,7 @@ class CpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         if self.w13 is None or self.w2 is None:
             raise RuntimeError("cpu_mxfp4: forward before process_weights_after_loading")
         top_k = ids.shape[-1]
-        ids = self._local_ids(layer, ids.reshape(-1, top_k))
+        ids = local_expert_ids(layer, ids.reshape(-1, top_k))
         return kernel.moe_forward(x.to(torch.bfloat16), ids, weights.reshape(-1, top_k).float(),
                                   self.w13, self._w13_bias, self.w2, self._w2_bias, activation=self._activation,
                                   alpha=self.method_options.alpha, limit=self.method_options.limit).to(x.dtype)
-
-    @staticmethod
-    def _local_ids(layer: Any, ids: torch.Tensor) -> torch.Tensor:
-        """Global expert ids -> this rank's local ids; other ranks' experts become -1 (contribute 0).
-
-        vLLM's ``expert_map`` (global -> local, -1 elsewhere) when the layer has one (expert
-        parallel), else the linear placement ``id - ep_rank * local_num_experts``.
-        """
-        expert_map = getattr(layer, "expert_map", None)
-        if expert_map is not None:
-            return expert_map.to(ids.device)[ids.to(torch.int64)].to(torch.int32)
-        num_local = int(layer.local_num_experts)
-        first = int(getattr(layer.moe_config, "ep_rank", 0)) * num_local
-        return routing.to_local(ids, first, num_local).to(torch.int32)

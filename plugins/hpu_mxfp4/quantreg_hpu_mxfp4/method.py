@@ -2,8 +2,9 @@
 
 They subclass vLLM's ``GptOssMxfp4MoEMethod`` to keep its ``create_weights`` (uint8 MXFP4 blocks
 and E8M0 scales, bf16 biases, the checkpoint loader's expectations) and replace everything that
-runs: no CUDA backend is selected, ``process_weights_after_loading`` binds the loaded parameters
-(as views) to a :class:`~.hpu_op.MoeOp`, and the forward routes tokens and calls it.
+runs: no CUDA backend is selected (:func:`quantreg.vllm.moe_method.init_without_backend`),
+``process_weights_after_loading`` binds the loaded parameters (as views) to a
+:class:`~.hpu_op.MoeOp`, and the forward routes tokens and calls it.
 
 vLLM 0.32 calls ``apply_monolithic(layer, x, router_logits)`` when ``is_monolithic`` is true and
 ``apply(layer, x, topk_weights, topk_ids, ...)`` after its own router otherwise. Like vllm-gaudi,
@@ -27,11 +28,11 @@ import os
 from typing import Any, ClassVar
 
 import torch
-from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
-from vllm.model_executor.layers.quantization import mxfp4 as vllm_mxfp4
 
 from quantreg.formats.mxfp4 import dequantize_mxfp4
 from quantreg.methods import BuildContext
+from quantreg.vllm.moe_method import init_without_backend, upstream_mxfp4_method
+from quantreg.vllm.routing import InMethodRouting
 
 from . import routing, sequence_parallel
 from .hpu_op import ChunkPolicy, ExpertWeights, MoeOp, OpSet, hpu_ops, reference_ops, vllm_gaudi_chunk_policy
@@ -43,20 +44,10 @@ NATIVE_ENV = "HPU_MXFP4_NATIVE"
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu", "relu")
 
 
-def upstream_method_class() -> type[Any]:
-    """vLLM's own ``GptOssMxfp4MoEMethod``, even after vllm-gaudi rebinds the module attribute
-    to its ``HPUGptOssMxfp4MoEMethod`` (which subclasses it)."""
-    bound: type[Any] = vllm_mxfp4.GptOssMxfp4MoEMethod
-    for cls in bound.__mro__:
-        if cls.__module__ == vllm_mxfp4.__name__ and cls.__name__ == "GptOssMxfp4MoEMethod":
-            return cls
-    return bound
+_Base: type[Any] = upstream_mxfp4_method()
 
 
-_Base: type[Any] = upstream_method_class()
-
-
-class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
+class HpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
     """``hpu_mxfp4``: Gaudi's native MXFP4 MoE kernels on the packed weights."""
 
     quantreg_name: ClassVar[str] = "hpu_mxfp4"
@@ -70,15 +61,7 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
     def __init__(self, moe: Any, quantreg_context: BuildContext | None = None, **options: Any) -> None:
         """``cls(moe_config, **options)``; quantreg's seam also passes ``quantreg_context`` (the layer's key)."""
         self.method_options = MethodOptions.parse(self.quantreg_name, options)
-        FusedMoEMethodBase.__init__(self, moe)  # skip GptOssMxfp4MoEMethod's CUDA backend selection
-        self.weight_dtype = "gpt_oss_mxfp4"
-        self.mxfp4_backend = None
-        self.experts_cls = None
-        self.moe_kernel = None
-        self.max_capture_size = getattr(moe, "max_capture_size", 0)
-        self._cache_permute_indices: dict[Any, Any] = {}
-        self.w13_precision_config = None
-        self.w2_precision_config = None
+        init_without_backend(self, moe)  # vLLM's create_weights, not its CUDA backend selection
         self.model_type = routing.model_type(quantreg_context)
         self._order = "vllm" if self.method_options.routing == "vllm" else "pending"
         layer = quantreg_context.layer if quantreg_context is not None else None
@@ -94,15 +77,9 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
         the seam, and again after loading for methods built without a context (the layer is known
         only then). ``auto`` goes modular; an explicit in-method order raises a ValueError.
         """
-        unsupported = routing.unsupported_routing(moe, layer)
-        if not unsupported:
-            return
-        routing.check_in_method_routing(self.quantreg_name, self.method_options.routing,
-                                        prefix or str(getattr(layer, "layer_name", "")), unsupported)
-        if self._order != "vllm":
-            self._order = "vllm"
-            logger.info("%s: layer '%s' uses %s: vLLM's router selects its experts (modular path)",
-                        self.quantreg_name, prefix or getattr(layer, "layer_name", ""), ", ".join(unsupported))
+        self.defer_unsupported(self.quantreg_name, self.method_options.routing,
+                               routing.unsupported_routing(moe, layer),
+                               prefix or str(getattr(layer, "layer_name", "")), logger)
 
     # -- what runs where ------------------------------------------------------------------
     def _prepare_device(self) -> None:
@@ -116,13 +93,6 @@ class HpuMxfp4MoEMethod(_Base):  # type: ignore[misc]
 
     def _chunk_policy(self, global_num_experts: int) -> ChunkPolicy:
         return vllm_gaudi_chunk_policy(global_num_experts)
-
-    @property
-    def is_monolithic(self) -> bool:
-        return self._order != "vllm"
-
-    def _select_monolithic(self) -> Any:
-        return self.apply_monolithic
 
     # -- load -------------------------------------------------------------------------------
     def process_weights_after_loading(self, layer: Any) -> None:
