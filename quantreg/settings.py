@@ -9,7 +9,7 @@ test checks that every name of :data:`SETTINGS` is documented in ``docs/operatin
 A parser never raises: it returns ``(value, None)`` or ``(default, message)``; the message
 becomes one located problem ``environment: NAME: message`` (lenient: the default is used).
 
-Plugins own their own ``QUANTREG_<PLUGIN>_*`` names (e.g. ``QUANTREG_CPU_MXFP4_ISA``): a
+Plugins own their own ``QUANTREG_<PLUGIN>_*`` names (e.g. ``QUANTREG_MYPLUGIN_ISA``): a
 ``QUANTREG_`` name not in this table is not an error.
 
 This module imports nothing heavy: it is read on every vLLM start-up.

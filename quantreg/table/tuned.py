@@ -19,7 +19,7 @@ Shape (every key optional except ``results``)::
       rounds: 5                         # timing rounds measured per token count (after one warm-up)
       shape: {experts: 32, hidden: 2880, intermediate: 2880, top_k: 4}
       results:                          # every method tried, fastest passing first
-        - {method: cpu_mxfp4, ok: true, score_ms: 2.1, ms: {"1": 1.9, "64": 12.0, "256": 40.0}, rel_error: 0.004}
+        - {method: fast_method, ok: true, score_ms: 2.1, ms: {"1": 1.9, "64": 12.0, "256": 40.0}, rel_error: 0.004}
         - {method: wrong, ok: false, error: "numerics: relative error 0.61 > 0.02 at 1 token"}
 """
 

@@ -1,30 +1,34 @@
-"""The availability probe of ``cpu_mxfp4``: quick, side-effect free, never raises.
+"""The availability probe of ``cpu_mxfp4``: quick, side-effect free, never raises, imports no torch.
 
-quantreg calls it when a rule's chain reaches the method. It answers from the kernel's own
-:func:`~quantreg_cpu_mxfp4.kernel.status` (an extension that was not built, or a CPU without
-AVX2+FMA, is "unavailable" with that reason), so a chain such as ``[vllm, cpu_mxfp4]`` moves on
-instead of failing while vLLM builds the model.
+quantreg calls it when a rule's chain reaches the method: on a CPU without AMX that is every
+``explain``/``plan`` of a GPT-OSS MXFP4 key (the plugin's chain ``[vllm, cpu_mxfp4]`` passes
+``vllm`` over there), so it must stay as cheap as a decision. What it needs of the CPU (AVX2+FMA)
+the method declares (``host: cpu:avx2, cpu:fma``), decided by quantreg from host facts before
+this runs; here only "was the extension built?": the compiled module's file is looked up without
+loading it (loading imports torch). An extension that is there but cannot load (a torch it was not
+built against) fails when the method is built, where the seam falls back (lenient) or stops
+(strict) with that reason; :func:`quantreg_cpu_mxfp4.kernel.status` is the full check.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
+from pathlib import Path
+
+EXTENSION = "quantreg_cpu_mxfp4._C"
 
 
 def kernel_available() -> tuple[bool, str]:
-    """``(True, "kernel ready: <isa> path")`` or ``(False, "unavailable: <why>")``."""
+    """``(True, "kernel built: <file>")`` or ``(False, "unavailable: extension not built (<why>)")``."""
     try:
-        kernel = importlib.import_module("quantreg_cpu_mxfp4.kernel")
-    except Exception as exc:  # an unbuilt or broken extension must not break resolution
+        spec = importlib.util.find_spec(EXTENSION)
+    except Exception as exc:  # a broken package must not break resolution
         return False, f"unavailable: extension not built ({type(exc).__name__}: {exc})"
-    try:
-        ok, why = kernel.status()
-    except Exception as exc:  # the API says status() never raises; a probe answers even if it does
-        return False, f"unavailable: kernel status failed ({type(exc).__name__}: {exc})"
-    if not ok:
-        return False, f"unavailable: {why}"
-    try:
-        path = kernel.isa()
-    except Exception as exc:
-        return False, f"unavailable: kernel isa() failed ({type(exc).__name__}: {exc})"
-    return True, f"kernel ready ({why}): {path} path"
+    if spec is None or spec.origin is None:
+        failure = Path(__file__).with_name("BUILD_FAILED.txt")  # written by setup.py when the build failed
+        try:
+            why = f"the build failed: {failure.read_text(encoding='utf-8', errors='replace').strip()}"
+        except OSError:
+            why = f"no module {EXTENSION}"
+        return False, f"unavailable: extension not built ({why})"
+    return True, f"kernel built: {Path(spec.origin).name}"

@@ -44,18 +44,19 @@ def test_options_have_one_field_each_and_are_checked() -> None:
         options.MethodOptions.parse("cpu_mxfp4", {"limit": -1})
 
 
-def test_probe_answers_from_the_kernel_status() -> None:
+def test_probe_agrees_with_the_kernel_status() -> None:
+    """The probe only looks the built extension up (no torch); the kernel's status loads it: they agree."""
     ok, why = probe.kernel_available()
     from quantreg_cpu_mxfp4 import kernel
 
-    assert ok is kernel.status()[0] and kernel.isa() in why
+    assert ok is kernel.status()[0] and (why.startswith("kernel built: _C") if ok else "not built" in why)
 
 
 def test_probe_says_unavailable_when_the_extension_is_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """An extension module that cannot be imported (what an install without a compiler leaves)."""
-    monkeypatch.setitem(sys.modules, "quantreg_cpu_mxfp4.kernel", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, probe.EXTENSION, None)  # as if the compiled module were absent
     ok, why = probe.kernel_available()
-    assert not ok and why.startswith("unavailable: extension not built (ModuleNotFoundError")
+    assert not ok and why.startswith("unavailable: extension not built (")
 
 
 def test_a_chain_moves_on_when_the_kernel_is_unavailable(tmp_path: Path) -> None:
@@ -63,7 +64,7 @@ def test_a_chain_moves_on_when_the_kernel_is_unavailable(tmp_path: Path) -> None
     table = tmp_path / "chain.yaml"
     table.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n"
                      "    method: [cpu_mxfp4, mxfp4_reference]\n")
-    code = ("import sys; sys.modules['quantreg_cpu_mxfp4.kernel'] = None; import quantreg; "
+    code = ("import sys; sys.modules['quantreg_cpu_mxfp4._C'] = None; import quantreg; "
             f"d = quantreg.Registry.build(config=[{str(table)!r}], env={{}}).resolve({KEY!r}); "
             "print(d.method); print(d.chain[0].reason)")
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
