@@ -24,6 +24,16 @@ def doc_commands() -> list[str]:
     return [line for line in lines if line.startswith("quantreg ")]
 
 
+def test_the_readme_shows_the_commands_this_test_runs() -> None:
+    """The README's "Choose by measurement" block is docs/tune.md's commands, so a test runs them too."""
+    readme = (DOC.parents[1] / "README.md").read_text()
+    section = readme.split("## Choose by measurement", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "README.md: no bash block under 'Choose by measurement'"
+    shown = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.strip()]
+    assert shown == doc_commands()
+
+
 def test_the_documented_commands_run_as_written(tmp_path: Path) -> None:
     commands = doc_commands()
     assert [c.split()[1] for c in commands] == ["tiny-model", "tune", "validate", "explain"]
