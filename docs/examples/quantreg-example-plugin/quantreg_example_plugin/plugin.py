@@ -21,6 +21,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         requires=("torch", "vllm"),
         probe="quantreg_example_plugin.plugin:available",
         options=("compute_dtype",),
+        expert_layout="bf16",
         description="GPT-OSS MXFP4 experts dequantised to bf16 at load, computed in torch (example)",
     ))
 
