@@ -191,3 +191,9 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     plan_step = next(i for i, c in enumerate(commands) if c.startswith("quantreg plan "))
     assert "mxfp4_reference [my.yaml:3]" in steps[plan_step], steps[plan_step]
     assert "quantreg: (gpt_oss_mxfp4, gpt_oss, cpu) -> mxfp4_reference [my.yaml:3]" in server_log
+    # issue 22.1: the installed `quantreg doctor`, with the environment the server ran with, prints the
+    # fingerprint every server process logged (one copy of quantreg, fingerprints of content)
+    doctor = subprocess.run([str(venv / "bin" / "quantreg"), "doctor", "--json"], cwd=work, capture_output=True,
+                            text=True, env={**env, "QUANTREG_CONFIG": "my.yaml"}, timeout=300)
+    served = set(re.findall(r"quantreg: registry loaded, .* fingerprint (\w+) \(pid \d+\)", server_log))
+    assert served == {json.loads(doctor.stdout)["fingerprint"]}, (served, doctor.stdout[-2000:])
