@@ -65,7 +65,6 @@ import logging
 import os
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import torch
 
@@ -92,11 +91,10 @@ def _extension() -> tuple[object | None, str]:
     try:
         from . import _C  # type: ignore[attr-defined]
     except Exception as exc:  # ImportError (not built), OSError (ABI / missing symbols), ...
-        failure = Path(__file__).with_name("BUILD_FAILED.txt")  # written by setup.py when the build failed
-        try:
-            why = f"the build failed: {failure.read_text().strip()}"
-        except OSError:
-            why = f"{type(exc).__name__}: {exc}"
+        from .probe import build_failure
+
+        failure = build_failure()
+        why = f"the build failed: {failure}" if failure is not None else f"{type(exc).__name__}: {exc}"
         log.debug("quantreg_cpu_mxfp4._C not loaded: %s", why)
         return None, why
     return _C, ""

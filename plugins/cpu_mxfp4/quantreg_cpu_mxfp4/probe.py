@@ -16,6 +16,16 @@ import importlib.util
 from pathlib import Path
 
 EXTENSION = "quantreg_cpu_mxfp4._C"
+BUILD_FAILED = Path(__file__).with_name("BUILD_FAILED.txt")
+"""Written by setup.py when the build failed: the one line it printed."""
+
+
+def build_failure() -> str | None:
+    """Why the build failed, as setup.py recorded it, or ``None`` (no record: built, or never tried)."""
+    try:
+        return BUILD_FAILED.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
 
 
 def kernel_available() -> tuple[bool, str]:
@@ -25,10 +35,7 @@ def kernel_available() -> tuple[bool, str]:
     except Exception as exc:  # a broken package must not break resolution
         return False, f"unavailable: extension not built ({type(exc).__name__}: {exc})"
     if spec is None or spec.origin is None:
-        failure = Path(__file__).with_name("BUILD_FAILED.txt")  # written by setup.py when the build failed
-        try:
-            why = f"the build failed: {failure.read_text(encoding='utf-8', errors='replace').strip()}"
-        except OSError:
-            why = f"no module {EXTENSION}"
+        failure = build_failure()
+        why = f"the build failed: {failure}" if failure is not None else f"no module {EXTENSION}"
         return False, f"unavailable: extension not built ({why})"
     return True, f"kernel built: {Path(spec.origin).name}"
