@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .host import AMX_FLAGS, HostFacts, host_facts, parse_cpuinfo
+from .host import AMX_FLAGS, FLAGS_ENV, HostFacts, host_facts, parse_cpuinfo
 from .keys import WILDCARD, Key
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ def cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
     facts = facts or host_facts()
     emulation = importlib.util.find_spec("quark") is not None
     cpu = ", ".join(x for x in (facts.vendor, facts.model_name) if x) or "unknown CPU"
-    simulated = " (flags simulated by QUANTREG_HOST_CPU_FLAGS)" if facts.simulated else ""
+    simulated = f" (flags simulated by {FLAGS_ENV})" if facts.simulated else ""
     if not facts.is_x86:
         return KernelVerdict(False, f"the kernel is x86-only and this host is {facts.machine}{simulated}",
                              emulation, facts.as_json())
@@ -155,11 +155,10 @@ def cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
 
 def cpu_mxfp4_unsupported(cpuinfo: str | None = None) -> bool:
     """vLLM 0.32 has no CPU MXFP4 MoE backend here: no x86 AMX kernel and no ``amd-quark`` emulation."""
-    if cpuinfo is not None:
-        if importlib.util.find_spec("quark") is not None:
-            return False
-        return not (is_x86() and has_amx(cpuinfo))
-    verdict = cpu_mxfp4_kernel()
+    facts = host_facts()
+    if cpuinfo is not None:  # another CPU's /proc/cpuinfo, on this host's architecture
+        facts = replace(facts, cpu_flags=parse_cpuinfo(cpuinfo)[0])
+    verdict = cpu_mxfp4_kernel(facts)
     return not (verdict.runs or verdict.emulation)
 
 
