@@ -18,9 +18,10 @@ no error. What needs an optional stack is skipped with the reason, in one place,
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -107,6 +108,18 @@ NEEDS = {
 }
 
 
+@contextlib.contextmanager
+def _optional_stack() -> Iterator[None]:
+    """A ModuleNotFoundError for one of :data:`OPTIONAL` becomes a skip naming it; anything else propagates."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        missing = _missing_optional(exc)
+        if missing is None:
+            raise
+        pytest.skip(f"needs {missing} (not installed)")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
     for marker, (module, reason) in NEEDS.items():
@@ -116,21 +129,11 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
         missing = [m for m in mark.args if not _importable(m)]
         if missing:
             pytest.skip(f"needs {', '.join(missing)} (not installed)")
-    try:  # a fixture that imports an optional stack
+    with _optional_stack():  # a fixture that imports an optional stack
         return (yield)
-    except ModuleNotFoundError as exc:
-        missing_stack = _missing_optional(exc)
-        if missing_stack is None:
-            raise
-        pytest.skip(f"needs {missing_stack} (not installed)")
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    try:
+    with _optional_stack():
         return (yield)
-    except ModuleNotFoundError as exc:
-        missing = _missing_optional(exc)
-        if missing is None:
-            raise
-        pytest.skip(f"needs {missing} (not installed)")
