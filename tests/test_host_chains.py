@@ -47,6 +47,7 @@ def registry_on(kind: str, table: Path, monkeypatch: pytest.MonkeyPatch, extra: 
     return Registry.build(config=[table])
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 def test_without_amx_vllm_and_a_method_missing_a_flag_are_passed_over(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     table = write(tmp_path / "user.yaml", CHAIN_TABLE)
@@ -70,6 +71,7 @@ def test_without_amx_vllm_and_a_method_missing_a_flag_are_passed_over(tmp_path: 
     assert decision.to_json()["host"]["simulated"] is True
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 def test_with_amx_vllm_stays_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     table = write(tmp_path / "user.yaml", CHAIN_TABLE)
     decision = registry_on("amx", table, monkeypatch).resolve(GPT_OSS_CPU)
@@ -78,6 +80,7 @@ def test_with_amx_vllm_stays_chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert decision.chain[1].reason == "not tried: 'vllm' came first"
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 def test_a_met_host_requirement_lets_the_method_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the flag present (and no AMX), the declared method is chosen before the reference."""
     table = write(tmp_path / "user.yaml", CHAIN_TABLE)
@@ -161,6 +164,7 @@ def child(*args: str, kind: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 @pytest.mark.parametrize("kind", ["avx2", "amx"])
 def test_explain_in_a_child_on_both_host_kinds(kind: str, tmp_path: Path) -> None:
     table = write(tmp_path / "user.yaml", CHAIN_TABLE)
@@ -177,6 +181,7 @@ def test_explain_in_a_child_on_both_host_kinds(kind: str, tmp_path: Path) -> Non
     assert ("vllm: passed over: vLLM's own method cannot run here" in text) == (kind == "avx2")
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 def test_doctor_shows_the_host_and_what_its_chains_pass_over(tmp_path: Path) -> None:
     table = write(tmp_path / "user.yaml", CHAIN_TABLE)
     out = child("doctor", "--config", str(table), "--json", kind="avx2")
@@ -191,6 +196,7 @@ def test_doctor_shows_the_host_and_what_its_chains_pass_over(tmp_path: Path) -> 
     assert "  needs_qrt_flag: passed over: needs cpu flag qrt_flag" in text
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 def test_plan_warns_which_chain_entries_this_host_passes_over(tmp_path: Path) -> None:
     from quantreg.models.gpt_oss import tiny_gpt_oss_config
 

@@ -68,6 +68,7 @@ def test_every_file_is_there_with_the_name_substituted(written: Path) -> None:
     assert "pip install -e '.[test]'" in (written / "README.md").read_text()
 
 
+@pytest.mark.needs("torch", "vllm")  # the scaffold's method requires both to be available (skip contract)
 def test_installed_it_is_listed_and_its_table_validates(site: Path, tmp_path: Path) -> None:
     listed = quantreg("list", "--json", cwd=tmp_path, site=site)
     assert listed.returncode == 0, listed.stderr

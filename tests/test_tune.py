@@ -60,6 +60,7 @@ def written(tmp_path: Path, rule_results: list[Result] | None = None) -> Path:
     return tune_table.write_atomically(tmp_path / "tuned.yaml", tune_table.render([rule]))
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 def test_the_written_table_loads_and_explain_shows_the_evidence(tmp_path: Path) -> None:
     path = written(tmp_path)
     text = path.read_text()
@@ -94,6 +95,7 @@ def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True, env=full, timeout=120)
 
 
+@pytest.mark.plugin1  # the table names plugin #1's mxfp4_reference (skip contract: skipped without it)
 def test_quantreg_validate_and_explain_accept_the_written_table(tmp_path: Path) -> None:
     """A table whose chain names installed methods only (mxfp4_reference, vllm): validate and explain, real CLI."""
     mine = [Result("mxfp4_reference", ok=True, ms={1: 17.0, 64: 130.0, 256: 400.0}),
