@@ -432,7 +432,7 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
 
 def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool,
                  use_vllm: bool | None = None,
-                 envelope: Callable[[Any, Sequence[str]], Mapping[str, Any]] | None = None) -> int:
+                 envelope: Callable[[Any, Sequence[object]], Mapping[str, Any]] | None = None) -> int:
     """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all.
 
     ``use_vllm=None`` asks vLLM's quant config classes when vLLM is installed (imports vLLM and
@@ -445,7 +445,8 @@ def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], 
     data = plan(model_dir, list(devices) or [guess_device()], registry, use_vllm=use_vllm)
     unreadable = not data["key"]["model_type"] or data["key"]["model_type"] == "unknown"
     if envelope is not None:  # the CLI's --json envelope: problems as objects, left_out, vllm_would_refuse
-        data = {**data, **envelope(registry, data["problems"])}
+        faults = [*registry.problems, *registry.failures]  # plan() lists these first, as text: give the objects
+        data = {**data, **envelope(registry, [*faults, *data["problems"][len(faults):]])}
     if as_json:
         print(json.dumps(data, indent=2, default=str))
     elif unreadable:  # no checkpoint to describe: only why (no "0 MoE layer(s) [none], None experts")
