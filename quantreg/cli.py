@@ -82,6 +82,9 @@ def _answer(args: argparse.Namespace, registry: Registry, data: dict[str, Any], 
 def cmd_list(args: argparse.Namespace) -> int:
     registry = _registry(args)
     _warn_faults(registry)
+    named = _device_warnings(registry, [args.device])
+    for warning in named:
+        print(f"warning: {warning}", file=sys.stderr)
     device = args.device or environment.guess_device()
     rows: list[dict[str, Any]] = []
     for m in sorted(registry.methods.values(), key=lambda m: m.name):
@@ -95,7 +98,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         mark = "yes" if r["available"] else "no "
         lines.append(f"  {mark} {r['name']:<{width}}  {r['plugin']}  {r['target']}  devices={','.join(r['devices'])}"
                      f"  ({r['reason']})")
-    return _answer(args, registry, {"methods": rows}, lines)
+    return _answer(args, registry, {"methods": rows, "key_warnings": named}, lines)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -138,33 +141,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return _answer(args, registry, {**decision.to_json(), **ans.to_json(), "key_warnings": named}, lines, decision)
 
 
-def _known_names(registry: Registry, layers: Sequence[Layer] | None = None) -> tuple[set[str], set[str]]:
-    """Quant formats and devices the loaded tables (of ``layers``, default all) and methods name."""
-    formats: set[str] = set()
-    devices = {d for m in registry.methods.values() for d in m.devices}
-    for table in registry.tables:
-        if layers is not None and table.layer not in layers:
-            continue
-        for rule in table.rules:
-            formats.update(rule.match.quant_format or ())
-            devices.update(rule.match.device or ())
-    return formats, devices
-
-
 def _key_warnings(registry: Registry, key: Key) -> list[str]:
     """Did-you-mean warnings for a key part vLLM never uses (:mod:`quantreg.vllm.names`)."""
-    from .vllm.names import key_warnings
+    from .vllm.names import key_warnings, known_names
 
-    formats, devices = _known_names(registry)
+    formats, devices = known_names(registry)
     return key_warnings(key, formats, devices)
+
+
+def _device_warnings(registry: Registry, devices: Sequence[str | None]) -> list[str]:
+    """Did-you-mean warnings for ``--device`` values vLLM never reports (``gpu``: vLLM says ``cuda``)."""
+    from .vllm.names import device_warning, known_names
+
+    known = known_names(registry)[1]
+    return [f"--device {printable(d)}: {w}" for d in devices if d and (w := device_warning(d, known))]
 
 
 def _match_warnings(registry: Registry, tables: Sequence[Any]) -> list[str]:
     """Located warnings for match values of ``tables`` that vLLM never puts in a key (not errors: a
     plugin's platform may use a name quantreg does not know)."""
-    from .vllm.names import device_warning, format_warning
+    from .vllm.names import device_warning, format_warning, known_names
 
-    formats, devices = _known_names(registry, (Layer.PLUGIN, Layer.DEFAULT))
+    formats, devices = known_names(registry, (Layer.PLUGIN, Layer.DEFAULT))
     out = []
     for table in tables:
         for rule in table.rules:
@@ -378,6 +376,9 @@ def _kit_shape(text: str) -> str:
 
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
+
+    for warning in _device_warnings(_registry(args), [args.device]):
+        print(f"warning: {warning}", file=sys.stderr)
 
     return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,
                                 envelope=lambda registry: envelope(None, registry, args.config), shape=args.shape)

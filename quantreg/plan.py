@@ -357,10 +357,14 @@ def layout_of(method: str, registry: Registry) -> str | None:
 def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
     """One device's part of the plan, from the one answer every tool gives (:func:`quantreg.answer.answer`)."""
     from .answer import answer
+    from .vllm.names import device_warning, known_names
 
     ans = answer(registry, key)
     decision = ans.decision
     warnings = ans.warnings
+    named = device_warning(key.device, known_names(registry)[1])  # --device gpu: vLLM says cuda
+    if named:
+        warnings.insert(0, named)
     layout = layout_of(decision.method, registry)
     expert_bytes: int | None = None
     if layout is None:
