@@ -26,6 +26,7 @@ import json
 import os
 import re
 import struct
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -437,7 +438,8 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
 def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool,
                  use_vllm: bool | None = None,
                  envelope: Callable[[Any, Sequence[object]], Mapping[str, Any]] | None = None) -> int:
-    """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all.
+    """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all, or when
+    strict mode is in force and a vLLM start-up with these tables would refuse (one line on stderr).
 
     ``use_vllm=None`` asks vLLM's quant config classes when vLLM is installed (imports vLLM and
     torch: a few seconds); ``False`` (a ``--no-vllm`` flag) uses the mapping table only.
@@ -457,4 +459,7 @@ def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], 
         print("\n".join(printable(f"problem   {p['text'] if isinstance(p, Mapping) else p}") for p in data["problems"]))
     else:
         print(render(data, model_dir))
-    return 1 if unreadable else 0
+    refusal = data.get("vllm_would_refuse")  # strict and a fault: say so and exit 1, as explain does
+    if refusal:
+        print(refusal, file=sys.stderr)
+    return 1 if unreadable or refusal else 0
