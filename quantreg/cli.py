@@ -312,7 +312,9 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
 
     Exit 1 when processes disagree (same key, different method or table fingerprint) or any
     ``verify:`` comparison exceeded its tolerance: those are the failures the trail exists to
-    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending).
+    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending); a
+    trail file that cannot be read at all (missing, a directory) is exit 1 too: the user named it,
+    and "0 line(s)" with exit 0 hid a wrong path.
     """
     if not args.decisions:
         return 0
@@ -321,7 +323,7 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
     summary = summarise(args.decisions)
     data["decisions"] = summary.to_json()
     lines.append(summary.render())
-    return 1 if summary.disagreements or summary.exceedances else 0
+    return 1 if summary.disagreements or summary.exceedances or not summary.readable else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -446,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
     p.add_argument("--decisions", metavar="FILE.jsonl",
                    help="summarise a QUANTREG_DECISIONS trail (one line per verified layer); exit 1 if processes "
-                        "disagree or a verify: comparison exceeded its tolerance")
+                        "disagree, a verify: comparison exceeded its tolerance, or FILE cannot be read")
     p = add("plan", cmd_plan, "what every MoE layer of a local checkpoint gets per device, without starting vLLM")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--device", action="append", default=[], help="device to plan for (repeatable; default: guessed)")
