@@ -10,8 +10,9 @@ The commands that answer from the registry say what a vLLM start-up with the sam
 would do (:func:`_answer`): in strict mode a fault means vLLM would refuse to start, so they
 print their answer, then one ``vLLM would refuse to start: ...`` line on stderr, and exit 1;
 in lenient mode a left-out file is shown inline (``user broken.yaml LEFT OUT: 1 problem``).
-Every ``--json`` answer is an object with a ``problems`` list, and stdout stays JSON even when
-a plugin or probe prints (their output goes to stderr while they run).
+Every ``--json`` answer, a refusal or a usage error included, is one object carrying the envelope
+of :mod:`quantreg.envelope` (``problems`` as objects, ``left_out``, ``vllm_would_refuse``), and
+stdout stays JSON even when a plugin or probe prints (their output goes to stderr while they run).
 """
 
 from __future__ import annotations
