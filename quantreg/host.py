@@ -123,8 +123,8 @@ def host_facts() -> HostFacts:
     """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
     flags, vendor, model = _real()
     spec = settings.raw(FLAGS_ENV)
-    simulated = spec is not None
-    if spec is not None:
+    simulated = bool(spec and spec.strip())  # empty, as elsewhere, means unset (`export X=` must not mean "no flags")
+    if simulated and spec is not None:
         flags = apply_override(flags, spec)
     return HostFacts(machine=platform.machine(), cpu_flags=flags, vendor=vendor, model_name=model,
                      cores=os.cpu_count() or 1, simulated=simulated)

@@ -22,6 +22,9 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from .envelope import envelope
+from .problems import problem_json
+
 NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 TEMPLATE = "plugin_template"
 SUFFIX = ".tmpl"
@@ -81,6 +84,9 @@ def new_plugin_command(name: str, directory: str | None, *, as_json: bool = Fals
         kind = "is not a directory" if not target.is_dir() else "is not empty"
         problem = f"{target} {kind}: choose a new or empty directory (nothing was written)"
     if problem:
+        if as_json:  # --json answers in JSON on failure too (the envelope; the problem names the directory)
+            where = None if name_problem(name) else str(target)
+            print(json.dumps({"ok": False, **envelope([problem_json(problem, path=where)])}, indent=2))
         print(f"quantreg new-plugin: {problem}", file=sys.stderr)
         return 1
     files = render(name)
@@ -92,7 +98,7 @@ def new_plugin_command(name: str, directory: str | None, *, as_json: bool = Fals
     if as_json:
         print(json.dumps({"directory": str(target.resolve()), "distribution": subs["__DIST__"],
                           "package": subs["__PACKAGE__"], "method": name, "class": subs["__CLASS__"],
-                          "files": sorted(files)}, indent=2))
+                          "files": sorted(files), **envelope([])}, indent=2))
     else:
         print(f"wrote plugin {subs['__DIST__']} (method {name}, class {subs['__PACKAGE__']}.method:"
               f"{subs['__CLASS__']}) to {target}\nnext:\n  pip install -e '{target}[test]'\n  quantreg list\n"

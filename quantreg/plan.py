@@ -26,6 +26,7 @@ import json
 import os
 import re
 import struct
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,10 +358,14 @@ def layout_of(method: str, registry: Registry) -> str | None:
 def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
     """One device's part of the plan, from the one answer every tool gives (:func:`quantreg.answer.answer`)."""
     from .answer import answer
+    from .vllm.names import device_warning, known_names
 
     ans = answer(registry, key)
     decision = ans.decision
     warnings = ans.warnings
+    named = device_warning(key.device, known_names(registry)[1])  # --device gpu: vLLM says cuda
+    if named:
+        warnings.insert(0, named)
     layout = layout_of(decision.method, registry)
     expert_bytes: int | None = None
     if layout is None:
@@ -432,8 +437,9 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
 
 def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], as_json: bool,
                  use_vllm: bool | None = None,
-                 envelope: Callable[[Any, Sequence[str]], Mapping[str, Any]] | None = None) -> int:
-    """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all.
+                 envelope: Callable[[Any, Sequence[object]], Mapping[str, Any]] | None = None) -> int:
+    """``quantreg plan``: print the plan; exit 1 when the checkpoint could not be read at all, or when
+    strict mode is in force and a vLLM start-up with these tables would refuse (one line on stderr).
 
     ``use_vllm=None`` asks vLLM's quant config classes when vLLM is installed (imports vLLM and
     torch: a few seconds); ``False`` (a ``--no-vllm`` flag) uses the mapping table only.
@@ -445,11 +451,15 @@ def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], 
     data = plan(model_dir, list(devices) or [guess_device()], registry, use_vllm=use_vllm)
     unreadable = not data["key"]["model_type"] or data["key"]["model_type"] == "unknown"
     if envelope is not None:  # the CLI's --json envelope: problems as objects, left_out, vllm_would_refuse
-        data = {**data, **envelope(registry, data["problems"])}
+        faults = [*registry.problems, *registry.failures]  # plan() lists these first, as text: give the objects
+        data = {**data, **envelope(registry, [*faults, *data["problems"][len(faults):]])}
     if as_json:
         print(json.dumps(data, indent=2, default=str))
     elif unreadable:  # no checkpoint to describe: only why (no "0 MoE layer(s) [none], None experts")
         print("\n".join(printable(f"problem   {p['text'] if isinstance(p, Mapping) else p}") for p in data["problems"]))
     else:
         print(render(data, model_dir))
-    return 1 if unreadable else 0
+    refusal = data.get("vllm_would_refuse")  # strict and a fault: say so and exit 1, as explain does
+    if refusal:
+        print(refusal, file=sys.stderr)
+    return 1 if unreadable or refusal else 0

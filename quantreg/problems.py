@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
@@ -161,17 +161,24 @@ _LOCATED = re.compile(r"^(?P<path>[^\n]*?):(?P<line>\d+): (?P<message>.*)$", re.
 _PATHED = re.compile(r"^(?P<path>[^\s:][^\n]*?): (?P<message>.*)$", re.S)
 
 
-def problem_json(fault: object) -> dict[str, object]:
+def problem_json(fault: object, path: str | None = None, key: str | None = None) -> dict[str, object]:
     """A problem as the ``--json`` envelope's object: ``{path, line, key, message, text}``.
 
     ``text`` is the one-line form the terminal shows (what consumers of the older string lists read).
-    A :class:`Problem` gives its fields; anything else (a plugin failure, a checkpoint problem kept
-    as ``PATH[:LINE]: message`` text) is split at its location prefix, or kept whole as the message.
+    A :class:`Problem` gives its fields; a mapping is taken as an object already made; anything
+    else (a plugin failure, a checkpoint problem kept as ``PATH[:LINE]: message`` text) is split at
+    its location prefix, or kept whole as the message. ``path`` / ``key``: the text is about this
+    file or directory, or this option (a command's own refusal, whose message names it): then no
+    prefix is looked for.
     """
     if isinstance(fault, Problem):
         return {"path": fault.path, "line": fault.line, "key": fault.key, "message": fault.message,
                 "text": str(fault)}
+    if isinstance(fault, Mapping):
+        return dict(fault)
     text = str(fault)
+    if path is not None or key is not None:
+        return {"path": path, "line": None, "key": key or "", "message": text, "text": text}
     plugin = getattr(fault, "plugin", None)
     if plugin is not None:
         return {"path": None, "line": None, "key": str(getattr(fault, "hook", "") or ""),

@@ -114,3 +114,62 @@ def test_doctor_reports_the_same_findings(gaudi: None, table: Any) -> None:
     truth = answer(Registry.build(config=[path]), KEY)
     about = [f for f in data["findings"] if f["key"] == list(KEY)]
     assert about == [f.as_json() for f in truth.findings] and about
+
+
+HOST_CODE = """
+import contextlib, io, json, logging, sys
+from pathlib import Path
+from quantreg import plan as planmod
+from quantreg.answer import answer
+from quantreg.cli import _passed_over, main
+from quantreg.keys import Key
+from quantreg.registry import Registry
+from quantreg.vllm.seam import Seam
+
+key = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    main(["explain", *key, "--json"])
+explained = json.loads(out.getvalue())
+planned = planmod.plan(sys.argv[1], ["cpu"], Registry.build(), use_vllm=False)["devices"]["cpu"]
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+logger = logging.getLogger("vllm.quantreg")
+logger.addHandler(handler)
+logger.setLevel(logging.INFO)
+registry = Registry.build()
+Seam().log_once(registry.resolve(key), registry)
+started = [m.removeprefix("quantreg: ") for m in lines if m.startswith(f"quantreg: {key}")]
+doctor = [e for e in _passed_over(Registry.build()) if e["key"] == str(key)]
+truth = answer(Registry.build(), key)
+print(json.dumps({"explain": explained["line"], "plan": planned["line"], "started": started,
+                  "doctor": doctor, "truth": truth.line(), "method": truth.decision.method,
+                  "limitation": explained["vllm_limitation"], "plan_limitation": planned["vllm_limitation"]}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["real", "avx2", "amx"])
+def test_every_tool_gives_one_answer_on_each_host_kind(kind: str, tmp_path: Path) -> None:
+    """Host-aware chains decide per host: on a simulated AMX host, an AVX2-only one and this one,
+    explain, plan, doctor's chain lines and the start-up line still say the same, with the
+    installed plugins' tables (the real entry points) and no user table."""
+    from quantreg.host import simulate
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(CONFIG))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env |= simulate(kind) if kind != "real" else {}
+    done = subprocess.run([sys.executable, "-c", HOST_CODE, str(model)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(done.stdout.splitlines()[-1])
+    assert data["explain"] == data["plan"] == data["truth"] and data["started"] == [data["truth"]], data
+    assert data["limitation"] == data["plan_limitation"]
+    for entry in data["doctor"]:  # doctor lists a chain only where this host passes an entry over
+        assert entry["method"] == data["method"], data
+    if kind == "amx":  # vLLM's own kernel runs: nothing to say against it, whoever else is installed
+        assert data["method"] == "vllm" and data["limitation"] is None and data["doctor"] == []
+    elif kind == "avx2":  # vLLM refuses MXFP4 here: a rule picks another method, or every tool warns
+        assert data["method"] != "vllm" or data["limitation"], data

@@ -168,6 +168,24 @@ def test_summarise_tolerates_a_truncated_last_line(tmp_path: Path) -> None:
 def test_summarise_missing_file_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
     summary = audit.summarise(tmp_path / "missing.jsonl")
     assert summary.problems and "cannot read" in summary.problems[0] and not summary.keys
+    empty = tmp_path / "empty.jsonl"
+    _write_lines(empty, [])
+    assert not summary.readable and audit.summarise(empty).readable  # an empty trail is read: nothing yet
+
+
+@pytest.mark.parametrize("make", ["missing", "directory"])
+def test_doctor_decisions_on_a_trail_it_cannot_read_exits_1(make: str, tmp_path: Path) -> None:
+    """``doctor --decisions missing.jsonl`` printed "0 line(s)" and exited 0: a wrong path looked fine."""
+    import argparse
+
+    from quantreg.cli import _doctor_decisions
+
+    trail = tmp_path / "trail.jsonl"
+    if make == "directory":
+        trail.mkdir()
+    lines: list[str] = []
+    assert _doctor_decisions(argparse.Namespace(decisions=str(trail)), {}, lines) == 1
+    assert f"{trail}: cannot read: " in "\n".join(lines)
 
 
 def test_verify_lines_share_the_trail_without_counting_as_decisions(tmp_path: Path) -> None:

@@ -55,3 +55,16 @@ def test_the_checker_sees_links_and_headings() -> None:
     assert {"quick-start", "the-table-in-brief"} <= anchors(ROOT / "README.md")
     assert slug("Strict and lenient start-up") == "strict-and-lenient-start-up"
     assert slug("`quantreg check-method`") == "quantreg-check-method"
+
+
+#: Sentences that describe the one machine a page was written on as if it were the reader's: true on
+#: one kind of CI host, false on the other (issue 22 class 9). Measurements say where they were taken.
+ONE_MACHINE = ("this machine", "this cpu has", "this cpu machine", "this avx2 cpu", "2 amd epyc cores here")
+
+
+def test_no_page_describes_the_writers_machine_as_the_readers() -> None:
+    pages = [*PAGES, *sorted((ROOT / "plugins").glob("*/README.md"))]
+    found = [f"{page.relative_to(ROOT)}:{n}: {line.strip()}"
+             for page in pages for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+             if any(phrase in line.lower() for phrase in ONE_MACHINE)]
+    assert not found, "host-specific wording (say which host kind, or 'measured on ...'):\n" + "\n".join(found)

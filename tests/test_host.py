@@ -35,6 +35,17 @@ def test_override_edits_or_replaces_the_real_flags() -> None:
     assert host.apply_override(real, "avx2 fma") == {"avx2", "fma"}
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_override_is_unset_not_a_host_without_flags(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``export QUANTREG_HOST_CPU_FLAGS=`` (clearing it) made doctor report a simulated host of kind
+    "other" with no flags, passing over every method that needs AVX2: empty means unset, as elsewhere."""
+    monkeypatch.delenv(host.FLAGS_ENV, raising=False)
+    real = host.host_facts()
+    monkeypatch.setenv(host.FLAGS_ENV, value)
+    facts = host.host_facts()
+    assert not facts.simulated and facts.cpu_flags == real.cpu_flags and facts.kind == real.kind
+
+
 @pytest.mark.parametrize("kind", ["avx2", "amx"])
 def test_simulate_makes_quantreg_believe_the_other_kind(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in host.simulate(kind).items():

@@ -372,3 +372,28 @@ def test_with_vllm_the_name_comes_from_vllms_quant_config_classes(checkpoint: Pa
         data["quant_format_source"]
     assert data["devices"]["cpu"]["method"] == "mxfp4_reference"
     assert data["devices"]["cpu"]["rule"] == f"{table}:3"
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_plan_in_strict_mode_says_vllm_would_refuse_and_exits_1(strict: bool, tmp_path: Path) -> None:
+    """``plan`` exited 0 with a broken table in strict mode, where the start-up it plans for stops."""
+    from quantreg.models.gpt_oss import tiny_gpt_oss_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_gpt_oss_config()))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("version: 1\nrules:\n  - {match: {device: cpu}, method: nope}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")} | {"QUANTREG_PLUGINS": ""}
+    env |= {"QUANTREG_STRICT": "1"} if strict else {}
+    quantreg_cmd = Path(sys.executable).with_name("quantreg")
+    out = subprocess.run([str(quantreg_cmd), "plan", str(model), "--no-vllm", "--config", str(broken)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    refusals = [line for line in out.stderr.splitlines() if line.startswith("vLLM would refuse to start")]
+    assert f"problem   {broken}:3: rules[0].method: unknown method 'nope' (registered: vllm)" in out.stdout
+    if strict:
+        assert out.returncode == 1 and refusals == [
+            f"vLLM would refuse to start (QUANTREG_STRICT=1): {broken}:3: rules[0].method: unknown method 'nope' "
+            "(registered: vllm)"], out.stderr
+    else:
+        assert out.returncode == 0 and refusals == [], out.stderr

@@ -33,7 +33,8 @@ def test_refuses_an_existing_file_and_a_non_empty_directory_and_writes_nothing(t
     full.mkdir()
     (full / "config.json").write_text("{}")
     out = tiny(str(full), "--json", cwd=tmp_path)
-    assert out.returncode == 2 and "pass --force" in json.loads(out.stdout)["problems"][0]
+    [problem] = json.loads(out.stdout)["problems"]  # the envelope's object, located at the directory
+    assert out.returncode == 2 and "pass --force" in problem["message"] and problem["path"] == str(full)
     assert sorted(p.name for p in full.iterdir()) == ["config.json"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
 

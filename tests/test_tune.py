@@ -174,3 +174,30 @@ def test_the_json_schema_accepts_the_written_table(tmp_path: Path) -> None:
     from quantreg.table.schema import table_schema
 
     jsonschema.validate(yaml.safe_load(written(tmp_path).read_text()), table_schema())
+
+
+@pytest.mark.needs("torch", "vllm")  # quantreg.tune.measure imports both; its measuring is replaced below
+def test_json_with_out_dash_keeps_stdout_one_json_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """``tune --json --out -`` wrote the YAML table and then the JSON to stdout (no longer JSON):
+    with --json the table is the answer's ``table``, beside the envelope."""
+    from quantreg.models.gpt_oss import tiny_gpt_oss_config
+    from quantreg.tune import measure
+    from quantreg.tune.command import tune_command
+
+    (tmp_path / "config.json").write_text(json.dumps(tiny_gpt_oss_config()))
+    seen: list[Key] = []
+
+    def measured(registry: Registry, key: Key, *args: object, **kwargs: object) -> tuple[list[Result], int]:
+        seen.append(key)
+        return results(), 3
+
+    monkeypatch.setattr(measure, "measure", measured)
+    monkeypatch.setattr(measure, "synthetic_experts", lambda shape: object())
+    assert tune_command(str(tmp_path), out="-", as_json=True, synthetic=True) == 0
+    data = json.loads(capsys.readouterr().out)  # the whole of stdout is one object
+    assert seen == [KEY] and data["out"] is None and data["problems"] == [] and data["left_out"] == []
+    import yaml
+
+    [rule] = yaml.safe_load(data["table"])["rules"]  # the table as --out - would have printed it
+    assert rule["method"] == data["chain"] == chain(ranked(results())) and "tuned" in rule

@@ -51,3 +51,29 @@ def test_validate_warns_located_but_does_not_fail(tmp_path: Path) -> None:
     assert data["ok"] is True and len(data["warnings"]) == 2
     assert data["warnings"][0].startswith(f"{table}:5: match.quant_format: ") and "gpt_oss_mxfp4" in data["warnings"][0]
     assert data["warnings"][1].startswith(f"{table}:5: match.device: ") and "'cuda'" in data["warnings"][1]
+
+
+@pytest.mark.parametrize("command", [["list"], ["check-method", "vllm"]])
+def test_a_device_option_vllm_never_reports_is_flagged(command: list[str]) -> None:
+    """``--device gpu`` answered silently in list and check-method (only explain's positional warned)."""
+    out = run_cli(*command, "--device", "gpu", env={**ENV, "QUANTREG_PLUGINS": ""})
+    warned = [line for line in out.stderr.splitlines() if line.startswith("warning: ")]
+    assert warned == ["warning: --device gpu: 'gpu' is no device name vLLM uses; did you mean 'cuda'? "
+                      "(`quantreg plan MODEL_DIR` prints a checkpoint's exact key)"], out.stderr
+    assert "Traceback" not in out.stderr
+    quiet = run_cli(*command, "--device", "cuda", env={**ENV, "QUANTREG_PLUGINS": ""})
+    assert not [line for line in quiet.stderr.splitlines() if "no device name" in line], quiet.stderr
+
+
+def test_plan_flags_a_device_vllm_never_reports_under_that_device(tmp_path: Path) -> None:
+    from quantreg.models.gpt_oss import tiny_gpt_oss_config  # no torch: config.json alone names the key
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_gpt_oss_config()))
+    out = run_cli("plan", str(model), "--device", "gpu", "--device", "cuda", "--no-vllm", "--json",
+                  env={**ENV, "QUANTREG_PLUGINS": ""})
+    assert out.returncode == 0, out.stderr
+    devices = json.loads(out.stdout)["devices"]
+    assert devices["gpu"]["warnings"][0].startswith("'gpu' is no device name vLLM uses; did you mean 'cuda'?")
+    assert not [w for w in devices["cuda"]["warnings"] if "no device name" in w]

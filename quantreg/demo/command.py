@@ -30,14 +30,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .. import settings
+from ..envelope import envelope
 from ..environment import guess_device
 from ..keys import Key
+from ..problems import printable, problem_json
 from ..registry import Registry
 from ..testing.vllm_run import DEMO_PROMPTS, RunResult, run_vllm
 from ..vllm_limits import KernelVerdict, cpu_mxfp4_kernel
@@ -135,11 +139,23 @@ def _describe(title: str, result: RunResult) -> list[str]:
 
 
 def run_demo(keep: str | None = None, as_json: bool = False) -> int:
-    from ..tiny.checkpoint import write_tiny_gpt_oss
+    out: list[str] = []
+
+    def stop(problem: str, path: str | None = None, registry: Registry | None = None, code: int = 1) -> int:
+        """One ``quantreg demo: ...`` line; with ``--json`` the answer too (the envelope), never a bare exit."""
+        if as_json:
+            found = [*(registry.faults if registry is not None else ()), problem_json(problem, path=path)]
+            print(json.dumps({"ok": False, "text": out, **envelope(found, registry)}, indent=2))
+        print(f"quantreg demo: {problem}", file=sys.stderr)
+        return code
+
+    if keep and os.path.lexists(keep) and not os.path.isdir(keep):
+        return stop(f"--keep {printable(keep)}: not a directory; expected a new or existing directory",
+                    path=keep, code=2)
+    from ..tiny.checkpoint import write_tiny_gpt_oss  # torch (after the checks of what was asked)
 
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="quantreg-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    out: list[str] = []
 
     def say(text: str = "") -> None:
         out.append(text)
@@ -159,8 +175,8 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
     say(f"\n== explain with the demo table ({table}) ==")
     say(demo.resolve(key).render())
     if demo.resolve(key).keeps_vllm:
-        say("\nthe demo table cannot select mxfp4_reference: is quantreg-hpu-mxfp4 installed? (quantreg plugins)")
-        return 1
+        return stop("the demo table cannot select mxfp4_reference: is quantreg-hpu-mxfp4 installed? "
+                    "(quantreg plugins)", path=str(table), registry=demo)
 
     kernel = cpu_mxfp4_kernel()
     mxfp4_own, own_note = own_method_plan(kernel)
@@ -192,5 +208,6 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
             "max_logprob_diff": lp, "max_moe_output_diff": None if moe is None else moe[0],
             "max_moe_output_bound": None if moe is None else moe[1], "logprob_bound": LOGPROB_BOUND,
             "vllm_cpu_mxfp4_kernel": kernel.as_json(), "verdict": line, "text": out,
+            **envelope(None, default),
         }, indent=2))
     return 0 if ok else 1

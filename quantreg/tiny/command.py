@@ -13,8 +13,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..envelope import envelope
 from ..models.gpt_oss import CHAT_VOCAB
-from ..problems import printable
+from ..problems import printable, problem_json
 
 #: Where the checkpoint writer lives today (another branch may move it; only this line changes).
 CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
@@ -112,12 +113,14 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
         out = write_atomically(directory, bf16=bf16, force=force).resolve()
     except TargetRefused as exc:
         if as_json:
-            print(json.dumps({"directory": printable(directory), "problems": [str(exc)]}, indent=2))
+            print(json.dumps({"directory": printable(directory),
+                              **envelope([problem_json(str(exc), path=directory)])}, indent=2))
         print(f"quantreg tiny-model: {exc}", file=sys.stderr)
         return 2
     files = sorted(p.name for p in out.iterdir())
     if as_json:
-        data: dict[str, Any] = {"directory": str(out), "quantization": "bf16" if bf16 else "mxfp4", "files": files}
+        data: dict[str, Any] = {"directory": str(out), "quantization": "bf16" if bf16 else "mxfp4", "files": files,
+                                **envelope([])}
         print(json.dumps(data, indent=2))
     else:
         print(serve_hint(out, bf16))

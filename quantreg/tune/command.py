@@ -12,17 +12,20 @@ file, or none, never a part.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from ..envelope import envelope
 from ..environment import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
 from ..host import host_facts
 from ..keys import Key
 from ..plan import quant_format_of, read_checkpoint
+from ..problems import problem_json
 from ..registry import Registry
 from ..table.verify import FLOAT64_FORMATS
 from .rank import PHASE_WEIGHTS, TOKENS, ranked
@@ -56,9 +59,12 @@ class ProgressLine:
             self.stream.flush()
 
 
-def _fail(message: str, as_json: bool, code: int = 1) -> int:
+def _fail(message: str, as_json: bool, code: int = 1, registry: Registry | None = None,
+          config: list[str] | None = None, path: str | None = None, key: str | None = None) -> int:
+    """One ``quantreg tune: ...`` line on stderr; with ``--json`` the answer too (``error`` and the envelope)."""
     if as_json:
-        print(json.dumps({"ok": False, "error": message}))
+        found = [*(registry.faults if registry is not None else ()), problem_json(message, path=path, key=key)]
+        print(json.dumps({"ok": False, "error": message, **envelope(found, registry, config or [])}))
     print(f"quantreg tune: {message}", file=sys.stderr)
     return code
 
@@ -68,26 +74,28 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     """Measure every method for the checkpoint's MoE key and write the tuned table; 0 when written."""
     if device != "cpu":
         return _fail(f"--device {device}: tune measures on the CPU only (the kit's harness builds CPU layers)",
-                     as_json, 2)
+                     as_json, 2, key="--device")
     if not budget > 0:
-        return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2)
+        return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2, key="--budget")
     began = time.monotonic()
+    registry = Registry.build(config=config or [])  # cheap (no torch): its faults belong in every answer
     ck = read_checkpoint(model_dir)
+    fail = functools.partial(_fail, as_json=as_json, registry=registry, config=config)
     if not ck.config:
-        return _fail("; ".join(ck.problems) or f"{model_dir}: not a checkpoint directory", as_json)
+        return fail("; ".join(ck.problems) or f"{model_dir}: not a checkpoint directory")
     quant_format, _ = quant_format_of(ck)
     key = Key(quant_format, ck.model_type, device)
     ex = ck.experts
     if not ck.moe_layers:
-        return _fail(f"{model_dir}: no MoE layers (nothing for quantreg to decide)", as_json)
+        return fail(f"{model_dir}: no MoE layers (nothing for quantreg to decide)", path=model_dir)
     if quant_format not in FLOAT64_FORMATS:
-        return _fail(f"key {key}: tune measures {', '.join(FLOAT64_FORMATS)} layers only (the formats with a "
-                     "float64 reference and a harness layer); nothing written", as_json)
+        return fail(f"key {key}: tune measures {', '.join(FLOAT64_FORMATS)} layers only (the formats with a "
+                    "float64 reference and a harness layer); nothing written", path=model_dir)
     try:
         shape = (int(ex["count"]), int(ex["hidden_size"]), int(ex["intermediate_size"]), int(ex["per_token"]))
     except (TypeError, ValueError, KeyError):
-        return _fail(f"{model_dir}/config.json: expert count, hidden/intermediate size or experts per token "
-                     "missing", as_json)
+        return fail(f"{model_dir}/config.json: expert count, hidden/intermediate size or experts per token "
+                    "missing", path=f"{model_dir}/config.json")
     progress = ProgressLine()
     from .measure import LayerShape, checkpoint_experts, measure, synthetic_experts  # torch + vLLM from here on
 
@@ -97,8 +105,7 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     try:
         experts = synthetic_experts(layer_shape) if synthetic else checkpoint_experts(model_dir, ck.moe_layers[0])
     except (LookupError, OSError, ValueError, RuntimeError) as exc:
-        return _fail(f"{model_dir}: cannot read layer {ck.moe_layers[0]}'s experts: {exc}", as_json)
-    registry = Registry.build(config=config or [])
+        return fail(f"{model_dir}: cannot read layer {ck.moe_layers[0]}'s experts: {exc}", path=model_dir)
     results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
                               deadline=began + budget, progress=progress)
     progress.done()
@@ -110,17 +117,17 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     }
     rule = rule_for(key, results, evidence)
     target = None
-    if rule is not None:
-        text = render([rule])
-        if out == "-":
-            sys.stdout.write(text)
-        else:
-            target = str(write_atomically(out or DEFAULT_OUT, text))
+    text = render([rule]) if rule is not None else None
+    if text is not None and out != "-":
+        target = str(write_atomically(out or DEFAULT_OUT, text))
+    elif text is not None and not as_json:  # --out -: the table is stdout (with --json the answer's "table")
+        sys.stdout.write(text)
     elapsed = time.monotonic() - began
     data = {"ok": rule is not None, "model": str(model_dir), "key": dict(key._asdict()), "out": target,
             "chain": rule["method"] if rule else [], "phase": phase_text(PHASE_WEIGHTS),
             "tokens": list(TOKENS), "rounds": rounds, "budget_s": budget, "elapsed_s": round(elapsed, 1),
-            "results": [r.to_json() for r in ranked(results)], "tuned": evidence}
+            "results": [r.to_json() for r in ranked(results)], "tuned": evidence,
+            **({"table": text} if out == "-" and as_json else {}), **envelope(None, registry, config or [])}
     if as_json:
         print(json.dumps(data))
     elif out != "-":

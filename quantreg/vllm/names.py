@@ -12,10 +12,15 @@ add theirs: every format and device any loaded table or method names counts as k
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from ..keys import Key
 from ..problems import did_you_mean, printable
+
+if TYPE_CHECKING:
+    from ..registry import Registry
+    from ..table.file import Layer
 
 #: vLLM 0.32's QUANTIZATION_METHODS, plus the seam's name for a layer without a quant config.
 VLLM_QUANT_FORMATS = (
@@ -62,3 +67,17 @@ def key_warnings(key: Key, formats: Iterable[str] = (), devices: Iterable[str] =
     """Warnings for each part of ``key`` vLLM would never put there (formats/devices: the tables' and plugins')."""
     found = [format_warning(key.quant_format, key.model_type, formats), device_warning(key.device, devices)]
     return [w for w in found if w]
+
+
+def known_names(registry: Registry, layers: Sequence[Layer] | None = None) -> tuple[set[str], set[str]]:
+    """Quant formats and devices the loaded tables (of ``layers``, default all) and methods name:
+    the names a plugin's platform may use that vLLM's own lists do not hold."""
+    formats: set[str] = set()
+    devices = {d for m in registry.methods.values() for d in m.devices}
+    for table in registry.tables:
+        if layers is not None and table.layer not in layers:
+            continue
+        for rule in table.rules:
+            formats.update(rule.match.quant_format or ())
+            devices.update(rule.match.device or ())
+    return formats, devices

@@ -37,6 +37,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         host=("cpu:avx2", "cpu:fma"),  # the kernel's baseline ISA: decided from host facts, before the probe
         probe=f"{PACKAGE}.probe:kernel_available",
         options=OPTIONS,
+        expert_layout="packed",  # PackedExperts shares vLLM's packed storage: `quantreg plan` counts those bytes
         description="MXFP4 experts kept packed, fused dequant + GEMV/GEMM kernel (AVX2+FMA or AVX-512), any x86-64 CPU",
     ))
 

@@ -96,3 +96,26 @@ def test_on_an_amx_host_the_plugin_rule_keeps_vllms_own_kernel() -> None:
 def test_on_a_host_without_amx_the_plugin_rule_picks_cpu_mxfp4() -> None:
     """Simulated AVX2-only host (both kinds' branch run here): vLLM refuses GPT-OSS MXFP4 there."""
     assert _decide("avx2") == "cpu_mxfp4"
+
+
+def test_plan_counts_the_packed_expert_bytes_it_keeps(tmp_path: Path) -> None:
+    """The method keeps experts packed (PackedExperts shares vLLM's storage), so it declares
+    ``expert_layout="packed"``: before, ``quantreg plan`` said "expert_bytes unknown" where it chose it."""
+    import json
+
+    from quantreg.models.gpt_oss import tiny_gpt_oss_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_gpt_oss_config()))
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("QUANTREG_")}
+    code = ("import json, quantreg; from quantreg.plan import plan; r = quantreg.Registry.build(); "
+            f"print(json.dumps(plan({str(model)!r}, ['cpu'], r, use_vllm=False)))")
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                          env={**env, **simulate("avx2")})  # a host where the plugin's chain reaches cpu_mxfp4
+    data = json.loads(done.stdout)
+    cpu = data["devices"]["cpu"]
+    assert cpu["method"] == "cpu_mxfp4"
+    assert cpu["expert_bytes"] == data["experts"]["bytes_per_layer"]["packed"] * data["moe_layers"] > 0
+    assert not [w for w in cpu["warnings"] if "expert_layout" in w], cpu["warnings"]
+    assert quantreg.Registry.build(env={}).methods["cpu_mxfp4"].expert_layout == "packed"
