@@ -215,7 +215,7 @@ def test_a_plugin_calling_sys_exit_cannot_end_the_cli(plugin_site: PluginSite, t
         assert out.returncode == 0, out.stderr
         assert "plugin 'quitter'" in out.stderr
     if "--json" in args:
-        assert any("plugin 'quitter'" in p for p in json.loads(out.stdout)["problems"])
+        assert any("plugin 'quitter'" in p["text"] for p in json.loads(out.stdout)["problems"])
 
 
 BOUNDARY = """
@@ -361,7 +361,7 @@ def register_methods(register):
     assert registry.methods["kept"].devices == ("cpu",)  # a list is stored as a tuple
     list_out = cli("list", "--json", "--device", "pu", site=plugin_site, plugins="sloppy")
     assert list_out.returncode == 0 and "Traceback" not in list_out.stderr
-    assert json.loads(list_out.stdout)["problems"] == faults(registry)
+    assert [p["text"] for p in json.loads(list_out.stdout)["problems"]] == faults(registry)
 
 
 def test_devices_as_a_string_never_matches_a_substring() -> None:
@@ -682,7 +682,8 @@ def test_strict_cli_answers_and_says_vllm_would_refuse(broken_user: Path, args: 
                        "unknown method 'nope' (registered: vllm)")
     if json_flag:
         data = json.loads(out.stdout)
-        assert data["vllm_would_refuse"] == refusal and data["problems"] == [refusal.split("): ", 1)[1]]
+        assert data["vllm_would_refuse"] == refusal
+        assert [p["text"] for p in data["problems"]] == [refusal.split("): ", 1)[1]]
     else:
         assert out.stdout.strip()  # the rest is still printed
 
