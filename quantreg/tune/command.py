@@ -13,9 +13,11 @@ file, or none, never a part.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..environment import dist_version, installed_vllm_version
@@ -23,6 +25,7 @@ from ..error_measure import DEFAULT_TOLERANCE
 from ..host import host_facts
 from ..keys import Key
 from ..plan import quant_format_of, read_checkpoint
+from ..problems import describe, printable
 from ..registry import Registry
 from ..table.verify import FLOAT64_FORMATS
 from .rank import PHASE_WEIGHTS, TOKENS, ranked
@@ -43,6 +46,7 @@ class ProgressLine:
 
     def __call__(self, step: str, fraction: float) -> None:
         elapsed = time.monotonic() - self.start
+        step = printable(step)  # method names and the checkpoint's model_type come from outside
         if self.tty:
             filled = int(max(0.0, min(1.0, fraction)) * 24)
             self.stream.write(f"\r\x1b[2K[{'#' * filled}{'.' * (24 - filled)}] {elapsed:5.0f}s {step}"[:160])
@@ -59,8 +63,27 @@ class ProgressLine:
 def _fail(message: str, as_json: bool, code: int = 1) -> int:
     if as_json:
         print(json.dumps({"ok": False, "error": message}))
-    print(f"quantreg tune: {message}", file=sys.stderr)
+    print(f"quantreg tune: {printable(message)}", file=sys.stderr)
     return code
+
+
+def out_problem(out: str | None) -> str | None:
+    """Why ``--out`` cannot receive the table (checked before measuring), else ``None``.
+
+    ``-`` is stdout. A directory, or a parent that is not an existing directory, is refused
+    with the flag named; an existing symlink is replaced, never followed (an atomic rename).
+    """
+    if out == "-":
+        return None
+    target = Path(out or DEFAULT_OUT)
+    if target.is_dir() and not target.is_symlink():
+        return f"--out {printable(str(target))}: is a directory; expected a file name for the table"
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        return f"--out {printable(str(target))}: its directory {printable(str(parent))} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {printable(str(target))}: its directory {printable(str(parent))} is not writable"
+    return None
 
 
 def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None, as_json: bool = False,
@@ -71,6 +94,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
                      as_json, 2)
     if not budget > 0:
         return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2)
+    problem = out_problem(out)
+    if problem is not None:  # before minutes of measuring, not after
+        return _fail(problem, as_json, 2)
     began = time.monotonic()
     ck = read_checkpoint(model_dir)
     if not ck.config:
@@ -96,8 +122,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
              f"{layer_shape.as_json()}", 0.0)
     try:
         experts = synthetic_experts(layer_shape) if synthetic else checkpoint_experts(model_dir, ck.moe_layers[0])
-    except (LookupError, OSError, ValueError, RuntimeError) as exc:
-        return _fail(f"{model_dir}: cannot read layer {ck.moe_layers[0]}'s experts: {exc}", as_json)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # malformed data (safetensors' own errors included) is a located line, never a traceback
+        return _fail(f"{printable(model_dir)}: cannot read layer {ck.moe_layers[0]}'s experts: "
+                     f"{printable(describe(exc))}", as_json)
     registry = Registry.build(config=config or [])
     results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
                               deadline=began + budget, progress=progress)
@@ -115,7 +144,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
         if out == "-":
             sys.stdout.write(text)
         else:
-            target = str(write_atomically(out or DEFAULT_OUT, text))
+            try:
+                target = str(write_atomically(out or DEFAULT_OUT, text))
+            except OSError as exc:  # the directory vanished or became read-only while measuring
+                return _fail(f"--out {printable(out or DEFAULT_OUT)}: cannot write: "
+                             f"{printable(exc.strerror or describe(exc))}", as_json)
     elapsed = time.monotonic() - began
     data = {"ok": rule is not None, "model": str(model_dir), "key": dict(key._asdict()), "out": target,
             "chain": rule["method"] if rule else [], "phase": phase_text(PHASE_WEIGHTS),
@@ -124,16 +157,16 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     if as_json:
         print(json.dumps(data))
     elif out != "-":
-        lines = [f"key      {key}", f"score    {phase_text(PHASE_WEIGHTS)}"]
+        lines = [f"key      {printable(str(key))}", f"score    {phase_text(PHASE_WEIGHTS)}"]
         for r in ranked(results):
             times = ", ".join(f"{t}: {v:.3g} ms" for t, v in sorted(r.ms.items()) if v is not None)
             mark = "ok  " if r.ok else ("no  " if "cannot run here" in str(r.error) else "FAIL")
-            lines.append(f"  {mark} {r.method}: " + (times if r.ok else str(r.error)))
-        lines.append(f"chain    {', '.join(data['chain']) or 'none: no method passed'}")
-        lines.append(f"wrote    {target}" if target else "wrote    nothing")
+            lines.append(f"  {mark} {printable(r.method)}: " + (times if r.ok else printable(str(r.error))))
+        lines.append(f"chain    {printable(', '.join(data['chain'])) or 'none: no method passed'}")
+        lines.append(f"wrote    {printable(target)}" if target else "wrote    nothing")
         lines.append(f"took     {elapsed:.0f}s ({rounds} timing round(s), budget {budget:g}s)")
         print("\n".join(lines))
     if rule is None:
-        print(f"quantreg tune: no method passed for {key}; no table written", file=sys.stderr)
+        print(f"quantreg tune: no method passed for {printable(str(key))}; no table written", file=sys.stderr)
         return 1
     return 0
