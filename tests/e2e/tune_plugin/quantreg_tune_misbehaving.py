@@ -4,7 +4,8 @@ Each is ``mxfp4_reference`` with one fault: its constructor raises ``SystemExit`
 returns ``None``, or a wrongly shaped tensor (one row: broadcasting would compare it with every
 reference row), or raises only at token counts the float64 check does not run (timing only),
 or raises with terminal escapes and a newline in its message; ``tune_chatty`` is correct but prints
-to stdout on every forward (``--json`` must keep stdout for its object). Tune must refuse each
+to stdout on every forward (``--json`` must keep stdout for its object). Two more have a probe that
+hangs or raises ``SystemExit``. Tune must refuse each
 faulty one with a reason, rank the chatty one, and finish with a table.
 """
 
@@ -26,6 +27,8 @@ FAULTS = {
     "tune_escape": "raises with an escape sequence and a newline in its message",
     "tune_chatty": "correct, prints to stdout on every forward",
 }
+#: Methods whose availability probe misbehaves (tune asks every method's probe first).
+PROBES = {"tune_probe_hangs": "probe_hangs", "tune_probe_exits": "probe_exits"}
 
 
 @quantreg.hookimpl
@@ -34,6 +37,20 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         cls = "".join(part.title() for part in name.split("_")[1:]) + "Method"
         register(quantreg.Method(name=name, target=f"quantreg_tune_misbehaving:{cls}", requires=("torch", "vllm"),
                                  description=what))
+    for name, probe in PROBES.items():
+        register(quantreg.Method(name=name, target="quantreg_tune_misbehaving:ChattyMethod", requires=("torch", "vllm"),
+                                 probe=f"quantreg_tune_misbehaving:{probe}", description=f"its probe: {probe}"))
+
+
+def probe_hangs() -> tuple[bool, str]:
+    import time
+
+    time.sleep(3600)
+    return True, "never reached"
+
+
+def probe_exits() -> tuple[bool, str]:
+    raise SystemExit(0)
 
 
 class _Faulty(Mxfp4ReferenceMoEMethod):  # type: ignore[misc]
