@@ -256,6 +256,8 @@ class Summary:
     problems: list[str] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)  # other lines by "event" (verify: comparisons)
     verified: dict[tuple[str, str, str], VerifiedLayer] = field(default_factory=dict)
+    unreadable: bool = False
+    """The trail itself could not be read (missing, a FIFO, a directory, too big): nothing was checked."""
 
     @property
     def exceedances(self) -> int:
@@ -318,6 +320,7 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
         data = read_regular(where, MAX_TRAIL_BYTES, expected="a JSONL trail", noun="a trail")
     except ReadRefused as exc:
         summary.problems.append(f"{printable(where)}: cannot read: {exc}")
+        summary.unreadable = True
         return summary
     raw_lines = data.split(b"\n")
     complete = data.endswith(b"\n") or not data

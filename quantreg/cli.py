@@ -357,7 +357,9 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
 
     Exit 1 when processes disagree (same key, different method or table fingerprint) or any
     ``verify:`` comparison exceeded its tolerance: those are the failures the trail exists to
-    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending).
+    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending); a
+    trail that cannot be read at all (no such file, a FIFO, a directory) is exit 1 too: "0 lines,
+    no disagreement" about a file nobody read would be a pass for a mistyped path.
     """
     if not args.decisions:
         return 0
@@ -366,7 +368,7 @@ def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: lis
     summary = summarise(args.decisions)
     data["decisions"] = summary.to_json()
     lines.append(summary.render())
-    return 1 if summary.disagreements or summary.exceedances else 0
+    return 1 if summary.disagreements or summary.exceedances or summary.unreadable else 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
