@@ -305,3 +305,16 @@ def test_tune_refuses_an_unwritable_out_before_measuring(tmp_path: Path, name: s
     out = cli("tune", str(tmp_path), "--out", str(tmp_path / name), "--json")
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert json.loads(out.stdout)["ok"] is False and f"--out {tmp_path / name}" in out.stderr
+
+
+def test_a_layer_that_cannot_fit_in_memory_is_refused_before_anything_is_allocated(tmp_path: Path) -> None:
+    """A declared shape is input: ~50 TB of experts must be one line, not the OOM killer (class 5)."""
+    config = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_hidden_layers": 1,
+              "num_local_experts": 1 << 20, "num_experts_per_tok": 4, "hidden_size": 2880,
+              "intermediate_size": 2880, "quantization_config": {"quant_method": "mxfp4"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = cli("tune", str(tmp_path), "--synthetic", "--json", "--out", str(tmp_path / "t.yaml"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    error = json.loads(out.stdout)["error"]
+    assert "1048576 experts" in error and "GiB is available here; nothing measured" in error, error
+    assert not (tmp_path / "t.yaml").exists()

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from ..environment import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
-from ..host import host_facts
+from ..host import host_facts, memory_available
 from ..keys import Key
 from ..plan import quant_format_of, read_checkpoint
 from ..problems import describe, printable
@@ -65,6 +65,22 @@ def _fail(message: str, as_json: bool, code: int = 1) -> int:
         print(json.dumps({"ok": False, "error": message}))
     print(f"quantreg tune: {printable(message)}", file=sys.stderr)
     return code
+
+
+#: Copies of a layer's packed experts alive at once while measuring: the experts read, vLLM's
+#: parameters of one built method, a method's own repack, headroom for the float64 check.
+MEMORY_COPIES = 4
+
+
+def memory_needed(experts: int, hidden: int, intermediate: int, top_k: int = 0) -> int:
+    """Bytes measuring one MoE layer of this shape takes, estimated from its MXFP4 size (no allocation).
+
+    Per expert: w13 ``2I x H`` and w2 ``H x I`` at half a byte per weight plus one E8M0 scale per
+    32, and bf16 biases; times :data:`MEMORY_COPIES`.
+    """
+    weights = 2 * intermediate * hidden + hidden * intermediate
+    per_expert = weights // 2 + weights // 32 + 2 * (2 * intermediate + hidden)
+    return MEMORY_COPIES * experts * per_expert
 
 
 def out_problem(out: str | None) -> str | None:
@@ -114,6 +130,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     except (TypeError, ValueError, KeyError):
         return _fail(f"{model_dir}/config.json: expert count, hidden/intermediate size or experts per token "
                      "missing", as_json)
+    need, free = memory_needed(*shape), memory_available()
+    if free is not None and need > free:
+        return _fail(f"{printable(model_dir)}/config.json: a layer of {shape[0]} experts at hidden {shape[1]}, "
+                     f"intermediate {shape[2]} needs about {need / 2**30:.1f} GiB to measure; {free / 2**30:.1f} GiB "
+                     "is available here; nothing measured", as_json)
     progress = ProgressLine()
     from .measure import LayerShape, checkpoint_experts, measure, synthetic_experts  # torch + vLLM from here on
 
