@@ -142,3 +142,19 @@ def test_a_process_whose_hook_failed_is_noticed_by_the_fingerprint(site: dict[st
     lines = [line for line in strict_log.splitlines() if "STRICT-FAIL" in line]
     assert len(lines) == 1 and "'flaky'" in lines[0] and "register_tables" in lines[0], strict_log
     assert "Traceback" not in strict_log
+
+
+@pytest.mark.vllm_installed
+def test_a_hook_that_leaves_no_rule_behind_still_changes_the_fingerprint(site: dict[str, str]) -> None:
+    """A keepers (or limitations, findings) hook failing in one process drops no rule, yet that
+    process handles vLLM's quant config differently: the failed hook is part of the fingerprint."""
+    first, _ = run_process(site)
+    keepers_fail = {"E2E_FLAKY_FAILS_IN": "MainProcess", "E2E_FLAKY_HOOKS": "register_quant_config_keepers"}
+    later, log = run_process({**site, **keepers_fail, "QUANTREG_FINGERPRINT": first["published"]})
+    assert later["source"] == first["source"]  # the rules are the same ...
+    assert later["fingerprint"] != first["fingerprint"]  # ... the registries are not
+    mismatch = [line for line in log.splitlines() if MISMATCH in line]
+    assert len(mismatch) == 1 and "left out 1 piece(s)" in mismatch[0], log
+    # two processes that fail alike agree with each other
+    again, _ = run_process({**site, **keepers_fail})
+    assert again["fingerprint"] == later["fingerprint"]
