@@ -96,6 +96,23 @@ def read_regular(path: str | os.PathLike[str], cap: int, *, expected: str = "a r
         raise ReadRefused(f"cannot read: {_reason(exc)}") from None
 
 
+def require_regular(path: str | os.PathLike[str], *, expected: str = "a regular file") -> None:
+    """Refuse (:class:`ReadRefused`) a path that is not a regular file, before a library opens it.
+
+    Why: some files are opened by a library, not by :func:`read_regular` (safetensors shards,
+    which ``safe_open`` memory-maps): a FIFO there blocks that library's ``open`` forever, a
+    symlink to ``/dev/zero`` maps an endless file. Symlinks to regular files are followed.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ReadRefused("no such file") from None
+    except (OSError, ValueError) as exc:
+        raise ReadRefused(f"cannot read: {_reason(exc)}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ReadRefused(f"is not a regular file ({kind(st.st_mode)}); expected {expected}")
+
+
 def append_regular(path: str | os.PathLike[str], data: bytes, cap: int) -> None:
     """Append ``data`` with ONE ``os.write`` to a regular file (created if missing) of at most ``cap`` bytes.
 

@@ -103,6 +103,26 @@ def _read_cpuinfo() -> str:
         return ""
 
 
+def memory_available() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (``MemAvailable``), ``None`` unknown.
+
+    Why here: a command that allocates from a checkpoint's declared shape (``quantreg tune``)
+    must refuse a shape that cannot fit before it allocates; an oversized allocation is not an
+    exception on Linux but the OOM killer, which may end another process than this one.
+    """
+    try:
+        text = read_regular("/proc/meminfo", 1 << 16).decode("ascii", "replace")
+    except ReadRefused:
+        return None
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name == "MemAvailable":
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                return int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return None
+
+
 def apply_override(real: frozenset[str], spec: str) -> frozenset[str]:
     """``QUANTREG_HOST_CPU_FLAGS``: a plain list replaces ``real``; ``-f``/``+f`` entries edit it."""
     entries = [e for e in spec.replace(",", " ").split() if e]

@@ -217,11 +217,17 @@ class Registry:
         def plugin(name: str) -> str:  # a table's ``methods:`` entries belong to "table PATH"
             return f"table {names.get(name[6:], name[6:])}" if name.startswith("table ") else name
 
-        payload = {
+        payload: dict[str, Any] = {
             "rules": [named(r) for r in self.index.rules],
             "methods": sorted((m.name, m.target, plugin(m.plugin)) for m in self.methods.values()),
             "plugins": sorted((p.name, p.distribution, p.version, p.status) for p in self.plugins.infos),
         }
+        # A hook call that failed here dropped what it would have registered (keepers, limitations,
+        # findings leave no rule behind): a process where a hook failed alone must not look like
+        # the others. Which hook of which plugin, not the message (it may name this process).
+        failed = sorted({(f.plugin, f.hook) for f in self.plugins.failures})
+        if failed:  # absent when nothing failed: fingerprints of healthy registries are unchanged
+            payload["failed_hooks"] = failed
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

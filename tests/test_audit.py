@@ -273,3 +273,18 @@ def test_a_trail_path_with_a_newline_cannot_forge_a_log_line(tmp_path: Path,
         assert audit.append_record({"event": "verify"}, path=target) is False
     [message] = [r.getMessage() for r in caplog.records if r.name == "vllm.quantreg.audit"]
     assert "\n" not in message and "x\\nquantreg: FORGED" in message
+
+
+@pytest.mark.parametrize("kind", ["missing", "fifo", "directory"])
+def test_doctor_on_a_trail_nobody_could_read_is_exit_1_not_a_pass(tmp_path: Path, kind: str) -> None:
+    """Issue 21, class 7: "0 lines, no disagreement" about an unread file would pass a mistyped path."""
+    trail = tmp_path / "trail.jsonl"
+    if kind == "fifo":
+        os.mkfifo(trail)
+    elif kind == "directory":
+        trail.mkdir()
+    out = subprocess.run([sys.executable, "-m", "quantreg", "doctor", "--decisions", str(trail)], capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)  # a FIFO must not hang it
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"warning: {trail}: cannot read: " in out.stdout
+    assert not audit.summarise(trail).readable and not audit.summarise(trail).ok

@@ -171,6 +171,27 @@ def test_worker_with_its_own_different_file_is_caught(driver: dict[str, Any], tm
     assert "is not readable on this node" not in log
 
 
+def test_worker_given_a_tampered_shipment_drops_that_table_and_the_fingerprint_notices(
+        driver: dict[str, Any]) -> None:
+    """Class 6 of issue 21: the shipped text no longer matches the sha256 that travels with it (a
+    corrupted copy for this process). Exactly that table's text is dropped (said once), the rest
+    of the shipment is used, and the fingerprint check names this process and both fingerprints."""
+    shipment = multinode.Shipment.decode(driver["copied"]["QUANTREG_TABLES"])
+    tampered = multinode.Shipment(shipment.fingerprint, False, tuple(
+        multinode.ShippedTable(t.path, t.sha256, (t.text or "").replace("mxfp4_reference", "vllm"))
+        for t in shipment.tables), shipment.pid)
+    env = {**driver["copied"], "QUANTREG_TABLES": tampered.encode()}
+    worker, log = run_node(node_env(env))
+    dropped = [line for line in log.splitlines() if "does not match the sha256" in line]
+    assert len(dropped) == 1 and driver["table"] in dropped[0], log  # one WARNING for the dropped piece
+    assert worker["method"] != "vllm"  # the tampered text never decides
+    assert worker["fingerprint"] != driver["fingerprint"]
+    mismatch = [line for line in log.splitlines() if MISMATCH in line]
+    assert mismatch and all(worker["fingerprint"] in m and driver["fingerprint"] in m for m in mismatch), log
+    assert f"pid {worker['pid']})" in mismatch[0] and "piece(s) that failed here" in mismatch[0]
+    assert "dropped on arrival" in log
+
+
 @pytest.mark.plugin1
 def test_headless_node_from_exported_lines(tmp_path: Path) -> None:
     """``python -m quantreg.vllm.multinode`` on the head node; its exports on a bare other node."""

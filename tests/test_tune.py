@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from core_support import QUANTREG, write
@@ -201,3 +203,145 @@ def test_json_with_out_dash_keeps_stdout_one_json_object(tmp_path: Path, monkeyp
 
     [rule] = yaml.safe_load(data["table"])["rules"]  # the table as --out - would have printed it
     assert rule["method"] == data["chain"] == chain(ranked(results())) and "tuned" in rule
+
+
+# -- containment of what plugin methods do inside tune (issue 21: classes 3, 4, 7) ---------------
+
+MISBEHAVING = Path(__file__).resolve().parent / "e2e" / "tune_plugin"
+
+
+@pytest.fixture(scope="module")
+def misbehaving_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ``quantreg tune --json`` on the tiny model with the misbehaving plugin installed."""
+    from core_support import installed_copy
+
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
+
+    root = tmp_path_factory.mktemp("tune-misbehaving")
+    (root / "site").mkdir()
+    site = installed_copy(root / "site", MISBEHAVING, ("quantreg_tune_misbehaving.py",),
+                          "quantreg-tune-misbehaving", "misbehaving = quantreg_tune_misbehaving")
+    model = write_tiny_gpt_oss(root / "model")
+    out = root / "tuned.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["QUANTREG_DISABLE_PLUGINS"] = "cpu_mxfp4"  # fewer methods to build: the faults are the point
+    env["QUANTREG_PROBE_TIMEOUT"] = "1"  # the hanging probe is abandoned after 1 s
+    proc = subprocess.run([str(QUANTREG), "tune", str(model), "--budget", "1", "--out", str(out), "--json"],
+                          capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    text = subprocess.run([str(QUANTREG), "tune", str(model), "--budget", "1", "--out", str(root / "t2.yaml")],
+                          capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
+    return {"proc": proc, "text": text, "out": out}
+
+
+@pytest.mark.plugin1
+@pytest.mark.needs("torch", "vllm")
+def test_tune_refuses_each_misbehaving_method_alone_and_finishes(misbehaving_run: dict[str, Any]) -> None:
+    proc = misbehaving_run["proc"]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    data = json.loads(proc.stdout)  # stdout is the one JSON object, chatty methods notwithstanding
+    results = {r["method"]: r for r in data["results"]}
+    refused = {"tune_exit_build": "build failed: SystemExit", "tune_none": "forward at 1 token: ",
+               "tune_one_row": "returned shape [1,", "tune_big_only": "(timing): RuntimeError",
+               "tune_escape": "ValueError"}
+    for name, reason in refused.items():
+        assert results[name]["ok"] is False and reason in str(results[name]["error"]), results[name]
+        assert name not in data["chain"]
+    assert results["tune_chatty"]["ok"] is True and "tune_chatty" in data["chain"]
+    for name, reason in (("tune_probe_hangs", "did not answer within 1s"), ("tune_probe_exits", "SystemExit")):
+        assert results[name]["ok"] is False and "cannot run here" in str(results[name]["error"]), results[name]
+        assert reason in str(results[name]["error"]), results[name]
+    assert "chatty: a line on stdout" in proc.stderr  # moved, not lost
+    assert misbehaving_run["out"].is_file()
+
+
+@pytest.mark.plugin1
+@pytest.mark.needs("torch", "vllm")
+def test_tune_summary_escapes_what_a_method_raised(misbehaving_run: dict[str, Any]) -> None:
+    text = misbehaving_run["text"]
+    assert text.returncode == 0, text.stdout[-2000:] + text.stderr[-4000:]
+    assert "\x1b" not in text.stdout and "\x1b" not in text.stderr
+    assert not any(line.startswith("quantreg tune: forged") for line in (text.stdout + text.stderr).splitlines())
+    assert "tune_escape" in text.stdout and "\\x1b" in text.stdout
+
+
+#: Checkpoint directories whose tensors tune cannot read (issue 21, classes 2 and 5): the tiny
+#: model's config.json, then one of these. Each must end tune with one located line, exit 1.
+BAD_CHECKPOINTS = {
+    "shard is a FIFO": lambda d: os.mkfifo(d / "model.safetensors"),
+    "shard links to /dev/zero": lambda d: os.symlink("/dev/zero", d / "model.safetensors"),
+    "shard is a directory": lambda d: (d / "model.safetensors").mkdir(),
+    "shard is not safetensors": lambda d: (d / "model.safetensors").write_bytes(b"\xff" * 64),
+    "index is a FIFO": lambda d: os.mkfifo(d / "model.safetensors.index.json"),
+    "index is a list": lambda d: (d / "model.safetensors.index.json").write_text("[1, 2]"),
+    "index weight_map is a list": lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": ["a"]}'),
+    "index weight_map values are numbers": lambda d: (d / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"model.layers.0.mlp.experts.gate_up_proj_blocks": 5}}'),
+    "index is not UTF-8": lambda d: (d / "model.safetensors.index.json").write_bytes(b'{"weight_map": "\xff"}'),
+    "index nests deep": lambda d: (d / "model.safetensors.index.json").write_text("[" * 100000 + "]" * 100000),
+    "index holds NaN": lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": NaN}'),
+    "index names a shard outside": lambda d: (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {f"model.layers.0.mlp.experts.{n}": "../elsewhere/x.safetensors" for n in (
+            "gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
+            "down_proj_scales", "down_proj_bias")}})),
+}
+
+#: Calls tune_command for every case directory in one process (one torch/vLLM import), one JSON line each.
+TUNE_EACH = """
+import contextlib, io, json, sys
+from quantreg.tune.command import tune_command
+for path in sys.argv[1:]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = tune_command(path, out=path + "/tuned.yaml", as_json=True, budget=5)
+    print(json.dumps({"path": path, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue()}), flush=True)
+"""
+
+
+@pytest.mark.needs("torch", "vllm")
+def test_tune_on_unreadable_tensors_is_one_located_line_never_a_hang(tmp_path: Path) -> None:
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
+
+    config = (write_tiny_gpt_oss(tmp_path / "tiny") / "config.json").read_bytes()
+    dirs = []
+    for n, make in enumerate(BAD_CHECKPOINTS.values()):
+        case = tmp_path / f"case{n}"
+        case.mkdir()
+        (case / "config.json").write_bytes(config)
+        make(case)
+        dirs.append(str(case))
+    proc = subprocess.run([sys.executable, "-c", TUNE_EACH, *dirs], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)  # a hang fails the test here
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(answers) == len(BAD_CHECKPOINTS)
+    for what, answer in zip(BAD_CHECKPOINTS, answers):
+        assert answer["code"] == 1, (what, answer)
+        assert json.loads(answer["stdout"])["ok"] is False, (what, answer)
+        lines = [line for line in answer["stderr"].splitlines() if line.startswith("quantreg tune: ")
+                 and "cannot read" in line]
+        assert len(lines) == 1 and answer["path"] in lines[0], (what, answer["stderr"])
+        assert not (Path(answer["path"]) / "tuned.yaml").exists()
+
+
+@pytest.mark.parametrize("name", ["a-directory", "missing/tuned.yaml"])
+def test_tune_refuses_an_unwritable_out_before_measuring(tmp_path: Path, name: str) -> None:
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    out = cli("tune", str(tmp_path), "--out", str(tmp_path / name), "--json")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert json.loads(out.stdout)["ok"] is False and f"--out {tmp_path / name}" in out.stderr
+
+
+def test_a_layer_that_cannot_fit_in_memory_is_refused_before_anything_is_allocated(tmp_path: Path) -> None:
+    """A declared shape is input: ~50 TB of experts must be one line, not the OOM killer (class 5)."""
+    config = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_hidden_layers": 1,
+              "num_local_experts": 1 << 20, "num_experts_per_tok": 4, "hidden_size": 2880,
+              "intermediate_size": 2880, "quantization_config": {"quant_method": "mxfp4"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = cli("tune", str(tmp_path), "--synthetic", "--json", "--out", str(tmp_path / "t.yaml"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    error = json.loads(out.stdout)["error"]
+    assert "1048576 experts" in error and "GiB is available here; nothing measured" in error, error
+    assert not (tmp_path / "t.yaml").exists()

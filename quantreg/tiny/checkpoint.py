@@ -183,6 +183,10 @@ def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint written by :func:`write_tiny_gpt_oss`."""
     from safetensors.torch import load_file
 
-    loaded: dict[str, torch.Tensor] = load_file(str(Path(directory) / SAFETENSORS_NAME))
+    from ..files import require_regular
+
+    path = str(Path(directory) / SAFETENSORS_NAME)
+    require_regular(path, expected="a safetensors file")  # load_file's own open would block on a FIFO
+    loaded: dict[str, torch.Tensor] = load_file(path)
     return loaded
 

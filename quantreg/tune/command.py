@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, TextIO
 
 from ..envelope import envelope
 from ..environment import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
-from ..host import host_facts
+from ..host import host_facts, memory_available
 from ..keys import Key
 from ..plan import quant_format_of, read_checkpoint
-from ..problems import problem_json
+from ..problems import describe, printable, problem_json
 from ..registry import Registry
 from ..table.verify import FLOAT64_FORMATS
 from .rank import PHASE_WEIGHTS, TOKENS, ranked
@@ -46,6 +48,7 @@ class ProgressLine:
 
     def __call__(self, step: str, fraction: float) -> None:
         elapsed = time.monotonic() - self.start
+        step = printable(step)  # method names and the checkpoint's model_type come from outside
         if self.tty:
             filled = int(max(0.0, min(1.0, fraction)) * 24)
             self.stream.write(f"\r\x1b[2K[{'#' * filled}{'.' * (24 - filled)}] {elapsed:5.0f}s {step}"[:160])
@@ -65,8 +68,43 @@ def _fail(message: str, as_json: bool, code: int = 1, registry: Registry | None 
     if as_json:
         found = [*(registry.faults if registry is not None else ()), problem_json(message, path=path, key=key)]
         print(json.dumps({"ok": False, "error": message, **envelope(found, registry, config or [])}))
-    print(f"quantreg tune: {message}", file=sys.stderr)
+    print(f"quantreg tune: {printable(message)}", file=sys.stderr)
     return code
+
+
+#: Copies of a layer's packed experts alive at once while measuring: the experts read, vLLM's
+#: parameters of one built method, a method's own repack, headroom for the float64 check.
+MEMORY_COPIES = 4
+
+
+def memory_needed(experts: int, hidden: int, intermediate: int, top_k: int = 0) -> int:
+    """Bytes measuring one MoE layer of this shape takes, estimated from its MXFP4 size (no allocation).
+
+    Per expert: w13 ``2I x H`` and w2 ``H x I`` at half a byte per weight plus one E8M0 scale per
+    32, and bf16 biases; times :data:`MEMORY_COPIES`.
+    """
+    weights = 2 * intermediate * hidden + hidden * intermediate
+    per_expert = weights // 2 + weights // 32 + 2 * (2 * intermediate + hidden)
+    return MEMORY_COPIES * experts * per_expert
+
+
+def out_problem(out: str | None) -> str | None:
+    """Why ``--out`` cannot receive the table (checked before measuring), else ``None``.
+
+    ``-`` is stdout. A directory, or a parent that is not an existing directory, is refused
+    with the flag named; an existing symlink is replaced, never followed (an atomic rename).
+    """
+    if out == "-":
+        return None
+    target = Path(out or DEFAULT_OUT)
+    if target.is_dir() and not target.is_symlink():
+        return f"--out {printable(str(target))}: is a directory; expected a file name for the table"
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        return f"--out {printable(str(target))}: its directory {printable(str(parent))} does not exist"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {printable(str(target))}: its directory {printable(str(parent))} is not writable"
+    return None
 
 
 def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None, as_json: bool = False,
@@ -77,6 +115,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
                      as_json, 2, key="--device")
     if not budget > 0:
         return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2, key="--budget")
+    problem = out_problem(out)
+    if problem is not None:  # before minutes of measuring, not after
+        return _fail(problem, as_json, 2, key="--out")
     began = time.monotonic()
     registry = Registry.build(config=config or [])  # cheap (no torch): its faults belong in every answer
     ck = read_checkpoint(model_dir)
@@ -96,6 +137,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     except (TypeError, ValueError, KeyError):
         return fail(f"{model_dir}/config.json: expert count, hidden/intermediate size or experts per token "
                     "missing", path=f"{model_dir}/config.json")
+    need, free = memory_needed(*shape), memory_available()
+    if free is not None and need > free:
+        return fail(f"{printable(model_dir)}/config.json: a layer of {shape[0]} experts at hidden {shape[1]}, "
+                    f"intermediate {shape[2]} needs about {need / 2**30:.1f} GiB to measure; {free / 2**30:.1f} GiB "
+                    "is available here; nothing measured", path=f"{model_dir}/config.json")
     progress = ProgressLine()
     from .measure import LayerShape, checkpoint_experts, measure, synthetic_experts  # torch + vLLM from here on
 
@@ -104,8 +150,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
              f"{layer_shape.as_json()}", 0.0)
     try:
         experts = synthetic_experts(layer_shape) if synthetic else checkpoint_experts(model_dir, ck.moe_layers[0])
-    except (LookupError, OSError, ValueError, RuntimeError) as exc:
-        return fail(f"{model_dir}: cannot read layer {ck.moe_layers[0]}'s experts: {exc}", path=model_dir)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # malformed data (safetensors' own errors included) is a located line, never a traceback
+        return fail(f"{printable(model_dir)}: cannot read layer {ck.moe_layers[0]}'s experts: "
+                    f"{printable(describe(exc))}", path=model_dir)
     results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
                               deadline=began + budget, progress=progress)
     progress.done()
@@ -119,7 +168,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     target = None
     text = render([rule]) if rule is not None else None
     if text is not None and out != "-":
-        target = str(write_atomically(out or DEFAULT_OUT, text))
+        try:
+            target = str(write_atomically(out or DEFAULT_OUT, text))
+        except OSError as exc:  # the directory vanished or became read-only while measuring
+            return fail(f"--out {printable(out or DEFAULT_OUT)}: cannot write: "
+                        f"{printable(exc.strerror or describe(exc))}", key="--out")
     elif text is not None and not as_json:  # --out -: the table is stdout (with --json the answer's "table")
         sys.stdout.write(text)
     elapsed = time.monotonic() - began
@@ -131,16 +184,16 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     if as_json:
         print(json.dumps(data))
     elif out != "-":
-        lines = [f"key      {key}", f"score    {phase_text(PHASE_WEIGHTS)}"]
+        lines = [f"key      {printable(str(key))}", f"score    {phase_text(PHASE_WEIGHTS)}"]
         for r in ranked(results):
             times = ", ".join(f"{t}: {v:.3g} ms" for t, v in sorted(r.ms.items()) if v is not None)
             mark = "ok  " if r.ok else ("no  " if "cannot run here" in str(r.error) else "FAIL")
-            lines.append(f"  {mark} {r.method}: " + (times if r.ok else str(r.error)))
-        lines.append(f"chain    {', '.join(data['chain']) or 'none: no method passed'}")
-        lines.append(f"wrote    {target}" if target else "wrote    nothing")
+            lines.append(f"  {mark} {printable(r.method)}: " + (times if r.ok else printable(str(r.error))))
+        lines.append(f"chain    {printable(', '.join(data['chain'])) or 'none: no method passed'}")
+        lines.append(f"wrote    {printable(target)}" if target else "wrote    nothing")
         lines.append(f"took     {elapsed:.0f}s ({rounds} timing round(s), budget {budget:g}s)")
         print("\n".join(lines))
     if rule is None:
-        print(f"quantreg tune: no method passed for {key}; no table written", file=sys.stderr)
+        print(f"quantreg tune: no method passed for {printable(str(key))}; no table written", file=sys.stderr)
         return 1
     return 0

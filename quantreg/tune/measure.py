@@ -22,7 +22,11 @@ Imports torch and vLLM (through the kit).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gc
+import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..hookcall import call
 from ..keys import Key
 from ..methods import VLLM_METHOD, BuildContext, construct, keeps_vllm
 from ..models.gpt_oss_moe import (
@@ -42,7 +47,7 @@ from ..models.gpt_oss_moe import (
     relative_error,
     route_topk_softmax,
 )
-from ..problems import describe
+from ..problems import describe, printable
 from ..registry import Registry
 from ..testing.harness import MoeLayer, VllmMoeHarness
 from .rank import TOKENS, Result, median
@@ -84,25 +89,36 @@ def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
     names = {"w13_weight": "gate_up_proj_blocks", "w13_weight_scale": "gate_up_proj_scales",
              "w13_bias": "gate_up_proj_bias", "w2_weight": "down_proj_blocks", "w2_weight_scale": "down_proj_scales",
              "w2_bias": "down_proj_bias"}
+    from ..files import ReadRefused, inside, read_regular, require_regular
+
     index = root / "model.safetensors.index.json"
-    if index.is_file():  # bounded, regular files only, finite JSON (quantreg.files / quantreg.jsonread)
-        from ..files import read_regular
+    shown = printable(str(index))
+    if os.path.lexists(index):  # bounded, regular files only, finite JSON (quantreg.files / quantreg.jsonread)
         from ..jsonread import loads
         from ..plan import MAX_INDEX
 
-        weight_map: dict[str, str] = loads(read_regular(index, MAX_INDEX, expected="a JSON file"))["weight_map"]
+        try:
+            data = loads(read_regular(index, MAX_INDEX, expected="a JSON file"))
+        except (ReadRefused, ValueError) as exc:
+            raise LookupError(f"{shown}: {printable(str(exc))}") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise LookupError(f"{shown}: key 'weight_map': expected an object of tensor name -> shard file name")
     else:
         weight_map = {prefix + n: "model.safetensors" for n in names.values()}
     found: dict[str, torch.Tensor] = {}
     for ours, theirs in names.items():
         name = prefix + theirs
         if name not in weight_map:
-            raise LookupError(f"{root}: no tensor {name} in the checkpoint (is it GPT-OSS MXFP4?)")
-        from ..files import inside
-
+            raise LookupError(f"{printable(str(root))}: no tensor {name} in the checkpoint (is it GPT-OSS MXFP4?)")
         shard = inside(root, weight_map[name])  # never outside the checkpoint the user named
         if shard is None:
-            raise LookupError(f"{root}: the index names {weight_map[name]!r} for {name}, outside the checkpoint")
+            raise LookupError(f"{printable(str(root))}: the index names {printable(repr(weight_map[name]))} for "
+                              f"{name}, outside the checkpoint")
+        try:  # safe_open's own open() would block on a FIFO and map /dev/zero
+            require_regular(shard, expected="a safetensors file")
+        except ReadRefused as exc:
+            raise LookupError(f"{printable(shard)}: {exc}") from None
         with safe_open(shard, framework="pt") as handle:
             if name not in handle.keys():
                 raise LookupError(f"{root / weight_map[name]}: no tensor {name} (is it GPT-OSS MXFP4?)")
@@ -179,10 +195,18 @@ class Measurement:
             if not avail.ok:  # vLLM's own reason already says "cannot run here"
                 result.error = avail.reason if "cannot run here" in avail.reason else f"cannot run here: {avail.reason}"
                 continue
-            try:
-                self.layers[name] = self._build(harness, name)
-            except Exception as exc:  # a method that cannot build is reported, never chosen
-                result.error = f"build failed: {describe(exc)}"
+            # plugin code (import, constructor, create_weights, process_weights_after_loading) behind the
+            # one boundary: anything it raises, SystemExit included, is this method's failure alone
+            layer, error = call(f"building method '{printable(name)}' ({self._owner(name)})",
+                                functools.partial(self._build, harness, name))
+            if error is not None:  # a method that cannot build is reported, never chosen
+                result.error = f"build failed: {error}"
+            else:
+                self.layers[name] = layer
+
+    def _owner(self, name: str) -> str:
+        method = self.registry.methods.get(name)
+        return f"plugin '{printable(method.plugin)}'" if method is not None else "vLLM"
 
     def _build(self, harness: VllmMoeHarness, name: str) -> MoeLayer:
         e = self.experts
@@ -214,16 +238,19 @@ class Measurement:
             self.progress(f"{self.key}: check {name} against float64", i / max(len(self.layers), 1))
             result = self.results[name]
             worst = 0.0
-            try:
-                for tokens, x, logits, ref in cases:
-                    err = relative_error(layer.forward(x, logits), ref)
-                    worst = max(worst, err)
-                    if not err <= self.tolerance:
-                        result.error = (f"numerics: relative error {err:.3g} > tolerance {self.tolerance:g} "
-                                        f"at {tokens} token{'s' if tokens != 1 else ''} (float64 reference)")
-                        break
-            except Exception as exc:
-                result.error = f"forward raised {describe(exc)}"
+            for tokens, x, logits, ref in cases:
+                out, error = call(f"running method '{printable(name)}' ({self._owner(name)}) at {tokens} token(s)",
+                                  functools.partial(layer.forward, x, logits))
+                error = error or output_problem(out, x)
+                if error is not None:
+                    result.error = f"forward at {tokens} token{'s' if tokens != 1 else ''}: {error}"
+                    break
+                err = relative_error(out, ref)
+                worst = max(worst, err)
+                if not err <= self.tolerance:
+                    result.error = (f"numerics: relative error {err:.3g} > tolerance {self.tolerance:g} "
+                                    f"at {tokens} token{'s' if tokens != 1 else ''} (float64 reference)")
+                    break
             result.rel_error = worst
             result.ok = result.error is None
         for name in [n for n, r in self.results.items() if not r.ok and n in self.layers]:
@@ -243,12 +270,23 @@ class Measurement:
             order = names[round_no % len(names):] + names[:round_no % len(names)]
             for t in tokens:
                 x, logits = inputs[t]
-                for name in order:
+                for name in [n for n in order if n in self.layers]:
                     start = time.perf_counter()
-                    self.layers[name].forward(x, logits)
+                    try:  # token counts the check did not run: the method may fail here first
+                        with contextlib.redirect_stdout(sys.stderr):  # --json keeps stdout for its object
+                            out = self.layers[name].forward(x, logits)
+                        error = output_problem(out, x)
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException as exc:  # SystemExit too: this method's fault, not tune's
+                        error = describe(exc)
                     elapsed = (time.perf_counter() - start) * 1000.0
-                    if round_no:
+                    if error is not None:
+                        self._refuse(name, f"forward at {t} tokens (timing): {error}")
+                    elif round_no:
                         self.results[name].samples.setdefault(t, []).append(elapsed)
+            if not self.layers:
+                break
             rounds = round_no
             if round_no:
                 self.progress(f"{self.key}: timing round {round_no}", min(1.0, round_no / MAX_ROUNDS))
@@ -258,12 +296,32 @@ class Measurement:
                 break
         for name in names:
             result = self.results[name]
-            result.ms = {t: median(result.samples[t]) for t in tokens if result.samples.get(t)}
+            if result.ok:
+                result.ms = {t: median(result.samples[t]) for t in tokens if result.samples.get(t)}
         return rounds
+
+    def _refuse(self, name: str, error: str) -> None:
+        """A method that failed while being timed: refused like one that failed the check."""
+        result = self.results[name]
+        result.ok, result.error, result.samples, result.ms = False, error, {}, {}
+        self.layers.pop(name, None)
 
     def close(self) -> None:
         self.layers.clear()
         gc.collect()
+
+
+def output_problem(out: Any, x: torch.Tensor) -> str | None:
+    """Why a forward's ``out`` is not the MoE output for ``x`` (``None`` if it is): a tensor of
+    ``x``'s shape. Checked before any comparison, because broadcasting would compare a ``[1, H]``
+    answer with every row of the reference."""
+    if not isinstance(out, torch.Tensor):
+        return f"returned {printable(type(out).__name__)}, expected a tensor of shape {list(x.shape)}"
+    if tuple(out.shape) != tuple(x.shape):
+        return f"returned shape {list(out.shape)}, expected {list(x.shape)}"
+    if not (out.is_floating_point()):
+        return f"returned dtype {out.dtype}, expected a floating-point tensor"
+    return None
 
 
 def _moe_shape(experts: GptOssMxfp4Experts) -> Any:

@@ -104,15 +104,22 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
     logger.info("quantreg: registry loaded, %d rules from %d tables%s, %d methods, fingerprint %s (pid %d)",
                 len(registry.index.rules), len(registry.tables),
                 f" ({runs} from additional_config)" if runs else "", len(registry.methods), fingerprint, os.getpid())
-    check_same_table(base.fingerprint(), strict=strict)
+    role, dropped = startup.process_role(), _left_out(base)
+    check_same_table(base.fingerprint(), strict=strict, role=role, left_out=dropped)
     if registry is not base:
-        startup.check_run_fingerprint(fingerprint, strict=strict)
+        startup.check_run_fingerprint(fingerprint, strict=strict, role=role, left_out=_left_out(registry))
     multinode.publish(base)  # after check_same_table, which publishes the first process's fingerprint
 
 
-def check_same_table(fingerprint: str, strict: bool) -> None:
+def check_same_table(fingerprint: str, strict: bool, role: str = "", left_out: int = 0) -> None:
     """Every vLLM process must decide from the same table (see :mod:`.fingerprint`)."""
-    _table_fingerprint.check(fingerprint, strict)
+    _table_fingerprint.check(fingerprint, strict, role, left_out)
+
+
+def _left_out(registry: Registry) -> int:
+    """Pieces this process dropped: its faults (each already one WARNING) and what the shipment lost."""
+    shipment = multinode.received()
+    return len(registry.faults) + (len(shipment.notes) if shipment is not None else 0)
 
 
 def unregister() -> None:

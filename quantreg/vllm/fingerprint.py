@@ -15,7 +15,7 @@ import logging
 import os
 
 from .. import settings
-from ..problems import QuantregError
+from ..problems import QuantregError, printable
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -30,20 +30,28 @@ class PublishedFingerprint:
         self.cause = cause  # "a table file or plugin changed"
         self.published: str | None = None
 
-    def check(self, fingerprint: str, strict: bool) -> None:
-        """Publish ``fingerprint`` if nobody has; else compare: a mismatch warns, or raises when strict."""
+    def check(self, fingerprint: str, strict: bool, role: str = "", left_out: int = 0) -> None:
+        """Publish ``fingerprint`` if nobody has; else compare: a mismatch warns, or raises when strict.
+
+        ``role`` names this process as vLLM's log prefix does (``EngineCore``, ``Worker_TP1``), so
+        the one line says *which* process decides differently. ``left_out``: how many faults this
+        process dropped (a plugin hook that failed only here, a shipped table whose text did not
+        match its sha256): then the likely cause is those, said in the warnings before this one.
+        """
         parent = settings.raw(self.env_var)
         if not parent:
             os.environ[self.env_var] = self.published = fingerprint
             return
         if parent == fingerprint:
             return
-        message = (f"quantreg: this process (pid {os.getpid()}) loaded a different {self.what} (fingerprint "
-                   f"{fingerprint}) than {self.first} ({parent}): {self.cause} between process starts, so "
-                   "processes may decide differently")
+        who = f"{printable(role)}, pid {os.getpid()}" if role else f"pid {os.getpid()}"
+        cause = (f"it left out {left_out} piece(s) that failed here (the WARNINGs above), or {self.cause} between "
+                 "process starts" if left_out else f"{self.cause} between process starts")
+        message = (f"quantreg: this process ({who}) loaded a different {self.what} (fingerprint {fingerprint}) "
+                   f"than {self.first} ({printable(parent)[:80]}): {cause}, so processes may decide differently")
         if strict:
             raise QuantregError(message)
-        logger.warning(message)
+        logger.warning("%s", message)
 
     def withdraw(self) -> None:
         """Undo this process's publication (tests, ``unregister()``)."""

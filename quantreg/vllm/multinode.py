@@ -301,9 +301,9 @@ def build(config: Sequence[str | os.PathLike[str]] = (), env: Mapping[str, str] 
     usable = [t for t in missing if t.text is not None]
     for table in missing:
         if table.text is None:
-            logger.warning("quantreg: the driver's table %s (sha256 %s) is not on this node (pid %d) and was too "
-                           "large to ship; this process decides without it", table.path, table.sha256[:16],
-                           os.getpid())
+            logger.warning("quantreg: the driver's table %s (sha256 %s) is not on this node (pid %d) and its text "
+                           "did not arrive (too large to ship, or dropped on arrival: see %s above); this process "
+                           "decides without it", printable(table.path), table.sha256[:16], os.getpid(), TABLES_ENV)
     if shipment is None or not usable:
         return Registry.build(config=config, env=env)
     with tempfile.TemporaryDirectory(prefix="quantreg-shipped-") as tmp:

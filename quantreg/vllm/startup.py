@@ -143,9 +143,9 @@ def run_table_count(registry: Registry) -> int:
     return sum(1 for t in registry.tables if t.layer == Layer.RUN)
 
 
-def check_run_fingerprint(fingerprint: str, strict: bool) -> None:
+def check_run_fingerprint(fingerprint: str, strict: bool, role: str = "", left_out: int = 0) -> None:
     """Every process that read the run's tables must hold the same registry (see the module doc)."""
-    _run_fingerprint.check(fingerprint, strict)
+    _run_fingerprint.check(fingerprint, strict, role, left_out)
 
 
 def forget() -> None:

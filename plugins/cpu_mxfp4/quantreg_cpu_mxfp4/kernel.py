@@ -126,16 +126,27 @@ def precision() -> str:
     """Activation quantisation, read per call from ``QUANTREG_CPU_MXFP4_PRECISION``: "q8x2" (default) or "q8"."""
     wanted = os.environ.get(PRECISION_ENV, "").strip().lower() or PRECISIONS[0]
     if wanted not in PRECISIONS:
-        log.warning("%s=%r is not one of %s; using %s", PRECISION_ENV, wanted, PRECISIONS, PRECISIONS[0])
+        _warn_once(f"{PRECISION_ENV}={wanted!r} is not one of {PRECISIONS}; using {PRECISIONS[0]}")
         return PRECISIONS[0]
     return wanted
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """One WARNING per distinct bad setting and process: both settings are read on every forward
+    (of every layer), and a bad value used to repeat its warning at every decode step."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
 
 
 def isa() -> str:
     """The path :func:`moe_forward` will run now: ``"avx512"`` or ``"avx2"`` (read per call)."""
     wanted = os.environ.get(ISA_ENV, "").strip().lower()
     if wanted not in ("", "avx2", "avx512"):
-        log.warning("%s=%r is not 'avx2' or 'avx512'; ignoring it", ISA_ENV, wanted)
+        _warn_once(f"{ISA_ENV}={wanted!r} is not 'avx2' or 'avx512'; ignoring it")
         wanted = ""
     if wanted == "avx2":
         return "avx2"

@@ -340,3 +340,16 @@ def test_gpt_oss_20b_layer_shape(isa: str, tokens: int, gpt_oss_20b_layer: objec
     out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias)  # type: ignore[attr-defined]
     err = relative_error(out[:, rows], ref)
     assert err <= TOL, f"{isa}, T={tokens}: relative error {err:.4f} > {TOL}"
+
+
+@pytest.mark.parametrize(("env", "read"), [("ISA_ENV", "isa"), ("PRECISION_ENV", "precision")])
+def test_a_bad_setting_warns_once_not_at_every_forward(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture, env: str, read: str) -> None:
+    """Both are read on every forward of every layer: one WARNING per process and value (issue 21, class 1)."""
+    monkeypatch.setattr(kernel, "_warned", set())
+    monkeypatch.setenv(getattr(kernel, env), "avx9\x1b[2J")
+    with caplog.at_level("WARNING", logger="vllm.quantreg.cpu_mxfp4"):
+        answers = {getattr(kernel, read)() for _ in range(50)}
+    assert len(answers) == 1 and answers <= {"avx2", "avx512", *kernel.PRECISIONS}
+    assert len(caplog.records) == 1 and "\x1b" not in caplog.records[0].getMessage()
+    assert getattr(kernel, env) in caplog.records[0].getMessage()
