@@ -1,33 +1,94 @@
-"""Hardening: strict vs lenient, plugin fault isolation, table-defined methods, security.
+"""quantreg.vllm.seam: what the seam does with faults, strict and lenient.
 
-Plugins are real distributions (``PluginSite``: dist-info + entry_points.txt on sys.path). The
-strict/lenient outcome is what the vLLM seam does with a registry's faults
-(:func:`quantreg.vllm.seam.report_faults`): strict raises one error naming the file or plugin,
-lenient logs one WARNING per fault and keeps everything else.
+The strict/lenient outcome of a registry's faults (:func:`quantreg.vllm.seam.report_faults`): strict
+raises one error naming the file or plugin, lenient logs one WARNING per fault and keeps everything
+else; plugin faults at layer build through ``Seam.route`` in both modes; ``Seam.route``'s one boundary
+for the unforeseen. Plugins are real distributions (``PluginSite``).
+
+History (issue 24 class 5): this was tests/test_hardening.py (strict vs lenient, plugin fault isolation,
+security), renamed here; its table, mode, method and registry tests moved to the modules they test; the
+route boundary came from tests/test_containment_plugins.py (issue 12, plugin and start-up classes)
+(class 1).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from core_support import QUANTREG, PluginSite
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from core_support import GOOD_RULES, PluginSite, child_env
 
 from quantreg import Key, QuantregError, Registry
-from quantreg.table.file import Layer, parse_table
 from quantreg.vllm.seam import report_faults
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
+
+# -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------
+
+
+SEAM_BOUNDARY = """
+import json, sys
+from quantreg.problems import QuantregError
+from quantreg.vllm.seam import Seam
+
+class Halt(BaseException):
+    pass
+
+class ThirdPartyConfig:  # a quant config from another plugin whose get_name() misbehaves
+    def get_name(self):
+        raise Halt("get_name is broken")
+
+calls = []
+def vllms_own(layer, prefix, quant_config, moe_config):
+    calls.append(prefix)
+    if prefix == "vllm-fails":
+        raise ValueError("vLLM's own error")
+    return "vllm's method"
+
+seam = Seam()
+result = {}
+try:
+    result["built"] = seam.route(vllms_own, None, "model.layers.0.mlp.experts", ThirdPartyConfig(), None)
+except QuantregError as exc:
+    result["raised"] = str(exc)
+try:
+    seam.route(vllms_own, None, "vllm-fails", None, None)
+except ValueError as exc:
+    result["vllm_error"] = str(exc)
+result["calls"] = calls
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_seam_route_has_one_boundary(strict: bool) -> None:
+    pytest.importorskip("vllm")
+    env = child_env(None, "", **({"QUANTREG_STRICT": "1"} if strict else {}))
+    out = subprocess.run([sys.executable, "-c", SEAM_BOUNDARY], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["vllm_error"] == "vLLM's own error"  # what vLLM raises is vLLM's, untouched
+    if strict:
+        assert data["raised"] == ("quantreg (strict): routing model.layers.0.mlp.experts failed unexpectedly: "
+                                  "Halt: get_name is broken")
+        assert data["calls"] == ["vllm-fails"]
+    else:
+        assert data["built"] == "vllm's method"
+        assert data["calls"] == ["model.layers.0.mlp.experts", "vllm-fails"]
+        assert ("quantreg: routing model.layers.0.mlp.experts failed unexpectedly: Halt: get_name is broken; "
+                "using vLLM's own method") in out.stderr
+
+
+# -- from test_hardening.py (strict vs lenient, fault isolation, security) --------------------
+
+
 KEY = Key("fmt", "model", "cpu")
-GOOD_RULES = "version: 1\nrules:\n  - match: {quant_format: fmt}\n    method: good\n"
 
 
 def add_good_plugin(site: PluginSite) -> None:
@@ -106,217 +167,6 @@ def test_bad_user_table_lenient_keeps_defaults_strict_names_file_line(table: obj
     with pytest.raises(QuantregError, match=rf"{bad}:4: rules\[0\]\.methd"):
         report_faults(Registry.build(env={"QUANTREG_CONFIG": str(bad), "QUANTREG_STRICT": "1"}), strict=True)
 
-
-def test_strict_true_in_a_broken_user_table_still_means_strict(tmp_path: Path) -> None:
-    bad = tmp_path / "user.yaml"
-    bad.write_text("version: 1\nstrict: true\nrules:\n  - match: {device: cpu}\n    method: nope\n")
-    registry = Registry.build(env={"QUANTREG_CONFIG": str(bad)})
-    assert registry.tables and all(t.path != str(bad) for t in registry.tables)  # the table itself is dropped
-    assert registry.strict  # ... but its request for strict mode is not silently lost
-
-
-def test_plugin_tables_cannot_switch_on_strict_mode(plugin_site: PluginSite) -> None:
-    plugin_site.add("qrt-bossy", {"bossy": "qrt_bossy"}, modules={"qrt_bossy": """
-import quantreg
-from pathlib import Path
-
-@quantreg.hookimpl
-def register_tables(register):
-    register(Path(__file__).with_name("qrt_bossy.yaml"))
-"""}, files={"qrt_bossy.yaml": "version: 1\nstrict: true\nrules: []\n"})
-    registry = Registry.build()
-    assert any(t.strict for t in registry.tables)
-    assert not registry.strict
-
-
-def test_hanging_probe_is_bounded(plugin_site: PluginSite, monkeypatch: pytest.MonkeyPatch) -> None:
-    plugin_site.add("qrt-slow", {"slow": "qrt_slow"}, modules={"qrt_slow": """
-import time
-import quantreg
-
-def hang():
-    time.sleep(30)
-    return True, "never reached"
-
-def boom():
-    raise OSError("driver not loaded")
-
-@quantreg.hookimpl
-def register_methods(register):
-    register(quantreg.Method(name="slow", target="qrt_slow:X", probe="qrt_slow:hang"))
-    register(quantreg.Method(name="boom", target="qrt_slow:X", probe="qrt_slow:boom"))
-"""})
-    monkeypatch.setenv("QUANTREG_PROBE_TIMEOUT", "0.3")
-    registry = Registry.build()
-    start = time.monotonic()
-    slow = registry.availability("slow", "cpu")
-    assert time.monotonic() - start < 5
-    assert not slow.ok and "did not answer within 0.3s" in slow.reason
-    boom = registry.availability("boom", "cpu")
-    assert not boom.ok and boom.reason == "probe raised OSError: driver not loaded"
-
-
-def test_nonexistent_target_fails_at_load_naming_it(plugin_site: PluginSite) -> None:
-    plugin_site.add("qrt-ghost", {"ghost": "qrt_ghost"}, modules={"qrt_ghost": """
-import quantreg
-
-@quantreg.hookimpl
-def register_methods(register):
-    register(quantreg.Method(name="ghost", target="qrt_ghost:Missing"))
-"""})
-    registry = Registry.build()
-    with pytest.raises(ImportError, match="module 'qrt_ghost' has no attribute 'Missing'"):
-        registry.methods["ghost"].load()
-
-
-# -- security -------------------------------------------------------------------------------
-
-
-def test_python_object_tag_is_rejected(tmp_path: Path) -> None:
-    evil = tmp_path / "evil.yaml"
-    evil.write_text("version: 1\nrules:\n  - match: !!python/object/apply:os.system ['echo pwned']\n"
-                    "    method: vllm\n")
-    out = subprocess.run([str(QUANTREG), "validate", str(evil)], capture_output=True, text=True)
-    assert out.returncode == 1 and "pwned" not in out.stdout + out.stderr
-    assert f"{evil}:3: rules[0].match: tag 'tag:yaml.org,2002:python/object/apply:os.system' is not allowed" \
-        in out.stdout
-
-
-def test_table_defined_target_needs_explicit_opt_in(tmp_path: Path) -> None:
-    evil = tmp_path / "evil.yaml"
-    evil.write_text(textwrap.dedent("""\
-        version: 1
-        methods:
-          shell: {target: "os:system"}
-        rules:
-          - match: {device: cpu}
-            method: shell
-        """))
-    registry = Registry.build(env={"QUANTREG_CONFIG": str(evil)})
-    messages = [str(p) for p in registry.problems]
-    assert f"{evil}:2: methods: table-defined methods import code named in the table: set " \
-           "'allow_import_targets: true' in this table to allow them" in messages
-    assert "shell" not in registry.methods and registry.resolve(("x", "y", "cpu")).method == "vllm"
-
-
-def test_opted_in_target_must_still_be_a_class(tmp_path: Path) -> None:
-    table = tmp_path / "mine.yaml"
-    table.write_text(textwrap.dedent("""\
-        version: 1
-        allow_import_targets: true
-        methods:
-          shell: {target: "os:system", devices: cpu, options: []}
-        rules:
-          - match: {device: cpu}
-            method: shell
-        """))
-    registry = Registry.build(env={"QUANTREG_CONFIG": str(table)})
-    assert registry.problems == ()
-    assert registry.methods["shell"].plugin == f"table {table}"
-    assert registry.resolve(("x", "y", "cpu")).method == "shell"
-    with pytest.raises(TypeError, match="target os:system is a builtin_function_or_method, not a class"):
-        registry.methods["shell"].load()
-
-
-def test_plugin_tables_cannot_define_methods(plugin_site: PluginSite) -> None:
-    plugin_site.add("qrt-sneaky", {"sneaky": "qrt_sneaky"}, modules={"qrt_sneaky": """
-import quantreg
-from pathlib import Path
-
-@quantreg.hookimpl
-def register_tables(register):
-    register(Path(__file__).with_name("qrt_sneaky.yaml"))
-"""}, files={"qrt_sneaky.yaml": "version: 1\nallow_import_targets: true\nmethods:\n  x: {target: 'os:system'}\n"
-                                "rules: []\n"})
-    registry = Registry.build()
-    assert any("only user and run tables may define methods" in str(p) for p in registry.problems)
-    assert "x" not in registry.methods
-
-
-def test_config_paths_are_taken_literally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "t.yaml").write_text(GOOD_RULES.replace("good", "vllm"))
-    registry = Registry.build(env={"QUANTREG_CONFIG": "$HOME/t.yaml" + ":" + "~/t.yaml"})
-    assert [str(p) for p in registry.problems] == ["$HOME/t.yaml: no such file", "~/t.yaml: no such file"]
-
-
-def test_fifty_megabyte_file_is_refused_without_reading_it(tmp_path: Path) -> None:
-    big = tmp_path / "big.yaml"
-    with big.open("wb") as f:
-        f.truncate(50 << 20)  # sparse: 50 MB on paper, nothing to read if we refuse first
-    out = subprocess.run([str(QUANTREG), "validate", str(big)], capture_output=True, text=True)
-    assert out.returncode == 1
-    assert out.stdout.strip() == f"{big}: file is {50 << 20} bytes; a table may have at most {4 << 20}"
-
-
-@pytest.mark.vllm_installed
-def test_fingerprint_mismatch_between_processes(tmp_path: Path) -> None:
-    code = textwrap.dedent("""
-        import logging, sys
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-        import quantreg.vllm as qv
-        try:
-            qv.register()
-        except Exception as exc:
-            print("RAISED", exc)
-    """)
-    base = {k: v for k, v in __import__("os").environ.items() if not k.startswith("QUANTREG_")}
-    lenient = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**base, "QUANTREG_FINGERPRINT": "0123456789abcdef"})
-    assert "WARNING quantreg: this process" in lenient.stderr
-    assert "than its parent process (0123456789abcdef)" in lenient.stderr
-    strict = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={**base, "QUANTREG_FINGERPRINT": "0123456789abcdef", "QUANTREG_STRICT": "1"})
-    assert strict.stdout.startswith("RAISED quantreg: this process")
-
-
-# -- fuzzing --------------------------------------------------------------------------------
-
-YAML_TOKENS = ["version:", "rules:", "- ", "match:", "method:", "options:", "priority:", "strict:", "{", "}",
-               "[", "]", ",", ":", "\n", "  ", "\t", "'", '"', "&a", "*a", "!!python/object", "!!str", "<<",
-               "*", "cpu", "hpu", "vllm", "1", "-1", "2.5", "null", "true", "~", "#", "---", "...", "|", ">",
-               "\x00", "\u00e9", "methods:", "allow_import_targets:", "target:", "os:system"]
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.text(max_size=200), st.lists(st.sampled_from(YAML_TOKENS), max_size=60).map("".join)))
-def test_loader_never_raises_on_random_documents(text: str) -> None:
-    table, problems, _ = parse_table(text, "fuzz.yaml", Layer.USER)
-    assert (table is None) == bool(problems)  # a document is either a table or a list of located problems
-    for problem in problems:
-        assert str(problem).startswith("fuzz.yaml")
-        assert problem.line is None or problem.line >= 1
-
-
-names = st.sampled_from(["a", "b", "c"])
-match_values = st.one_of(st.just("*"), names, st.lists(names, min_size=1, max_size=2, unique=True))
-rules = st.lists(st.fixed_dictionaries({"quant_format": match_values, "device": match_values,
-                                        "priority": st.integers(-1, 1)}), max_size=6)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rules)
-def test_tables_that_validate_resolve_every_key_deterministically(tmp_path: Path,
-                                                                 rows: list[dict[str, object]]) -> None:
-    import json
-
-    body = "".join(f"  - match: {{quant_format: {json.dumps(r['quant_format'])}, device: {json.dumps(r['device'])}}}\n"
-                   f"    method: vllm\n    priority: {r['priority']}\n" for r in rows)
-    path = tmp_path / "t.yaml"
-    path.write_text("version: 1\nrules:\n" + (body or "  []\n"))
-    first = Registry.build(env={"QUANTREG_CONFIG": str(path)}, entry_points=False)
-    if first.problems:  # only ambiguity can make these tables invalid, and then nothing of them applies
-        assert all("ambiguous" in p.message for p in first.problems)
-        assert all(t.path != str(path) for t in first.tables)
-        return
-    second = Registry.build(env={"QUANTREG_CONFIG": str(path)}, entry_points=False)
-    for key in [(q, "m", d) for q in "abcz" for d in "abcz"]:
-        a, b = first.resolve(key), second.resolve(key)
-        assert (a.method, a.source) == (b.method, b.source)
-        assert first.resolve(key) is a  # cached
-
-
-# -- plugin faults at layer build, through the seam, in both modes ----------------------------
 
 SEAM_FAULTS = {
     "missing_target": "method 'missing_target' for (missing_target, unknown, cpu) [{table}:3] could not be built: "
