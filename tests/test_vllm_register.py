@@ -14,6 +14,7 @@ security) (the fingerprint mismatch).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -182,3 +183,44 @@ def test_fingerprint_mismatch_between_processes(tmp_path: Path) -> None:
     strict = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**base, "QUANTREG_FINGERPRINT": "0123456789abcdef", "QUANTREG_STRICT": "1"})
     assert strict.stdout.startswith("RAISED quantreg: this process")
+
+
+# -- start-up budget (issue 24.7): register() does only what a decision needs ------------------------
+
+#: Modules a vLLM process's ``register()`` must not import (with the package tables in the parse
+#: cache): the kit, tune, the schema validator, the answer/findings/limitations of explain and
+#: doctor (computed per key when the seam decides), the trail without QUANTREG_DECISIONS, PyYAML,
+#: and torch / vLLM themselves (vLLM's MoE module is patched when vLLM imports it).
+REGISTER_DENIED = ("torch", "vllm", "quantreg.testing", "quantreg.tune", "jsonschema", "yaml", "quantreg.answer",
+                   "quantreg.findings", "quantreg.vllm_limits", "quantreg.audit", "quantreg.plan", "quantreg.cli")
+
+BUDGET_CHILD = """
+import json, sys
+from importlib import metadata
+scans = []
+full = metadata.packages_distributions
+metadata.packages_distributions = lambda: scans.append(1) or full()
+import quantreg.vllm as qv
+from quantreg.registry import get_registry
+qv.register()
+print(json.dumps({"modules": sorted(sys.modules), "full_scans": len(scans), "fingerprint": get_registry().fingerprint(),
+                  "tables": [t.path for t in get_registry().tables]}))
+"""
+
+
+@pytest.mark.vllm_installed
+def test_register_imports_and_scans_only_what_a_decision_needs(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env["QUANTREG_CACHE_DIR"] = str(tmp_path / "cache")
+    runs = []
+    for _ in range(2):  # the first fills the parse cache, as the first start after an install does
+        out = subprocess.run([sys.executable, "-c", BUDGET_CHILD], capture_output=True, text=True, env=env,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    warm = runs[1]
+    assert len(warm["tables"]) >= 1 and warm["fingerprint"] == runs[0]["fingerprint"]
+    imported = [m for m in warm["modules"] if any(m == d or m.startswith(d + ".") for d in REGISTER_DENIED)]
+    assert imported == []
+    assert "quantreg.registry" in warm["modules"] and "pluggy" in warm["modules"]  # it did load (not vacuous)
+    assert warm["full_scans"] == 0  # the fingerprint's table names read no full metadata scan
