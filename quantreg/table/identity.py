@@ -100,13 +100,23 @@ def _owners(top: str) -> tuple[str, ...]:
 def package_name(path: str) -> str | None:
     """``DIST:relative/path`` for a table inside an installed distribution's package, else ``None``."""
     try:
+        cwd = os.getcwd()  # '' on sys.path is the current directory
+    except OSError:  # it was removed: '' names nothing
+        cwd = ""
+    return _package_name(path, tuple(sys.path), cwd)
+
+
+@functools.lru_cache(maxsize=256)
+def _package_name(path: str, search: tuple[str, ...], cwd: str) -> str | None:
+    """:func:`package_name` for one ``sys.path``: ``register()`` fingerprints the same tables several times."""
+    try:
         target = Path(path).resolve()
     except (OSError, RuntimeError, ValueError):
         return None
     best: tuple[int, str] | None = None
-    for entry in sys.path:
+    for entry in search:
         try:
-            root = Path(entry or os.getcwd()).resolve()
+            root = Path(entry or cwd).resolve()
             rel = target.relative_to(root)
         except (OSError, RuntimeError, ValueError):
             continue
