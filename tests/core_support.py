@@ -159,18 +159,20 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None,
                           timeout=120)
 
 
-#: A lenient (or strict) vLLM start-up in miniature: what vLLM's plugin loader does, with no try around it.
+#: A lenient (or strict) vLLM start-up in miniature: what vLLM's plugin loader does, with no try around
+#: it, then what the registry holds; exit 3 if it raised (the one error vLLM would print).
 REGISTER_CODE = """
 import json, sys
 import quantreg.vllm as qv
 from quantreg.registry import get_registry
 try:
     qv.register()
-except Exception as exc:  # strict mode: the one error vLLM would print
+except BaseException as exc:
     print(json.dumps({"raised": type(exc).__name__, "message": str(exc)}))
     sys.exit(3)
 registry = get_registry()
 print(json.dumps({"raised": None, "problems": [str(p) for p in registry.problems],
+                  "faults": [str(f) for f in registry.faults], "methods": sorted(registry.methods),
                   "tables": [t.path for t in registry.tables], "strict": registry.strict}))
 """
 
@@ -300,22 +302,6 @@ def _bench_module() -> Any:
 # -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------
 
 
-#: ``register()`` as vLLM calls it (no try), then what the registry holds; exit 3 if it raised.
-REGISTER = """
-import json, sys
-import quantreg.vllm as qv
-from quantreg.registry import get_registry
-try:
-    qv.register()
-except BaseException as exc:
-    print(json.dumps({"raised": type(exc).__name__, "message": str(exc)}))
-    sys.exit(3)
-registry = get_registry()
-print(json.dumps({"raised": None, "faults": [str(f) for f in registry.faults], "strict": registry.strict,
-                  "methods": sorted(registry.methods), "tables": [t.path for t in registry.tables]}))
-"""
-
-
 def add(site: PluginSite, name: str, source: str, **files: str) -> None:
     """Distribution ``qrt-<name>`` with entry point ``<name> = qrt_<name>`` and that module source."""
     site.add(f"qrt-{name}", {name: f"qrt_{name}"}, modules={f"qrt_{name}": textwrap.dedent(source)}, files=files)
@@ -331,7 +317,7 @@ def child_env(site: PluginSite | None, plugins: str, **extra: str) -> dict[str, 
 def register_child(site: PluginSite | None, plugins: str = "", timeout: float = 120,
                    **extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """``register()`` in a fresh interpreter; the JSON line it printed (a missing line is a failure)."""
-    out = subprocess.run([sys.executable, "-c", REGISTER], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", REGISTER_CODE], capture_output=True, text=True,
                          env=child_env(site, plugins, **extra), timeout=timeout)
     lines = out.stdout.strip().splitlines()
     assert lines, f"register() ended the process (rc {out.returncode}) without a word:\n{out.stderr[-2000:]}"
@@ -340,7 +326,8 @@ def register_child(site: PluginSite | None, plugins: str = "", timeout: float = 
 
 
 def run_quantreg(*args: str, site: PluginSite | None = None, plugins: str = "",
-        **extra: str) -> subprocess.CompletedProcess[str]:
+                 **extra: str) -> subprocess.CompletedProcess[str]:
+    """The real ``quantreg`` console script with ``site``'s plugins (``QUANTREG_PLUGINS=plugins``) and ``extra``."""
     return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True,
                           env=child_env(site, plugins, **extra), timeout=120)
 
