@@ -23,6 +23,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from ..files import ReadRefused, read_regular
+
+#: Largest ``top_level.txt`` / ``RECORD`` read (torch's RECORD is ~2 MB).
+MAX_RECORD_BYTES = 64 << 20
 #: Layers whose tables an operator names (QUANTREG_CONFIG, --config, additional_config): never ``DIST:``.
 OPERATOR_LAYERS = ("user", "run")
 
@@ -54,10 +58,9 @@ def _provides(info: str, top: str) -> bool:
     """Whether the distribution whose metadata directory is ``info`` provides the import name ``top``:
     its ``top_level.txt``, else the first parts of its ``RECORD`` (what ``packages_distributions`` reads)."""
     for name in ("top_level.txt", "RECORD"):
-        try:
-            with open(os.path.join(info, name), encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        except OSError:
+        try:  # the one bounded reader: a FIFO or a huge file planted in a dist-info never blocks start-up
+            text = read_regular(os.path.join(info, name), MAX_RECORD_BYTES).decode("utf-8", "replace")
+        except (ReadRefused, OSError):
             continue
         if name == "top_level.txt":
             if text.split():
