@@ -67,7 +67,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from quantreg.testing.vllm_run import LLM_KWARGS, inspect_moe_layers
+    from quantreg.testing.vllm_probes import inspect_moe_layers
+    from quantreg.testing.vllm_run import LLM_KWARGS
 
     llm = LLM(model=model, seed=0, **LLM_KWARGS)
     prompts = [TokensPrompt(prompt_token_ids=[(7 * i + j) % 900 + 10 for j in range(8)]) for i in range(batch)]

@@ -69,27 +69,78 @@ class PluginFailure:
         return f"{where}: {printable(self.message)}"
 
 
+class _Watchdog:
+    """One daemon thread that logs ``still <doing>`` for every call into plugin code that runs past
+    :data:`SLOW_SECONDS`, while it still runs.
+
+    Why one thread and not a ``threading.Timer`` per call: ``register()`` makes a dozen such calls
+    in every vLLM process, and each ``Thread.start()`` waits until the new thread has been scheduled,
+    several milliseconds each on a loaded machine (issue 24.7, the start-up budget). The thread is
+    started at the first call of a process (a forked child starts its own).
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._calls: dict[int, tuple[str, float, float]] = {}  # token -> (doing, due, seconds)
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def begin(self, doing: str) -> int:
+        seconds = SLOW_SECONDS
+        with self._cond:
+            self._count += 1
+            self._calls[self._count] = (doing, time.monotonic() + seconds, seconds)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="quantreg-plugin-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._count
+
+    def end(self, token: int) -> None:
+        with self._cond:
+            self._calls.pop(token, None)
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while True:
+                    now = time.monotonic()
+                    due = [(t, call) for t, call in self._calls.items() if call[1] <= now]
+                    if due:
+                        for token, _ in due:  # once per call
+                            del self._calls[token]
+                        break
+                    next_due = min((call[1] for call in self._calls.values()), default=None)
+                    cond.wait(None if next_due is None else next_due - now)
+            for _, (doing, _, seconds) in due:
+                logger.warning("quantreg: still %s after %g s", doing, seconds)
+
+
+_watchdog = _Watchdog()
+
+
 @contextlib.contextmanager
 def plugin_code(doing: str) -> Iterator[None]:
     """Around every call into plugin code: its stdout goes to stderr, and slowness is logged.
 
-    ``doing`` names the call (``loading plugin 'x' (entry point x.mod)``). A ``threading.Timer``
+    ``doing`` names the call (``loading plugin 'x' (entry point x.mod)``). The watchdog thread
     logs ``still <doing>`` once the call has run :data:`SLOW_SECONDS`, so a plugin that blocks
     (a device runtime waiting for hardware) is named in the log while it blocks; a call that
     finished late is logged again with its duration.
     """
-    def still_running() -> None:
-        logger.warning("quantreg: still %s after %g s", doing, SLOW_SECONDS)
-
-    timer = threading.Timer(SLOW_SECONDS, still_running)
-    timer.daemon = True
     start = time.monotonic()
-    timer.start()
+    token = _watchdog.begin(doing)
     try:
         with contextlib.redirect_stdout(sys.stderr if sys.stderr is not None else io.StringIO()):
             yield
     finally:
-        timer.cancel()
+        _watchdog.end(token)
         elapsed = time.monotonic() - start
         if elapsed > SLOW_SECONDS:
             logger.warning("quantreg: %s took %.1f s", doing, elapsed)

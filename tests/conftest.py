@@ -25,9 +25,9 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
-from core_support import clean_env, host_kind, module_dir, plugin_site, table, vllm_not_loaded
+from core_support import broken_user, clean_env, host_kind, module_dir, plugin_site, table, vllm_not_loaded
 
-__all__ = ["clean_env", "host_kind", "module_dir", "plugin_site", "table", "vllm_not_loaded"]
+__all__ = ["broken_user", "clean_env", "host_kind", "module_dir", "plugin_site", "table", "vllm_not_loaded"]
 
 
 class PhaseClock:

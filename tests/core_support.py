@@ -12,6 +12,7 @@ teams keep in ``tests/`` (``e2e/``, ``test_vllm_hook.py``) see the environment u
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -19,10 +20,13 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from quantreg.registry import Registry, set_registry
+import quantreg
+from quantreg import Registry
+from quantreg.registry import set_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -55,9 +59,11 @@ def vllm_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
 
 
-def write(path: Path, text: str) -> Path:
+def write(path: Path, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` (parents made): text dedented and stripped of its leading newlines,
+    bytes as they are (for tables whose bytes are the fault)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    path.write_bytes(data if isinstance(data, bytes) else textwrap.dedent(data).lstrip("\n").encode())
     return path
 
 
@@ -153,18 +159,20 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None,
                           timeout=120)
 
 
-#: A lenient (or strict) vLLM start-up in miniature: what vLLM's plugin loader does, with no try around it.
+#: A lenient (or strict) vLLM start-up in miniature: what vLLM's plugin loader does, with no try around
+#: it, then what the registry holds; exit 3 if it raised (the one error vLLM would print).
 REGISTER_CODE = """
 import json, sys
 import quantreg.vllm as qv
 from quantreg.registry import get_registry
 try:
     qv.register()
-except Exception as exc:  # strict mode: the one error vLLM would print
+except BaseException as exc:
     print(json.dumps({"raised": type(exc).__name__, "message": str(exc)}))
     sys.exit(3)
 registry = get_registry()
 print(json.dumps({"raised": None, "problems": [str(p) for p in registry.problems],
+                  "faults": [str(f) for f in registry.faults], "methods": sorted(registry.methods),
                   "tables": [t.path for t in registry.tables], "strict": registry.strict}))
 """
 
@@ -267,3 +275,177 @@ def faults(registry: Registry) -> list[str]:
 def plugin_failures(registry: Registry) -> list[str]:
     """Only the plugin failures of ``registry`` (what a plugin's hooks got wrong)."""
     return [str(f) for f in registry.failures]
+
+
+# -- helpers for tests that check faults are contained (plugins built from source, register() in a
+# fresh interpreter, the real console script): moved from test_containment_*.py and test_hardening.py,
+# which now live by module (issue 24 class 5) and share these. -----------------------------------------
+# -- from test_containment_loader.py (issue 12, loader classes) -------------------------------
+
+
+def _bench_module() -> Any:
+    """bench/registry_bench.py by path: the tests and the bench build the same pathological tables,
+    and ``bench`` is not importable from every working directory the suite runs in."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    if str(root) not in sys.path:  # registry_bench imports bench.common
+        sys.path.insert(0, str(root))
+    path = root / "bench" / "registry_bench.py"
+    spec = importlib.util.spec_from_file_location("quantreg_bench_registry", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------
+
+
+def add(site: PluginSite, name: str, source: str, **files: str) -> None:
+    """Distribution ``qrt-<name>`` with entry point ``<name> = qrt_<name>`` and that module source."""
+    site.add(f"qrt-{name}", {name: f"qrt_{name}"}, modules={f"qrt_{name}": textwrap.dedent(source)}, files=files)
+
+
+def child_env(site: PluginSite | None, plugins: str, **extra: str) -> dict[str, str]:
+    env = site.env() if site is not None else {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
+    env["QUANTREG_PLUGINS"] = plugins
+    env.update(extra)
+    return env
+
+
+def register_child(site: PluginSite | None, plugins: str = "", timeout: float = 120,
+                   **extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``register()`` in a fresh interpreter; the JSON line it printed (a missing line is a failure)."""
+    out = subprocess.run([sys.executable, "-c", REGISTER_CODE], capture_output=True, text=True,
+                         env=child_env(site, plugins, **extra), timeout=timeout)
+    lines = out.stdout.strip().splitlines()
+    assert lines, f"register() ended the process (rc {out.returncode}) without a word:\n{out.stderr[-2000:]}"
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    return out, json.loads(lines[-1])
+
+
+def run_quantreg(*args: str, site: PluginSite | None = None, plugins: str = "",
+                 **extra: str) -> subprocess.CompletedProcess[str]:
+    """The real ``quantreg`` console script with ``site``'s plugins (``QUANTREG_PLUGINS=plugins``) and ``extra``."""
+    return subprocess.run([str(QUANTREG), *args], capture_output=True, text=True,
+                          env=child_env(site, plugins, **extra), timeout=120)
+
+
+GOOD_METHODS = """
+import quantreg
+
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="good_one", target="qrt_nowhere:Impl"))
+"""
+
+
+IMPORT_FAULTS = {
+    "exit0": ("import sys\nsys.exit(0)\n", "failed to import: SystemExit: 0"),
+    "exit_text": ("raise SystemExit('bye')\n", "failed to import: SystemExit: bye"),
+    "custom_base": ("class Stop(BaseException):\n    pass\nraise Stop('halt')\n", "failed to import: Stop: halt"),
+    "bad_str": ("class Odd(Exception):\n    def __str__(self):\n        raise RuntimeError('no text')\nraise Odd()\n",
+                "failed to import: Odd: <its message could not be read>"),
+    "generator_exit": ("raise GeneratorExit('gone')\n", "failed to import: GeneratorExit: gone"),
+}
+
+
+HOOK_FAULTS = {
+    "system_exit": ("raise SystemExit(3)", "raised SystemExit: 3"),
+    "custom_base": ("raise Halt('stop here')", "raised Halt: stop here"),
+    "bad_str": ("raise BadStr()", "raised BadStr: <its message could not be read>"),
+    "exit_call": ("import sys; sys.exit(0)", "raised SystemExit: 0"),
+}
+
+
+HOOK_PRELUDE = """
+import quantreg
+
+class Halt(BaseException):
+    pass
+
+class BadStr(Exception):
+    def __str__(self):
+        raise ValueError("unprintable")
+"""
+
+
+def hook_plugin(body: str) -> str:
+    return HOOK_PRELUDE + f"""
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="staged_then_lost", target="qrt_nowhere:Impl"))
+    {body}
+"""
+
+
+BAD_METHODS = {
+    "name=None": ("quantreg.Method(name=None, target='qrt_x:Y')",
+                  "method name None is not valid (letters, digits, '_', '.', '-')"),
+    "target=None": ("quantreg.Method(name='m', target=None)",
+                    "method 'm': target None is not of the form 'package.module:Class'"),
+    "target extra colon": ("quantreg.Method(name='m', target='pkg:Cls:Extra')",
+                           "method 'm': target 'pkg:Cls:Extra' is not of the form 'package.module:Class'"),
+    "devices=None": ("quantreg.Method(name='m', target='qrt_x:Y', devices=None)",
+                     "method 'm': devices must be a tuple of device names such as ('hpu',), got NoneType None"),
+    "devices str": ("quantreg.Method(name='m', target='qrt_x:Y', devices='hpu')",
+                    "method 'm': devices must be a tuple of device names such as ('hpu',), got str 'hpu'"),
+    "devices item": ("quantreg.Method(name='m', target='qrt_x:Y', devices=('hpu', 3))",
+                     "method 'm': devices holds 3, which is not one of the device names"),
+    "requires str": ("quantreg.Method(name='m', target='qrt_x:Y', requires='torch')",
+                     "method 'm': requires must be a tuple of module names such as ('my_runtime',), got str 'torch'"),
+    "requires item": ("quantreg.Method(name='m', target='qrt_x:Y', requires=('torch', 'not a module'))",
+                      "method 'm': requires holds 'not a module', which is not one of the module names"),
+    "options str": ("quantreg.Method(name='m', target='qrt_x:Y', options='chunk')",
+                    "method 'm': options must be a tuple of option names such as ('chunk',), got str 'chunk'"),
+    "options item": ("quantreg.Method(name='m', target='qrt_x:Y', options=(None,))",
+                     "method 'm': options holds None, which is not one of the option names"),
+    "vllm_version int": ("quantreg.Method(name='m', target='qrt_x:Y', vllm_version=30)",
+                         "method 'm': vllm_version must be a string such as '>=0.30,<0.40' or None, got int"),
+    "probe int": ("quantreg.Method(name='m', target='qrt_x:Y', probe=42)",
+                  "method 'm': probe must be a callable or 'package.module:function', got 42"),
+    "probe bad target": ("quantreg.Method(name='m', target='qrt_x:Y', probe='no colon')",
+                         "method 'm': probe must be a callable or 'package.module:function', got 'no colon'"),
+    "description": ("quantreg.Method(name='m', target='qrt_x:Y', description=None)",
+                    "method 'm': description must be a string, got NoneType"),
+}
+
+
+class _Registers:
+    """A plugin object (Plugins.add) registering the given items and returning ``returns``."""
+
+    def __init__(self, *items: Any, returns: Any = None) -> None:
+        self.items, self.returns = items, returns
+
+    @quantreg.hookimpl
+    def register_methods(self, register: Any) -> Any:
+        for item in self.items:
+            register(item)
+        return self.returns
+
+
+@pytest.fixture
+def broken_user(tmp_path: Path) -> Path:
+    return write(tmp_path / "broken.yaml", "version: 1\nrules:\n  - {match: {device: cpu}, method: nope}\n")
+
+
+PRINTER = """
+import quantreg
+print("hello from import")
+
+def probe():
+    print("hello from the probe")
+    return True, "fine"
+
+@quantreg.hookimpl
+def register_methods(register):
+    print("hello from the hook")
+    register(quantreg.Method(name="printer_m", target="qrt_x:Y", probe="qrt_printer:probe"))
+"""
+
+
+# -- from test_hardening.py (strict vs lenient, fault isolation, security) --------------------
+
+
+GOOD_RULES = "version: 1\nrules:\n  - match: {quant_format: fmt}\n    method: good\n"

@@ -33,7 +33,7 @@ ALLOWED = {
     ("quantreg/testing/vllm_run.py", "run_vllm"): "the kit's own log/request files in its temporary work dir",
     ("quantreg/testing/vllm_run.py", "group_alive"): "/proc/<pid>/stat of a child it started",
     ("quantreg/testing/vllm_run.py", "_read_result"): "the result file its own child wrote",
-    ("quantreg/testing/vllm_run.py", "main"): "the request file its parent wrote",
+    ("quantreg/testing/vllm_child.py", "main"): "the request file its parent wrote",
     ("quantreg/newplugin.py", "render"): "its own packaged template files (quantreg/plugin_template/)",
     ("quantreg/testing/host_kind.py", "_sitecustomize_dir"): "the sitecustomize.py it wrote into its own temp dir",
     ("quantreg/testing/serving.py", "log"): "the log file of a test server it started",

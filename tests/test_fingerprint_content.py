@@ -82,3 +82,27 @@ def test_doctor_warns_when_a_source_tree_in_the_cwd_shadows_this_copy(tmp_path: 
     assert warning is not None and str(tmp_path / "quantreg") in warning and "python -m vllm" in warning
     this_copy = Path(quantreg.__file__).resolve().parent.parent
     assert shadowing_copy(str(this_copy)) is None  # the copy in use is not a shadow of itself
+
+
+def test_the_owner_lookup_agrees_with_the_full_metadata_scan() -> None:
+    """``identity._owners`` reads only the distributions named like the package (issue 24.7: the full
+    ``packages_distributions()`` scan cost ~250 ms of every vLLM process's ``register()``); for every
+    package a table can ship in here, and for names no distribution is named after, it gives what
+    the full scan gives."""
+    from importlib import metadata
+
+    from quantreg.table import identity
+
+    full = metadata.packages_distributions()
+    names = ["quantreg", "quantreg_hpu_mxfp4", "quantreg_cpu_mxfp4", "pluggy", "yaml", "no_such_package_here"]
+    for name in names:
+        identity._owners.cache_clear()
+        assert identity._owners(name) == tuple(sorted(set(full.get(name, ())))), name
+    assert identity._owners("quantreg") == ("quantreg",)
+
+
+def test_operator_tables_are_named_by_position_wherever_they_are() -> None:
+    from quantreg.table.identity import table_names
+
+    shipped = str(Path(quantreg.__file__).parent / "registry.yaml")
+    assert table_names([(shipped, "user"), (shipped + ".run", "run")]) == {shipped: "user#0", shipped + ".run": "run#0"}

@@ -1,11 +1,18 @@
-"""Keys, match patterns and the index: specificity, overlap, per-pattern lookup, ambiguity."""
+"""Keys, match patterns and the index: specificity, overlap, per-pattern lookup, ambiguity.
+
+Also here (issue 24 class 5): no cross products, the index against brute force, from
+test_containment_loader.py (issue 12, loader classes) (class 4).
+"""
 
 from __future__ import annotations
 
 from itertools import product
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from quantreg import Registry
 from quantreg.index import Index
@@ -197,3 +204,53 @@ def test_each_ambiguous_pair_is_reported_once() -> None:
     problems = Index(rules).ambiguities()
     assert sorted((p.line, p.message.split("rule t.yaml:")[1][:1]) for p in problems) == [
         (2, "1"), (3, "1"), (3, "2")]
+
+
+# -- from test_containment_loader.py (issue 12, loader classes) -------------------------------
+
+
+def _rule(match: dict[str, Any], line: int = 1, priority: int = 0) -> Any:
+    from quantreg.keys import Match
+    from quantreg.table.file import Rule
+
+    fields = {k: (None if v == "*" else tuple(sorted(set(v)))) for k, v in match.items()}
+    return Rule(match=Match(**fields), methods=("vllm",), path="t.yaml", line=line, layer=Layer.USER,
+                priority=priority, where=f"rules[{line}]")
+
+
+def test_a_220_value_rule_is_indexed_without_its_cross_product() -> None:
+    from quantreg.index import Index
+    from quantreg.keys import Key
+
+    values = [f"v{i}" for i in range(220)]
+    index = Index([_rule({"quant_format": values, "model_type": values, "device": values})])
+    assert sum(len(t) for t in index._by_pattern.values()) == 0  # nothing expanded
+    assert sum(len(v) for by in index._wide.values() for v in by.values()) == 220  # one posting per value
+    assert [r.line for r in index.candidates(Key("v3", "v219", "v100"))] == [1]
+    assert index.candidates(Key("v3", "v219", "nope")) == []
+    assert index.ambiguous_pairs() == []
+
+
+match_field = st.one_of(st.just("*"), st.lists(st.sampled_from("abcdefgh"), min_size=1, max_size=8))
+
+
+rule_rows = st.lists(st.tuples(st.fixed_dictionaries({"quant_format": match_field, "model_type": match_field,
+                                                      "device": match_field}), st.integers(0, 1)), max_size=8)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(rule_rows)
+def test_index_and_ambiguities_equal_brute_force_with_wide_and_narrow_rules(rows: list[Any]) -> None:
+    from itertools import combinations
+
+    from quantreg.index import MAX_AMBIGUITIES, Index
+    from quantreg.keys import Key
+
+    rules = [_rule(m, line=i + 1, priority=p) for i, (m, p) in enumerate(rows)]
+    index = Index(rules)
+    for key in [Key(q, m, d) for q in "abz" for m in "chz" for d in "ahz"]:
+        expected = sorted((r for r in rules if r.match.matches(key)), key=lambda r: (tuple(-x for x in r.rank), r.line))
+        assert index.candidates(key) == expected
+    brute = {(a.line, b.line) for a, b in combinations(rules, 2) if a.rank == b.rank and a.match.overlaps(b.match)}
+    found = {(a.line, b.line) for a, b in index.ambiguous_pairs()}
+    assert found == brute if len(brute) < MAX_AMBIGUITIES else len(found) == MAX_AMBIGUITIES

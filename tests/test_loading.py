@@ -1,14 +1,21 @@
-"""The load loop (:mod:`quantreg.loading`): what a registry is built from, gathered through the hooks."""
+"""The load loop (:mod:`quantreg.loading`): what a registry is built from, gathered through the hooks.
+
+Also here (issue 24 class 5): a method defined in two user tables and literal config paths, from
+test_containment_plugins.py (issue 12, plugin and start-up classes) (class 10) and test_hardening.py.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+from core_support import GOOD_RULES, write
+
 import quantreg
-from quantreg import builtin
-from quantreg.registry import Registry
+from quantreg import Registry, builtin
 from quantreg.table.file import Layer
 
 
@@ -46,3 +53,27 @@ def test_a_swapped_default_table_replaces_the_builtin_plugins_one(table: Any) ->
         """)
     registry = Registry.build(entry_points=False, default_table=swapped)
     assert [(t.path, t.layer) for t in registry.tables] == [(str(swapped), Layer.DEFAULT)]
+
+
+# -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_a_method_defined_in_two_user_tables_is_located(tmp_path: Path) -> None:
+    spec = "allow_import_targets: true\nmethods:\n  twin:\n    target: qrt_x:Y\nrules: []\n"
+    a = write(tmp_path / "a.yaml", "version: 1\n" + spec)
+    b = write(tmp_path / "b.yaml", "version: 1\n# another comment line\n" + spec)
+    registry = Registry.build(env={"QUANTREG_CONFIG": f"{a}{os.pathsep}{b}", "QUANTREG_PLUGINS": ""})
+    [problem] = registry.problems
+    assert str(problem) == f"{b}:5: methods.twin: method 'twin' is already registered by 'table {a}'"
+
+
+# -- from test_hardening.py (strict vs lenient, fault isolation, security) --------------------
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_config_paths_are_taken_literally(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "t.yaml").write_text(GOOD_RULES.replace("good", "vllm"))
+    registry = Registry.build(env={"QUANTREG_CONFIG": "$HOME/t.yaml" + ":" + "~/t.yaml"})
+    assert [str(p) for p in registry.problems] == ["$HOME/t.yaml: no such file", "~/t.yaml: no such file"]

@@ -2,16 +2,22 @@
 
 Every distribution here is written by :class:`conftest.PluginSite`; ``importlib.metadata`` finds
 it exactly like an installed package. Allow-lists keep other installed plugins out of the way.
+
+Also here (issue 24 class 5): one entry point name in two distributions, from
+test_containment_plugins.py (issue 12, plugin and start-up classes) (class 5).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
+from pathlib import Path
 
 import pytest
-from core_support import PluginSite, plugin_failures, run_cli
+from core_support import GOOD_METHODS, PluginSite, faults, plugin_failures, run_cli, run_quantreg
 
+import quantreg
 from quantreg import Key, Layer, Registry
 from quantreg.plugins import Plugins
 
@@ -332,7 +338,6 @@ def test_builtin_vllm_method_is_registered_through_the_hooks() -> None:
 
 
 def test_plugin_objects_can_be_added_directly() -> None:
-    import quantreg
 
     class Embedded:
         @quantreg.hookimpl
@@ -377,3 +382,31 @@ def register_tables_(register):
     assert out.returncode == 0
     assert "method   alpha_fast" in out.stdout
     assert f"{plugin_site.root / 'qrt_alpha_rules.yaml'}:3 (plugin layer)" in out.stdout
+
+
+# -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------
+
+
+def test_two_distributions_with_one_entry_point_name(plugin_site: PluginSite) -> None:
+    plugin_site.add("qrt-first", {"shared": "qrt_first"}, modules={"qrt_first": GOOD_METHODS})
+    plugin_site.add("qrt-second", {"shared": "qrt_second"}, modules={"qrt_second": GOOD_METHODS.replace(
+        "good_one", "second_one")})
+    registry = Registry.build(env={"QUANTREG_PLUGINS": "shared"})
+    [fault] = faults(registry)
+    assert fault.startswith("plugin 'shared': entry point name 'shared' is provided by two distributions: ")
+    assert "'qrt-first' (qrt_first)" in fault and "'qrt-second' (qrt_second)" in fault
+    assert ("good_one" in registry.methods) != ("second_one" in registry.methods)  # exactly one is loaded
+    out = run_quantreg("plugins", "--json", site=plugin_site, plugins="shared")
+    assert json.loads(out.stdout)["faults"] == [fault]
+
+
+def test_the_same_distribution_seen_twice_is_not_a_fault(plugin_site: PluginSite, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    plugin_site.add("qrt-twice", {"twice": "qrt_twice"}, modules={"qrt_twice": GOOD_METHODS})
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "qrt_twice-0.1.dist-info").symlink_to(plugin_site.root / "qrt_twice-0.1.dist-info")
+    monkeypatch.syspath_prepend(str(copy))
+    importlib.invalidate_caches()
+    registry = Registry.build(env={"QUANTREG_PLUGINS": "twice"})
+    assert faults(registry) == [] and "good_one" in registry.methods

@@ -3,6 +3,8 @@
 Tables are real files. Methods come from a plugin object added with ``Registry.build(plugins=...)``
 (real entry points are covered in test_plugins.py). The last test compares ``resolve()`` with a
 brute-force reading of the documented precedence on random tables.
+
+Also here (issue 24 class 5): the determinism property over validating tables, from test_hardening.py.
 """
 
 from __future__ import annotations
@@ -704,3 +706,38 @@ def test_every_ambiguous_file_is_left_out_beyond_the_report_limit(table: Callabl
     assert {t.path for t in registry.tables}.isdisjoint(map(str, (a, b, c, d)))
     assert any(p.path == str(d) and f"{c}:3" in p.message for p in registry.problems)
     assert registry.resolve(("fp8", "m", "d0")).method == "vllm"
+
+
+# -- from test_hardening.py (strict vs lenient, fault isolation, security) --------------------
+
+
+names = st.sampled_from(["a", "b", "c"])
+
+
+match_values = st.one_of(st.just("*"), names, st.lists(names, min_size=1, max_size=2, unique=True))
+
+
+rules = st.lists(st.fixed_dictionaries({"quant_format": match_values, "device": match_values,
+                                        "priority": st.integers(-1, 1)}), max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rules)
+def test_tables_that_validate_resolve_every_key_deterministically(tmp_path: Path,
+                                                                 rows: list[dict[str, object]]) -> None:
+    import json
+
+    body = "".join(f"  - match: {{quant_format: {json.dumps(r['quant_format'])}, device: {json.dumps(r['device'])}}}\n"
+                   f"    method: vllm\n    priority: {r['priority']}\n" for r in rows)
+    path = tmp_path / "t.yaml"
+    path.write_text("version: 1\nrules:\n" + (body or "  []\n"))
+    first = Registry.build(env={"QUANTREG_CONFIG": str(path)}, entry_points=False)
+    if first.problems:  # only ambiguity can make these tables invalid, and then nothing of them applies
+        assert all("ambiguous" in p.message for p in first.problems)
+        assert all(t.path != str(path) for t in first.tables)
+        return
+    second = Registry.build(env={"QUANTREG_CONFIG": str(path)}, entry_points=False)
+    for key in [(q, "m", d) for q in "abcz" for d in "abcz"]:
+        a, b = first.resolve(key), second.resolve(key)
+        assert (a.method, a.source) == (b.method, b.source)
+        assert first.resolve(key) is a  # cached

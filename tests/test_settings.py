@@ -5,12 +5,16 @@ The table is checked against the code (an AST walk: no ``QUANTREG_`` name spelt 
 quantreg/settings.py) and the docs (every name in docs/operating.md); the run settings through
 the real parser and, once, through vLLM's real ``load_general_plugins()`` in a spawned
 ``EngineCore`` child (the probe of tests/test_startup.py).
+
+Also here (issue 24 class 5): the timeout and MXFP4-compile settings, from test_containment_plugins.py
+(issue 12, plugin and start-up classes) (class 8).
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,8 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from quantreg import settings
+from quantreg import Registry, settings
+from quantreg.environment import DEFAULT_PROBE_TIMEOUT, read_seconds
 from quantreg.problems import QuantregError
 from quantreg.vllm.context import RunSettings, parse_run_settings, report_problems
 
@@ -172,3 +177,30 @@ def test_malformed_run_settings_do_not_stop_a_lenient_engine_core(tmp_path: Path
     assert "(strict)" not in log and "Traceback" not in log, log[-4000:]
     for key in ("quantreg.config[1]", "quantreg.strict", "quantreg.confg"):
         assert sum(f"vLLM additional_config: {key}" in x and "WARNING" in x for x in log.splitlines()) == 1, key
+
+
+# -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("raw,seconds", [("inf", threading.TIMEOUT_MAX), ("1e308", threading.TIMEOUT_MAX),
+                                         ("0.5", 0.5), (" 3 ", 3.0), ("1e-9", 0.01), ("", DEFAULT_PROBE_TIMEOUT)])
+def test_timeouts_are_clamped_to_what_threading_allows(raw: str, seconds: float) -> None:
+    assert read_seconds({"QUANTREG_PROBE_TIMEOUT": raw}, "QUANTREG_PROBE_TIMEOUT", 10.0) == (seconds, None)
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("raw", ["nan", "-1", "0", "abc", "-inf", "1,5"])
+def test_unreadable_timeouts_are_located_problems(raw: str) -> None:
+    value, problem = read_seconds({"QUANTREG_PROBE_TIMEOUT": raw}, "QUANTREG_PROBE_TIMEOUT", 10.0)
+    assert value == 10.0 and problem is not None
+    assert str(problem) == (f"environment: QUANTREG_PROBE_TIMEOUT: {raw!r} is not a positive number of seconds "
+                            "(e.g. 10, 0.5, inf); using the default 10")
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_mxfp4_compile_setting_is_checked_at_load() -> None:
+    registry = Registry.build(env={"QUANTREG_MXFP4_COMPILE": "fast"}, entry_points=False)
+    assert [str(p) for p in registry.problems] == [
+        "environment: QUANTREG_MXFP4_COMPILE: 'fast' is not one of auto, 0, 1"]
+    assert Registry.build(env={"QUANTREG_MXFP4_COMPILE": " Auto "}, entry_points=False).problems == ()

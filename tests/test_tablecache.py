@@ -1,4 +1,8 @@
-"""The parse cache for package tables: same documents and lines, no PyYAML at start-up, never fatal."""
+"""The parse cache for package tables: same documents and lines, no PyYAML at start-up, never fatal.
+
+Also here (issue 24 class 5): cache-entry integrity (checksums, bypass, a FIFO at the entry path), from
+test_containment_loader.py (issue 12, loader classes) (classes 3 and 11).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import write
+from core_support import run_cli, write
 
 from quantreg.table import cache as tablecache
-from quantreg.table.file import Layer, read_table
+from quantreg.table.file import Layer, parse_table, read_table
 from quantreg.table.located import LocatedDict, LocatedList, from_json, to_json
 from quantreg.table.yamlfile import parse
 
@@ -148,3 +152,110 @@ def test_warm_cache_means_no_yaml_import_at_registration(tmp_path: Path) -> None
     assert cold_counts == warm_counts == off_counts and int(cold_counts[0]) >= 2  # default + plugin tables, no problems
     assert cold_counts[1] == "0"
     assert len(list(Path(cache, "tables").glob("*.json"))) == int(cold_counts[0])
+
+
+# -- from test_containment_loader.py (issue 12, loader classes) -------------------------------
+
+
+def test_a_fifo_at_the_cache_entry_path_does_not_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantreg.table import cache as tablecache
+
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n"
+    entry = tablecache.entry_path(text)
+    assert entry is not None
+    entry.parent.mkdir(parents=True)
+    os.mkfifo(entry)
+    os.mkfifo(entry.with_name(f".{entry.name}.{os.getpid()}.tmp"))  # and at the temporary name a writer uses
+    table, problems, _ = parse_table(text, "pkg.yaml", Layer.DEFAULT)
+    assert problems == [] and table is not None and len(table.rules) == 1
+
+
+def _default_entry(cache: Path) -> Path:
+    from quantreg.builtin import default_table_path
+    from quantreg.table import cache as tablecache
+
+    os.environ[tablecache.ENV] = str(cache)
+    try:
+        entry = tablecache.entry_path(Path(default_table_path()).read_text(encoding="utf-8"))
+    finally:
+        del os.environ[tablecache.ENV]
+    assert entry is not None
+    return entry
+
+
+def _rename_vllm(data: Any) -> Any:
+    """The default table's JSON with every method name 'vllm' changed: different, valid located JSON."""
+    return json.loads(json.dumps(data).replace('"vllm"', '"vllm_renamed"'))
+
+
+def _cli_env(cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    return {**env, "QUANTREG_PLUGINS": "", "QUANTREG_CACHE_DIR": str(cache)}
+
+
+def test_an_entry_corrupted_into_other_valid_json_is_not_trusted(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantreg.table import cache as tablecache
+
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    path = tmp_path / "plugin.yaml"
+    path.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: vllm\n")
+    fresh, _, _ = read_table(path, Layer.PLUGIN)
+    entry = next((tmp_path / "cache" / "tables").glob("*.json"))
+    good = entry.read_bytes()
+    header, _, payload = good.partition(b"\n")
+    entry.write_bytes(header + b"\n" + payload.replace(b'"vllm"', b'"vllx"'))  # valid JSON, stale checksum
+    again, problems, _ = read_table(path, Layer.PLUGIN)
+    assert problems == [] and again == fresh and again is not None and again.rules[0].methods == ("vllm",)
+    assert entry.read_bytes() == good  # rewritten from the real parse
+    entry.write_bytes(b"0" * 64 + b"\n" + payload)  # a wrong header
+    assert read_table(path, Layer.PLUGIN)[0] == fresh
+    other = entry.with_name("0" * 64 + ".json")  # a valid entry moved onto another text's name
+    other.write_bytes(good)
+    assert tablecache.read_entry(other) is None and tablecache.read_entry(entry) is not None
+
+
+def test_bypass_never_reads_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from quantreg.table import cache as tablecache
+
+    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    path = tmp_path / "plugin.yaml"
+    path.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: vllm\n")
+    read_table(path, Layer.PLUGIN)
+    entry = next((tmp_path / "cache" / "tables").glob("*.json"))
+    forged = tablecache.read_entry(entry)
+    entry.write_bytes(tablecache.encode_entry(entry.name, json.loads(json.dumps(forged).replace('"cpu"', '"hpu"'))))
+    cached, _, _ = read_table(path, Layer.PLUGIN)
+    assert cached is not None and cached.rules[0].match.device == ("hpu",)  # a checksummed entry is believed...
+    with tablecache.bypass():
+        assert tablecache.bypassed()
+        with tablecache.bypass():  # nests
+            pass
+        assert tablecache.bypassed()
+        parsed, _, _ = read_table(path, Layer.PLUGIN)
+    assert not tablecache.bypassed()
+    assert parsed is not None and parsed.rules[0].match.device == ("cpu",)  # ... except inside bypass()
+
+
+def test_validate_ignores_a_corrupted_default_table_entry(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    assert run_cli("validate", env=_cli_env(cache)).returncode == 0  # fills the cache
+    entry = _default_entry(cache)
+    header, _, payload = entry.read_bytes().partition(b"\n")
+    entry.write_bytes(header + b"\n" + json.dumps(_rename_vllm(json.loads(payload))).encode())
+    out = run_cli("validate", "--json", env=_cli_env(cache))
+    assert out.returncode == 0, out.stdout
+    assert json.loads(out.stdout)["problems"] == []
+
+
+def test_validate_parses_the_files_even_with_a_forged_entry(tmp_path: Path) -> None:
+    from quantreg.table import cache as tablecache
+
+    cache = tmp_path / "cache"
+    assert run_cli("validate", env=_cli_env(cache)).returncode == 0
+    entry = _default_entry(cache)
+    data = tablecache.read_entry(entry)
+    entry.write_bytes(tablecache.encode_entry(entry.name, _rename_vllm(data)))  # checksum recomputed
+    out = run_cli("validate", "--json", env=_cli_env(cache))
+    assert out.returncode == 0 and json.loads(out.stdout)["problems"] == [], out.stdout

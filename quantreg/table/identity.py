@@ -18,36 +18,114 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
 
+from ..files import ReadRefused, read_regular
+
+#: Largest ``top_level.txt`` / ``RECORD`` read (torch's RECORD is ~2 MB).
+MAX_RECORD_BYTES = 64 << 20
+#: Layers whose tables an operator names (QUANTREG_CONFIG, --config, additional_config): never ``DIST:``.
+OPERATOR_LAYERS = ("user", "run")
+
+
+def _normal(name: str) -> str:
+    """A project or import name compared the PEP 503 way (``quantreg-hpu-mxfp4`` == ``quantreg_hpu_mxfp4``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
 
 @functools.lru_cache(maxsize=1)
-def _owners() -> dict[str, tuple[str, ...]]:
-    """Top-level import name -> the distributions that provide it (one metadata scan per process)."""
+def _metadata_dirs() -> dict[str, tuple[str, ...]]:
+    """Normalised project name -> the ``*.dist-info`` / ``*.egg-info`` directories on ``sys.path``.
+
+    One directory listing per ``sys.path`` entry: no metadata file is read here.
+    """
+    found: dict[str, list[str]] = {}
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or os.getcwd()) as listing:
+                names = [(e.name, e.path) for e in listing if e.name.endswith((".dist-info", ".egg-info"))]
+        except (OSError, ValueError):
+            continue
+        for name, path in names:
+            found.setdefault(_normal(name.split("-", 1)[0].removesuffix(".egg-info")), []).append(path)
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def _provides(info: str, top: str) -> bool:
+    """Whether the distribution whose metadata directory is ``info`` provides the import name ``top``:
+    its ``top_level.txt``, else the first parts of its ``RECORD`` (what ``packages_distributions`` reads)."""
+    for name in ("top_level.txt", "RECORD"):
+        try:  # the one bounded reader: a FIFO or a huge file planted in a dist-info never blocks start-up
+            text = read_regular(os.path.join(info, name), MAX_RECORD_BYTES).decode("utf-8", "replace")
+        except (ReadRefused, OSError):
+            continue
+        if name == "top_level.txt":
+            if text.split():
+                return top in text.split()
+            continue
+        return any(line.split(",", 1)[0].lstrip('"').split("/", 1)[0] == top
+                   for line in text.splitlines() if line.startswith((top + "/", f'"{top}/')))
+    return False
+
+
+@functools.cache
+def _owners(top: str) -> tuple[str, ...]:
+    """The distributions that provide the top-level import name ``top``.
+
+    Why not just ``importlib.metadata.packages_distributions()``: it parses every installed
+    distribution's METADATA and every line of every RECORD (torch's and vLLM's are tens of thousands
+    of lines), ~250 ms here, five times the start-up budget of ``register()``, which fingerprints
+    the tables in every vLLM process. So first the distributions *named* like the package (the
+    usual case: ``quantreg``, ``quantreg-hpu-mxfp4``), checked through their ``top_level.txt`` or
+    ``RECORD``; only when none of them provides it, the full scan. (A second, differently named
+    distribution providing the same package, e.g. a namespace package, is then not seen: the name
+    stays the same in every process of one install, which is what the fingerprint compares.)
+    """
+    candidates = [info for info in _metadata_dirs().get(_normal(top), ()) if _provides(info, top)]
+    if candidates:
+        names = set()
+        for info in candidates:
+            try:
+                name = metadata.PathDistribution(Path(info)).metadata["Name"]
+            except Exception:  # unreadable metadata of this distribution: its directory name stands in
+                name = None
+            names.add(str(name) if name else Path(info).name.split("-", 1)[0])
+        return tuple(sorted(names))
     try:
-        return {k: tuple(sorted(set(v))) for k, v in metadata.packages_distributions().items()}
+        return tuple(sorted(set(metadata.packages_distributions().get(top, ()))))
     except Exception:  # broken metadata of some unrelated distribution must not stop the fingerprint
-        return {}
+        return ()
 
 
 def package_name(path: str) -> str | None:
     """``DIST:relative/path`` for a table inside an installed distribution's package, else ``None``."""
     try:
+        cwd = os.getcwd()  # '' on sys.path is the current directory
+    except OSError:  # it was removed: '' names nothing
+        cwd = ""
+    return _package_name(path, tuple(sys.path), cwd)
+
+
+@functools.lru_cache(maxsize=256)
+def _package_name(path: str, search: tuple[str, ...], cwd: str) -> str | None:
+    """:func:`package_name` for one ``sys.path``: ``register()`` fingerprints the same tables several times."""
+    try:
         target = Path(path).resolve()
     except (OSError, RuntimeError, ValueError):
         return None
     best: tuple[int, str] | None = None
-    for entry in sys.path:
+    for entry in search:
         try:
-            root = Path(entry or os.getcwd()).resolve()
+            root = Path(entry or cwd).resolve()
             rel = target.relative_to(root)
         except (OSError, RuntimeError, ValueError):
             continue
-        if len(rel.parts) < 2:
+        if len(rel.parts) < 2 or not rel.parts[0].isidentifier():  # ``.venv/...`` under the cwd: no package
             continue
-        dists = _owners().get(rel.parts[0])
+        dists = _owners(rel.parts[0])
         if not dists:
             continue
         name = f"{dists[0]}:{rel.as_posix()}"
@@ -63,7 +141,8 @@ def table_names(tables: list[tuple[str, str]]) -> dict[str, str]:
     for path, layer in tables:
         if path in names:
             continue
-        packaged = package_name(path)
+        # operator tables are named by position whatever directory holds them (the module docstring)
+        packaged = None if layer in OPERATOR_LAYERS else package_name(path)
         if packaged is None:
             packaged = f"{layer}#{counts.get(layer, 0)}"
             counts[layer] = counts.get(layer, 0) + 1

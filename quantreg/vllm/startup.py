@@ -48,7 +48,7 @@ import sys
 from types import FrameType
 from typing import Any, NoReturn
 
-from .. import audit, settings
+from .. import settings
 from ..decision import Decision
 from ..mode import Mode, decide_mode
 from ..problems import QuantregError
@@ -242,10 +242,20 @@ def moe_layer_count() -> int:
         return 1
 
 
+def _trail_asked_for() -> bool:
+    """Whether ``QUANTREG_DECISIONS`` names a trail (what :func:`quantreg.audit.decisions_path` reads)."""
+    return bool(settings.value(settings.DECISIONS))
+
+
 def record_decision(decision: Decision, registry: Registry, settings: RunSettings | None) -> None:
-    """Append ``decision`` to ``QUANTREG_DECISIONS`` (a no-op without it; never raises)."""
-    if audit.decisions_path() is None:
+    """Append ``decision`` to ``QUANTREG_DECISIONS`` (a no-op without it; never raises).
+
+    :mod:`quantreg.audit` is imported only when a trail is asked for (start-up budget, issue 24.7).
+    """
+    if not _trail_asked_for():
         return
+    from .. import audit
+
     try:
         strict = mode_of(registry, settings).strict
         audit.record(decision, role=process_role(), layer_count=moe_layer_count(), strict=strict,

@@ -6,21 +6,19 @@ subprocesses started by :func:`quantreg.testing.vllm_run.run_vllm`.
 
 Runs are slow (a multiprocessing start is 15-45 s), so :func:`vllm_run` memoises them for the
 whole session (tests that ask for the same model and options share one subprocess) and can
-start several at once (see :class:`VllmRuns`).
+start several at once (see :class:`e2e_support.VllmRuns`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import VllmRuns
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 E2E_DIR = Path(__file__).resolve().parent
@@ -63,41 +61,13 @@ def mxfp4_kernel_available(host_kind: Any) -> bool:
     return bool(host_kind.real_amx)
 
 
-class VllmRuns:
-    """Session memo of :func:`~quantreg.testing.vllm_run.run_vllm` calls, optionally concurrent.
-
-    ``runs(model_dir, **kwargs)`` returns the :class:`RunResult` (waiting if needed);
-    ``runs.start(model_dir, **kwargs)`` only launches it. Each run is a separate process tree,
-    so a module can start every run it needs at once: vLLM start-up is mostly single-threaded
-    imports (8-10 s per process, three processes with multiprocessing), so overlapping runs
-    roughly halves the wall time even on two cores. ``QUANTREG_E2E_JOBS`` caps the overlap
-    (default 3; 1 = strictly one after another). Prompts default to ``DEMO_PROMPTS``; keyword
-    arguments must be JSON-serialisable (they form the cache key).
-    """
-
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory, jobs: int) -> None:
-        self._tmp = tmp_path_factory
-        self._pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="vllm-run")
-        self._futures: dict[str, Future[Any]] = {}
-        self._lock = threading.Lock()
-
-    def start(self, model_dir: Path, **kwargs: Any) -> Future[Any]:
-        from quantreg.testing.vllm_run import DEMO_PROMPTS, run_vllm
-
-        kwargs.setdefault("prompts", DEMO_PROMPTS)
-        key = json.dumps({"model": str(model_dir), **kwargs}, sort_keys=True, default=str)
-        with self._lock:
-            if key not in self._futures:
-                prompts = kwargs.pop("prompts")
-                workdir = self._tmp.mktemp("vllm-run")
-                self._futures[key] = self._pool.submit(run_vllm, model_dir, prompts, workdir=workdir, **kwargs)
-            return self._futures[key]
-
-    def __call__(self, model_dir: Path, **kwargs: Any) -> Any:
-        return self.start(model_dir, **kwargs).result()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+@pytest.fixture(scope="session")
+def reference_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user table routing GPT-OSS MXFP4 on CPU to plugin #1's ``mxfp4_reference`` (its rule on line 3)."""
+    path = tmp_path_factory.mktemp("reference-table") / "reference.yaml"
+    path.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n"
+                    "    method: mxfp4_reference\n")
+    return path
 
 
 @pytest.fixture(scope="session")

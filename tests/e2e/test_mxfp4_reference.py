@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import pytest
 from core_support import HostKind
+from e2e_support import VllmRuns
 
 from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD, VLLM_UNQUANTIZED_METHOD, RunResult
 
@@ -29,22 +29,13 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
 LOGPROB_TOL = 0.1
 PROBE = 8
-VllmRun = Any
 
 
 def bf16_ulp(x: float) -> float:
     return 2.0 ** (math.floor(math.log2(x)) - 7)
 
 
-@pytest.fixture(scope="module")
-def reference_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("ref-table") / "reference.yaml"
-    path.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n"
-                    "    method: mxfp4_reference\n")
-    return path
-
-
-def reference_run(vllm_run: VllmRun, model: Path, table: Path) -> RunResult:
+def reference_run(vllm_run: VllmRuns, model: Path, table: Path) -> RunResult:
     result: RunResult = vllm_run(model, multiprocessing=False, probe_tokens=PROBE, max_tokens=6,
                                  env={"QUANTREG_CONFIG": str(table)})
     assert result.ok, result.log[-6000:]
@@ -73,7 +64,7 @@ def compare(ref: RunResult, oracle: RunResult) -> None:
 
 @pytest.mark.compat
 def test_reference_matches_vllms_kernel_on_exactly_dequantised_weights(
-        vllm_run: VllmRun, tiny_model: Path, tiny_model_bf16: Path, reference_table: Path) -> None:
+        vllm_run: VllmRuns, tiny_model: Path, tiny_model_bf16: Path, reference_table: Path) -> None:
     oracle: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False, probe_tokens=PROBE, max_tokens=6,
                                  env={"QUANTREG_CONFIG": ""})
     assert oracle.ok, oracle.log[-6000:]
@@ -82,7 +73,7 @@ def test_reference_matches_vllms_kernel_on_exactly_dequantised_weights(
 
 
 @pytest.mark.compat
-def test_reference_matches_vllms_mxfp4_kernel(vllm_run: VllmRun, tiny_model: Path, reference_table: Path,
+def test_reference_matches_vllms_mxfp4_kernel(vllm_run: VllmRuns, tiny_model: Path, reference_table: Path,
                                               host_kind: HostKind) -> None:
     """mxfp4_reference against vLLM's own CPU MXFP4 kernel on the same MXFP4 model (needs real AMX)."""
     host_kind.vllm_env("amx")

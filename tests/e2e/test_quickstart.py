@@ -26,7 +26,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -34,6 +33,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from quantreg.testing.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -93,12 +94,6 @@ def test_the_quick_start_is_the_operators_whole_path() -> None:
     assert text.count(PORT) >= 4  # the substitution below reaches the server and all three curls
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _site_view(target: Path) -> Path:
     """Links to this environment's site-packages without quantreg's own distributions."""
     site = Path(sysconfig.get_paths()["purelib"])
@@ -138,7 +133,7 @@ def _steps(output: str) -> dict[int, str]:
 @pytest.mark.vllm
 def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     commands = quickstart_commands(README.read_text(encoding="utf-8"))
-    port = str(_free_port())
+    port = str(free_port())
     shutil.copytree(ROOT, tmp_path / "quantreg", ignore=COPY_IGNORE, symlinks=True)
     env = _environment(tmp_path)
     view = _site_view(tmp_path / "site-view")

@@ -16,13 +16,12 @@ handed control back untouched; the bf16 twin checkpoint covers "identical to vLL
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from core_support import HOST_KINDS, HostKind, installed_copy
+from e2e_support import VllmRuns, env_with
 
 from quantreg.testing.vllm_run import (
     VLLM_MXFP4_METHOD,
@@ -37,7 +36,6 @@ REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
 E2E_CLASS = "quantreg_e2e_methods:E2EUnquantizedMethod"
 KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
 BF16_KEY = "(unquantized, gpt_oss, cpu)"
-VllmRun = Any
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 
@@ -71,13 +69,6 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-def env_with(e2e_plugin: Path, **extra: str) -> dict[str, str]:
-    path = os.pathsep.join([str(e2e_plugin), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {"PYTHONPATH": path, "QUANTREG_CONFIG": ""}
-    env.update(extra)
-    return env
-
-
 def methods_of(result: RunResult) -> set[str]:
     assert result.worker_moe_layers, f"no worker MoE layers seen: {result.error}\n{result.log[-4000:]}"
     layers = result.worker_moe_layers[0]
@@ -101,7 +92,7 @@ def decision_lines(result: RunResult, key: str) -> list[str]:
 
 
 @pytest.mark.compat
-def test_table_in_quantreg_config_selects_the_workers_class(vllm_run: VllmRun, tiny_model: Path,
+def test_table_in_quantreg_config_selects_the_workers_class(vllm_run: VllmRuns, tiny_model: Path,
                                                              tables: dict[str, Path], e2e_plugin: Path) -> None:
     result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"])))
     assert result.ok, result.log[-6000:]
@@ -112,7 +103,7 @@ def test_table_in_quantreg_config_selects_the_workers_class(vllm_run: VllmRun, t
     assert len(result.worker_pids) == 1 and result.worker_pids[0] != result.runner_pid  # really another process
 
 
-def test_additional_config_selects_the_workers_class(vllm_run: VllmRun, tiny_model: Path,
+def test_additional_config_selects_the_workers_class(vllm_run: VllmRuns, tiny_model: Path,
                                                       tables: dict[str, Path], e2e_plugin: Path) -> None:
     result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin), multiprocessing=False,
                                  additional_config={"quantreg": {"config": [str(tables["reference"])]}})
@@ -122,7 +113,7 @@ def test_additional_config_selects_the_workers_class(vllm_run: VllmRun, tiny_mod
 
 
 @pytest.mark.parametrize("kind", HOST_KINDS)
-def test_default_table_keeps_vllms_own_mxfp4_method(vllm_run: VllmRun, tiny_model: Path, e2e_plugin: Path,
+def test_default_table_keeps_vllms_own_mxfp4_method(vllm_run: VllmRuns, tiny_model: Path, e2e_plugin: Path,
                                                      host_kind: HostKind, kind: str) -> None:
     """The default table keeps vLLM's own method on a host of either kind: it runs (AMX) or refuses in
     its own constructor (no AMX; an AMX host hides AMX from the child to show this branch). Plugins
@@ -135,7 +126,7 @@ def test_default_table_keeps_vllms_own_mxfp4_method(vllm_run: VllmRun, tiny_mode
     assert lines and all(re.search(r"-> vllm \[.*registry\.yaml:\d+\](;|$)", line) for line in lines), lines
 
 
-def test_vllm_plugins_filter_excludes_quantreg(vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path],
+def test_vllm_plugins_filter_excludes_quantreg(vllm_run: VllmRuns, tiny_model: Path, tables: dict[str, Path],
                                                e2e_plugin: Path, mxfp4_kernel_available: bool) -> None:
     env = env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"]), **VLLM_ONLY_ENV)
     result: RunResult = vllm_run(tiny_model, multiprocessing=False, env=env)
@@ -143,7 +134,7 @@ def test_vllm_plugins_filter_excludes_quantreg(vllm_run: VllmRun, tiny_model: Pa
     assert "quantreg:" not in result.log
 
 
-def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRun, tiny_model: Path,
+def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRuns, tiny_model: Path,
                                                                tables: dict[str, Path], e2e_plugin: Path) -> None:
     result: RunResult = vllm_run(tiny_model, multiprocessing=False,
                                  env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["chain"])))
@@ -154,7 +145,7 @@ def test_unavailable_first_method_falls_back_and_log_says_why(vllm_run: VllmRun,
 
 
 @pytest.mark.compat
-def test_decision_vllm_is_identical_to_vllm_alone(vllm_run: VllmRun, tiny_model_bf16: Path,
+def test_decision_vllm_is_identical_to_vllm_alone(vllm_run: VllmRuns, tiny_model_bf16: Path,
                                                   e2e_plugin: Path) -> None:
     with_quantreg: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin), probe_tokens=8,
                                         multiprocessing=False)
@@ -170,7 +161,7 @@ def test_decision_vllm_is_identical_to_vllm_alone(vllm_run: VllmRun, tiny_model_
 
 
 def test_table_and_additional_config_change_the_class_on_a_model_vllm_runs(
-        vllm_run: VllmRun, tiny_model_bf16: Path, tables: dict[str, Path], e2e_plugin: Path) -> None:
+        vllm_run: VllmRuns, tiny_model_bf16: Path, tables: dict[str, Path], e2e_plugin: Path) -> None:
     by_env: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False,
                                  env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e"])))
     by_run: RunResult = vllm_run(tiny_model_bf16, env=env_with(e2e_plugin),
@@ -182,7 +173,7 @@ def test_table_and_additional_config_change_the_class_on_a_model_vllm_runs(
     assert by_env.token_ids == default.token_ids  # same kernel underneath, so the same output
 
 
-def test_bf16_chain_fallback_single_process(vllm_run: VllmRun, tiny_model_bf16: Path, tables: dict[str, Path],
+def test_bf16_chain_fallback_single_process(vllm_run: VllmRuns, tiny_model_bf16: Path, tables: dict[str, Path],
                                             e2e_plugin: Path) -> None:
     result: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False,
                                  env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e_chain"])))
@@ -191,7 +182,7 @@ def test_bf16_chain_fallback_single_process(vllm_run: VllmRun, tiny_model_bf16: 
 
 
 @pytest.mark.compat
-def test_every_process_saw_the_same_table(vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path],
+def test_every_process_saw_the_same_table(vllm_run: VllmRuns, tiny_model: Path, tables: dict[str, Path],
                                           e2e_plugin: Path) -> None:
     result: RunResult = vllm_run(tiny_model, env=env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["reference"])))
     assert result.ok
@@ -204,7 +195,7 @@ def test_every_process_saw_the_same_table(vllm_run: VllmRun, tiny_model: Path, t
 
 
 @pytest.mark.parametrize("strict", [False, True])
-def test_method_constructor_raising_at_layer_build(vllm_run: VllmRun, tiny_model_bf16: Path,
+def test_method_constructor_raising_at_layer_build(vllm_run: VllmRuns, tiny_model_bf16: Path,
                                                    tables: dict[str, Path], e2e_plugin: Path, strict: bool) -> None:
     env = env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e_broken"]), QUANTREG_STRICT="1" if strict else "0")
     result: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False, env=env)
@@ -219,7 +210,7 @@ def test_method_constructor_raising_at_layer_build(vllm_run: VllmRun, tiny_model
         assert f"{message}; using vLLM's own method" in result.log
 
 
-def test_additional_config_strict_turns_table_faults_fatal(vllm_run: VllmRun, tiny_model_bf16: Path,
+def test_additional_config_strict_turns_table_faults_fatal(vllm_run: VllmRuns, tiny_model_bf16: Path,
                                                            e2e_plugin: Path, tmp_path_factory: pytest.TempPathFactory
                                                            ) -> None:
     broken = tmp_path_factory.mktemp("broken") / "broken.yaml"

@@ -38,10 +38,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from e2e_support import VllmRuns
 
 from quantreg.formats.mxfp4 import dequantize_mxfp4_f64, random_mxfp4
 from quantreg.models.gpt_oss_moe import relative_error
@@ -154,7 +154,7 @@ def env_for(table: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def routed(vllm_run: Any, tiny_mixtral: Path, user_table: Path) -> RunResult:
+def routed(vllm_run: VllmRuns, tiny_mixtral: Path, user_table: Path) -> RunResult:
     result: RunResult = vllm_run(tiny_mixtral, multiprocessing=False, env=env_for(str(user_table)),
                                  worker_checks=[PROBE])
     return result
@@ -196,7 +196,7 @@ def test_generic_branch_matches_float64_reference(routed: RunResult, tiny_mixtra
 
 
 @pytest.fixture(scope="module")
-def unrouted(vllm_run: Any, tiny_mixtral: Path) -> RunResult:
+def unrouted(vllm_run: VllmRuns, tiny_mixtral: Path) -> RunResult:
     # the default table alone: quantreg-cpu-mxfp4's rule for the key (host-aware [vllm, cpu_mxfp4]) left out
     result: RunResult = vllm_run(tiny_mixtral, multiprocessing=False,
                                  env={**env_for(""), "QUANTREG_DISABLE_PLUGINS": "cpu_mxfp4"})

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from core_support import QUANTREG, installed_copy
+from e2e_support import VllmRuns
 
 from quantreg.host import simulate
 from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD, RunResult
@@ -125,7 +126,7 @@ def test_the_written_table_validates_and_explain_shows_why(tuned: dict[str, Any]
 
 
 def test_real_vllm_builds_the_method_the_tuned_table_chose(tuned: dict[str, Any], tune_site: Path,
-                                                           tiny_model: Path, vllm_run: Any) -> None:
+                                                           tiny_model: Path, vllm_run: VllmRuns) -> None:
     first = tuned["data"]["chain"][0]
     result: RunResult = vllm_run(tiny_model, env=site_env(tune_site, QUANTREG_CONFIG=str(tuned["out"])))
     assert result.ok, result.log[-4000:]
@@ -145,7 +146,7 @@ def chain_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_without_amx_the_chain_passes_over_vllm_in_real_vllm(chain_table: Path, tiny_model: Path, vllm_run: Any,
+def test_without_amx_the_chain_passes_over_vllm_in_real_vllm(chain_table: Path, tiny_model: Path, vllm_run: VllmRuns,
                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
     """Simulated absence of AMX (real on this kind of host): vLLM would refuse the key, so the chain
     moves on and vLLM serves through mxfp4_reference; every process's audit line records the host."""
@@ -162,7 +163,7 @@ def test_without_amx_the_chain_passes_over_vllm_in_real_vllm(chain_table: Path, 
     assert {r["method"] for r in records} == {"mxfp4_reference"}
 
 
-def test_with_amx_vllm_stays_chosen_in_real_vllm(chain_table: Path, tiny_model: Path, vllm_run: Any,
+def test_with_amx_vllm_stays_chosen_in_real_vllm(chain_table: Path, tiny_model: Path, vllm_run: VllmRuns,
                                                  mxfp4_kernel_available: bool) -> None:
     if not mxfp4_kernel_available:
         pytest.skip("this host has no AMX: vLLM's own CPU MXFP4 kernel cannot run (the other branch is above)")

@@ -11,13 +11,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from core_support import installed_copy
+from e2e_support import VllmRuns, env_with
 
 from quantreg.testing.vllm_run import RunResult
 
@@ -29,7 +28,6 @@ LINE = re.compile(r"quantreg verify: (\S+) (\(.*?\)): (\S+) vs (\S+): (?:call )?
 STRICT_LOAD = re.compile(r"quantreg \(strict\): verify: model\.layers\.1\.mlp\.experts "
                          r"\(gpt_oss_mxfp4, gpt_oss, cpu\): nibbles_swapped vs mxfp4_reference: error (\S+) "
                          r"on 8 synthetic tokens at load exceeds tolerance 0\.02; refusing to start")
-VllmRun = Any
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 
@@ -57,17 +55,12 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-def env_with(plugin: Path, **extra: str) -> dict[str, str]:
-    path = os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {"PYTHONPATH": path, "QUANTREG_CONFIG": "", "QUANTREG_DECISIONS": "", **extra}
-
-
 def verify_lines(result: RunResult) -> list[tuple[str, ...]]:
     return [m.groups() for m in LINE.finditer(result.log)]
 
 
 def test_reference_against_float64_in_the_worker_stays_within_tolerance(
-        vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path], verify_plugin: Path,
+        vllm_run: VllmRuns, tiny_model: Path, tables: dict[str, Path], verify_plugin: Path,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     audit = tmp_path_factory.mktemp("audit") / "decisions.jsonl"
     alone: RunResult = vllm_run(tiny_model, multiprocessing=False,
@@ -102,7 +95,7 @@ def test_reference_against_float64_in_the_worker_stays_within_tolerance(
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_broken_method_against_the_reference_is_reported_per_layer(
-        vllm_run: VllmRun, tiny_model: Path, tables: dict[str, Path], verify_plugin: Path, strict: bool) -> None:
+        vllm_run: VllmRuns, tiny_model: Path, tables: dict[str, Path], verify_plugin: Path, strict: bool) -> None:
     """Strict: refused at load (``LLM()`` raises with one line; nothing is generated). Lenient: a WARNING
     from the load check before the first forward, then the sampled live comparisons."""
     env = env_with(verify_plugin, QUANTREG_CONFIG=str(tables["broken"]), QUANTREG_STRICT="1" if strict else "0")

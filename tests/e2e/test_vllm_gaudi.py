@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import VllmRuns
 
 from quantreg.testing.vllm_run import VLLM_UNQUANTIZED_METHOD, RunResult
 
@@ -39,7 +40,6 @@ NATIVE_LOAD = "vllm-gaudi double: load_weights native path"
 LEGACY_LOAD = "vllm-gaudi double: load_weights legacy path"
 DISCOVERY = re.compile(r"vllm-gaudi double: general plugins in discovery order: (\S+) \(pid (\d+)\)")
 ORDERS = ("vllm_gaudi_first", "quantreg_first")
-VllmRun = Any
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 
@@ -98,15 +98,7 @@ def decisions(result: RunResult, key: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("gaudi-tables") / "reference.yaml"
-    path.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
-                    "    method: mxfp4_reference\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def runs(vllm_run: VllmRun, tiny_model: Path, gaudi_sites: dict[str, Path],
+def runs(vllm_run: VllmRuns, tiny_model: Path, gaudi_sites: dict[str, Path],
          reference_table: Path) -> dict[tuple[str, str], Any]:
     """Start all four runs at once (they overlap their start-up); tests wait for theirs."""
     started = {}

@@ -53,14 +53,14 @@ def expert_slices(model: torch.nn.Module) -> dict[str, Any]:
         get_tensor_model_parallel_rank,
     )
 
-    from quantreg.testing.vllm_run import _moe_layers, _qualname
+    from quantreg.testing.vllm_probes import moe_layers, qualname
     from quantreg.tiny.checkpoint import load_tensors
 
     ep = get_ep_group()
     ep_rank, ep_size = int(ep.rank_in_group), int(ep.world_size)
     tensors = load_tensors(_checkpoint_dir(model))
     layers = []
-    for name, layer in _moe_layers(model):
+    for name, layer in moe_layers(model):
         found = re.search(r"layers\.(\d+)\.", name)
         assert found, f"cannot tell the decoder layer of MoE module {name}"
         stem = f"model.layers.{found.group(1)}.mlp.experts."
@@ -68,7 +68,7 @@ def expert_slices(model: torch.nn.Module) -> dict[str, Any]:
         assert n_local * ep_size == n_global, f"{name}: {n_local} local experts x {ep_size} ranks != {n_global}"
         lo, hi = ep_rank * n_local, ep_rank * n_local + n_local - 1
         op = getattr(layer, "moe_op", None)
-        assert op is not None, f"{name}: {_qualname(layer.quant_method)} bound no moe_op"
+        assert op is not None, f"{name}: {qualname(layer.quant_method)} bound no moe_op"
         assert (op.experts_min, op.experts_max) == (lo, hi), (
             f"{name} on EP rank {ep_rank}/{ep_size}: kernel range {op.experts_min}..{op.experts_max}, "
             f"expected {lo}..{hi}")
@@ -84,7 +84,7 @@ def expert_slices(model: torch.nn.Module) -> dict[str, Any]:
                     name, part, "scales", g)
                 assert bound.bias is not None and _same_bytes(bound.bias[i], tensors[stem + stored + "_bias"][g]), (
                     name, part, "bias", g)
-        layers.append({"name": name, "quant_method": _qualname(layer.quant_method), "experts_min": lo,
+        layers.append({"name": name, "quant_method": qualname(layer.quant_method), "experts_min": lo,
                        "experts_max": hi, "local_num_experts": n_local, "global_num_experts": n_global})
     assert layers, "this worker has no MoE layers"
     return {"pid": os.getpid(), "ep_rank": ep_rank, "ep_size": ep_size,

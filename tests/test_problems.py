@@ -1,0 +1,85 @@
+"""quantreg.problems: what a problem looks like when printed: bounded did-you-mean suggestions and name
+lists among ten thousand names, one escaped line for a path with a newline, any path on a strict UTF-8
+stdout.
+
+History (issue 24 class 5): moved from tests/test_containment_loader.py (issue 12, loader classes)
+(classes 4 and 10).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from core_support import _bench_module, run_cli, run_register
+
+from quantreg.registry import Registry
+from quantreg.table.file import Layer, read_table
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+# -- from test_containment_loader.py (issue 12, loader classes) -------------------------------
+
+
+def test_suggestions_are_bounded_in_time_and_size() -> None:
+    import time
+
+    from quantreg.problems import did_you_mean, name_list
+
+    methods = sorted(f"method_{i:05d}" for i in range(10_000))
+    start = time.process_time()
+    hints = [did_you_mean(f"methd_{i:05d}", methods) for i in range(300)]
+    assert time.process_time() - start < 10  # was > 20 s (difflib over every name, per name)
+    assert hints[42] == "; did you mean 'method_00042'?"
+    assert did_you_mean("xmethod_00077", methods) == "; did you mean 'method_00077'?"  # a typo at the start
+    listed = name_list(methods)
+    assert len(listed) <= 500 and listed.endswith(f"... and {10_000 - listed.count(',')} more")
+    assert name_list(["a", "b"]) == "a, b"
+
+
+def test_unknown_method_messages_are_short_among_ten_thousand_methods(tmp_path: Path) -> None:
+    unknown_methods_text = _bench_module().unknown_methods_text
+
+    path = tmp_path / "unknown.yaml"
+    path.write_text(unknown_methods_text(10_000, 300))
+    registry = Registry.build(config=[path], entry_points=False)
+    unknown = [str(p) for p in registry.problems if "unknown method" in p.message]
+    assert len(unknown) == 300
+    assert max(len(p) - len(str(path)) for p in unknown) <= 500
+    assert all("... and " in p for p in unknown)
+
+
+def test_a_path_with_a_newline_gives_one_escaped_line(tmp_path: Path) -> None:
+    bad = tmp_path / "two\nlines.yaml"
+    bad.write_text("version: 2\nrules: []\n")
+    out = run_cli("validate", str(bad))
+    assert out.returncode == 1
+    assert out.stdout.splitlines() == [f"{tmp_path}/two\\nlines.yaml:1: version: unsupported schema version 2; "
+                                       "this quantreg reads version 1"]
+    reg = run_register([str(bad)])
+    data = json.loads(reg.stdout.splitlines()[-1])
+    assert data["problems"] == [f"{tmp_path}/two\\nlines.yaml:1: version: unsupported schema version 2; "
+                                "this quantreg reads version 1"]
+
+
+def test_a_non_utf8_path_on_a_strict_utf8_stdout(tmp_path: Path) -> None:
+    raw = os.fsencode(str(tmp_path)) + b"/caf\xe9.yaml"
+    with open(raw, "wb") as f:
+        f.write(b"version: 1\nrules: {}\n")
+    path = os.fsdecode(raw)  # 'caf\udce9.yaml' (surrogateescape)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env.update(QUANTREG_PLUGINS="", PYTHONIOENCODING="utf-8:strict", LC_ALL="C.UTF-8")
+    for args in (["validate"], ["validate", "--json"]):
+        out = subprocess.run([sys.executable, "-m", "quantreg", *args, raw], capture_output=True, env=env, timeout=120)
+        text = out.stdout.decode("utf-8")  # valid UTF-8 throughout
+        assert out.returncode == 1, out.stderr
+        assert b"Traceback" not in out.stderr and "UnicodeEncodeError" not in text
+        lines = [p["text"] for p in json.loads(text)["problems"]] if "--json" in args else text.splitlines()
+        assert any(p.endswith("caf\\udce9.yaml:2: rules: expected a list of rules, got mapping") for p in lines)
+    _, problems, _ = read_table(path, Layer.USER)
+    assert str(problems[0]).encode("utf-8")  # printable on a strict stream
