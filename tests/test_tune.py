@@ -226,6 +226,7 @@ def misbehaving_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
     env["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["QUANTREG_DISABLE_PLUGINS"] = "cpu_mxfp4"  # fewer methods to build: the faults are the point
+    env["QUANTREG_PLUGIN_IMPORT_TIMEOUT"] = "300"  # the plugin imports torch: a loaded host took > 10 s
     env["QUANTREG_PROBE_TIMEOUT"] = "5"  # the hanging probe is abandoned (1 s abandoned healthy probes under load)
     proc = subprocess.run([str(QUANTREG), "tune", str(model), "--budget", "1", "--out", str(out), "--json"],
                           capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)
