@@ -5,7 +5,7 @@
 //
 // Steps (all in this file, threaded with at::parallel_for = torch's intra-op threads):
 //  1. group the (token, slot) pairs by local expert (counting sort; ids outside [0, E) dropped);
-//  2. quantise every token's x to Q8 groups (gemv.h), once per token;
+//  2. quantise every token's x to Q8 blocks (gemv.h), once per token;
 //  3. w13 GEMV over (expert, row block) jobs, only the routed experts' bytes are read;
 //  4. bias + activation per routed pair, the result quantised to Q8 again;
 //  5. w2 GEMV the same way;
@@ -71,12 +71,11 @@ void run_jobs(int64_t njobs, const Fn& fn) {
   });
 }
 
-// x (K floats) -> Q8 groups. Per block of 32: d = amax / 127, q = round(x / d) in [-127, 127].
-// A block with a non-finite value gets scale NaN (its outputs become NaN, as in float math).
+// x (K floats) -> Q8 blocks (gemv.h). Per block of 32: d = amax / 127, q = round(x / d) in
+// [-127, 127]. A block with a non-finite value gets scale NaN (its outputs become NaN, as in
+// float math).
 void quantize_q8(const float* x, int64_t k, uint8_t* dst) {
   const int64_t nb = k / 32;
-  const int64_t ng = q8_groups(k);
-  std::memset(dst, 0, static_cast<size_t>(ng * kGroupBytes));
   for (int64_t b = 0; b < nb; ++b) {
     const float* v = x + b * 32;
     float amax = 0.f;
@@ -85,34 +84,35 @@ void quantize_q8(const float* x, int64_t k, uint8_t* dst) {
       finite = finite && std::isfinite(v[i]);
       amax = std::max(amax, std::fabs(v[i]));
     }
-    uint8_t* group = dst + (b / kGroupBlocks) * kGroupBytes;
-    const int slot = static_cast<int>(b % kGroupBlocks);
-    int8_t* even = reinterpret_cast<int8_t*>(group) + slot * 16;
-    int8_t* odd = reinterpret_cast<int8_t*>(group) + 64 + slot * 16;
+    int8_t q[32] = {};
     float scale = 0.f;
     if (!finite) {
       scale = std::numeric_limits<float>::quiet_NaN();
     } else if (amax > 0.f) {
       scale = amax / 127.f;
       const float inv = 127.f / amax;
-      for (int j = 0; j < 16; ++j) {
-        const float qe = std::nearbyint(v[2 * j] * inv);
-        const float qo = std::nearbyint(v[2 * j + 1] * inv);
-        even[j] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, qe)));
-        odd[j] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, qo)));
+      for (int i = 0; i < 32; ++i)
+        q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv))));
+    }
+    uint8_t* blk = dst + b * kQ8BlockBytes;
+    int32_t sum = 0;
+    for (int d = 0; d < 4; ++d)
+      for (int i = 0; i < 4; ++i) {
+        blk[8 * d + i] = static_cast<uint8_t>(q[8 * d + 2 * i]);
+        blk[8 * d + 4 + i] = static_cast<uint8_t>(q[8 * d + 2 * i + 1]);
       }
-    }
-    int32_t corr[4];
-    float sc[4];
-    for (int l = 0; l < 4; ++l) {
-      int32_t sum = 0;
-      for (int i = 0; i < 4; ++i) sum += even[4 * l + i] + odd[4 * l + i];
-      corr[l] = -12 * sum;
-      sc[l] = scale * 0.5f;
-    }
-    std::memcpy(group + 128 + slot * 16, corr, sizeof corr);
-    std::memcpy(group + 192 + slot * 16, sc, sizeof sc);
+    for (int i = 0; i < 32; ++i) sum += q[i];
+    const int32_t corr = -12 * sum;
+    const float half = scale * 0.5f;
+    std::memcpy(blk + 32, &corr, 4);
+    std::memcpy(blk + 36, &half, 4);
   }
+}
+
+// Element i of block b of a Q8 row, as the int8 stored for it (the inverse of the order above).
+inline int8_t q8_element(const uint8_t* blk, int i) {
+  const int d = i / 8, j = i % 8;
+  return static_cast<int8_t>(blk[8 * d + (j % 2) * 4 + j / 2]);
 }
 
 // Q8 with a residual ("q8x2"): dst_hi = Q8(x), dst_lo = Q8(x - dequant(dst_hi)). The GEMV runs
@@ -121,19 +121,43 @@ void quantize_q8(const float* x, int64_t k, uint8_t* dst) {
 void quantize_q8x2(const float* x, int64_t k, uint8_t* dst_hi, uint8_t* dst_lo, float* scratch) {
   quantize_q8(x, k, dst_hi);
   for (int64_t b = 0; b < k / 32; ++b) {
-    const uint8_t* group = dst_hi + (b / kGroupBlocks) * kGroupBytes;
-    const int slot = static_cast<int>(b % kGroupBlocks);
-    const int8_t* even = reinterpret_cast<const int8_t*>(group) + slot * 16;
-    const int8_t* odd = reinterpret_cast<const int8_t*>(group) + 64 + slot * 16;
+    const uint8_t* blk = dst_hi + b * kQ8BlockBytes;
     float half_scale;
-    std::memcpy(&half_scale, group + 192 + slot * 16, sizeof half_scale);
+    std::memcpy(&half_scale, blk + 36, sizeof half_scale);
     const float d = half_scale * 2.f;
-    for (int j = 0; j < 16; ++j) {
-      scratch[b * 32 + 2 * j] = x[b * 32 + 2 * j] - d * static_cast<float>(even[j]);
-      scratch[b * 32 + 2 * j + 1] = x[b * 32 + 2 * j + 1] - d * static_cast<float>(odd[j]);
-    }
+    for (int i = 0; i < 32; ++i) scratch[b * 32 + i] = x[b * 32 + i] - d * static_cast<float>(q8_element(blk, i));
   }
   quantize_q8(scratch, k, dst_lo);
+}
+
+// The rows of an expert past its last whole 16-row group (row-major, fewer than 16; gemv.h):
+// plain C, any ISA, the same integer arithmetic as the SIMD kernels.
+void gemv_tail(const GemvJob& job) {
+  const int64_t nb = job.k / 32;
+  for (int64_t row = job.row_begin; row < job.row_end; ++row) {
+    const uint8_t* w = job.blocks + row * (job.k / 2);
+    const uint8_t* s = job.scales + row * nb;
+    for (int64_t m = 0; m < job.m; ++m) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* a = job.act[m] + b * kQ8BlockBytes;
+        int32_t dot;
+        std::memcpy(&dot, a + 32, 4);
+        for (int d = 0; d < 4; ++d)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = w[b * 16 + 4 * d + i];
+            dot += kCodeTable[byte & 15] * static_cast<int8_t>(a[8 * d + i]) +
+                   kCodeTable[byte >> 4] * static_cast<int8_t>(a[8 * d + 4 + i]);
+          }
+        const uint32_t bits = static_cast<uint32_t>(s[b]) << 23;  // 2^(e-127); 0 -> 0, 255 -> inf
+        float ws, as;
+        std::memcpy(&ws, &bits, 4);
+        std::memcpy(&as, a + 36, 4);
+        acc += static_cast<float>(dot) * (ws * as);
+      }
+      job.out[m][row] = acc;
+    }
+  }
 }
 
 inline float load_float(const void* base, at::ScalarType dtype, int64_t i) {
@@ -186,8 +210,8 @@ struct Group {
   int64_t e, begin, end;
 };
 
-// Rows per GEMV job: small enough that 1 token over 4 experts gives every thread many jobs,
-// large enough that the per-job overhead (pointer set-up, atomics) is noise.
+// Rows per GEMV job (4 groups of 16): small enough that 1 token over 4 experts gives every thread
+// many jobs, large enough that the per-job overhead (pointer set-up, atomics) is noise.
 constexpr int64_t kRowsPerJob = 64;
 
 // act/out hold `per` activation rows per routed pair (1 for Q8, 2 for q8x2), pairs in expert order.
@@ -195,7 +219,7 @@ void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<Gr
               const std::vector<const uint8_t*>& act, const std::vector<float*>& out, int64_t per) {
   const int64_t blocks_per_expert = (w.n + kRowsPerJob - 1) / kRowsPerJob;
   const int64_t njobs = static_cast<int64_t>(groups.size()) * blocks_per_expert;
-  const int64_t row_bytes = w.k / 2, row_scales = w.k / 32;
+  const int64_t row_bytes = w.k / 2, row_scales = w.k / 32, body = w.n - w.n % kRowGroup;
   run_jobs(njobs, [&](int64_t job) {
     const Group& grp = groups[static_cast<size_t>(job / blocks_per_expert)];
     const int64_t e = grp.e;
@@ -203,12 +227,16 @@ void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<Gr
     g.blocks = w.blocks + e * w.n * row_bytes;
     g.scales = w.scales + e * w.n * row_scales;
     g.k = w.k;
-    g.row_begin = (job % blocks_per_expert) * kRowsPerJob;
-    g.row_end = std::min(w.n, g.row_begin + kRowsPerJob);
     g.act = act.data() + per * grp.begin;
     g.out = out.data() + per * grp.begin;
     g.m = per * (grp.end - grp.begin);
-    gemv(g);
+    const int64_t begin = (job % blocks_per_expert) * kRowsPerJob, end = std::min(w.n, begin + kRowsPerJob);
+    g.row_begin = begin;
+    g.row_end = std::min(end, body);  // whole 16-row groups: the SIMD kernel
+    if (g.row_begin < g.row_end) gemv(g);
+    g.row_begin = std::max(begin, body);
+    g.row_end = end;  // the row-major tail
+    if (g.row_begin < g.row_end) gemv_tail(g);
   });
 }
 
@@ -227,9 +255,8 @@ void run_gemm(const Stack& w, const std::vector<Group>& groups, const at::Tensor
     const Group& grp = groups[static_cast<size_t>(job / tiles)];
     const int64_t row0 = (job % tiles) * kGemmRows, rows = std::min(kGemmRows, w.n - row0);
     at::Tensor tile = at::empty({rows, w.k}, in.options());
-    const int64_t first = grp.e * w.n + row0;
-    decode_rows_bf16_avx2(w.blocks + first * (w.k / 2), w.scales + first * (w.k / 32), rows, w.k,
-                          reinterpret_cast<uint16_t*>(tile.data_ptr<c10::BFloat16>()));
+    decode_rows_bf16_avx2(w.blocks + grp.e * w.n * (w.k / 2), w.scales + grp.e * w.n * (w.k / 32), w.n, row0, rows,
+                          w.k, reinterpret_cast<uint16_t*>(tile.data_ptr<c10::BFloat16>()));
     const at::Tensor res = at::mm(in.narrow(0, grp.begin, grp.end - grp.begin), tile.t()).contiguous();
     const c10::BFloat16* rp = res.data_ptr<c10::BFloat16>();
     for (int64_t i = 0; i < grp.end - grp.begin; ++i)
@@ -325,7 +352,7 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
   }
 
   // 2. Q8 of every token's x.
-  const int64_t q1 = q8_groups(H) * kGroupBytes, q2 = q8_groups(I) * kGroupBytes;
+  const int64_t q1 = (H / 32) * kQ8BlockBytes, q2 = (I / 32) * kQ8BlockBytes;
   std::vector<uint8_t> qx(static_cast<size_t>(per * T * q1));
   const void* xp = x.data_ptr();
   const at::ScalarType xdt = x.scalar_type();
