@@ -5,11 +5,11 @@ What runs (C++, ``csrc/``; torch's intra-op threads via ``at::parallel_for``): t
 32-block (Q8_0: one fp32 scale per block, ``d = max|x| / 127``); then, for the routed experts only,
 a fused MXFP4-dequant + GEMV reads each expert's packed bytes once: E2M1 codes become int8 through
 a 16-entry table of doubled values (``vpshufb``), int8 dot products (AVX-512 VNNI ``vpdpbusd`` or
-AVX2 ``vpmaddubsw``/``vpmaddwd``) per 32-block, then one fp32 FMA per block with
-``2^(e-127) * d / 2``. Bias, activation (SwiGLU-OAI or SiLU) and a second Q8 quantisation of the
-activation follow, then the w2 GEMV and the routing-weighted sum per token. Many tokens per expert
-use the same kernel with weights decoded once per 4-row x 128-column tile and reused over tiles of
-4 (AVX-512) or 2 (AVX2) tokens.
+AVX2 ``vpmaddubsw``/``vpmaddwd``) per 32-block, one vector lane per output row (16 rows side by
+side, see "Weight layout"), then one fp32 FMA per block with ``2^(e-127) * d / 2``. Bias,
+activation (SwiGLU-OAI or SiLU) and a second Q8 quantisation of the activation follow, then the w2
+GEMV and the routing-weighted sum per token. Several tokens per expert use the same kernel with
+each 32-block of 16 rows decoded once and reused over tiles of 4 (AVX-512) or 2 (AVX2) tokens.
 
 Numerics -- what activation quantisation costs, and why there is a residual. The MXFP4 weights
 are used exactly (the int8 table holds 2x every E2M1 value). The approximation is rounding
@@ -48,11 +48,11 @@ for a read pass over the same bytes -- instruction-bound, not memory-bound. The 
 into new tensors (the caller drops vLLM's, as the method does: resident bytes = packed bytes,
 1.0x); rows past the last whole group of 16 stay row-major (a plain C loop computes them).
 
-Prefill: the int8 kernel is compute-bound at many tokens per expert (tiled: 32 tokens x 4 rows
-per sweep, weights decoded once per 4-row x 128-column tile and reused over 4 (AVX-512) or 2
-(AVX2) tokens). So an expert with at least :data:`GEMM_MIN_TOKENS` routed tokens takes another
-path inside the same op: (expert, 256-row tile) jobs decode their tile to bf16 -- exactly, every
-MXFP4 value is a bf16 -- into a scratch tensor that lives for the job only (weights stay packed,
+Prefill: the int8 kernel is compute-bound at many tokens per expert (weights decoded once per
+16-row x 32-column block and reused over 4 (AVX-512) or 2 (AVX2) tokens). So an expert with at
+least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: (expert,
+256-row tile) jobs decode their tile to bf16 -- exactly, every MXFP4 value is a bf16 -- into a
+scratch tensor that lives for the job only (weights stay packed,
 resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``at::mm``
 (oneDNN: AMX where present, AVX-512 BF16 / AVX2 otherwise), W13 then activation (kept in bf16)
 then W2; weighting and the per-token sum are shared with the int8 path. Its error is that of a
@@ -60,7 +60,7 @@ torch bf16 MoE on the dequantised weights (``mxfp4_reference``'s scheme): 0.5-0.
 independent of the precision setting. The weight decode is AVX2 on both ISA paths.
 
 Threads: every stage runs on torch's intra-op threads (``at::parallel_for``); GEMV jobs are
-(expert, 64-row block) pairs taken from a shared counter, so uneven experts balance.
+(expert, 256-row block) pairs taken from a shared counter, so uneven experts balance.
 """
 
 from __future__ import annotations
