@@ -24,9 +24,11 @@ tolerance, outside its 1 % aim. So the default, ``q8x2``, also quantises the res
 decoded once per token tile, so no extra weight traffic; the dot-product work doubles): the error
 becomes ~1/254 of Q8's and what remains is fp32 accumulation and the final rounding to ``x``'s
 dtype (bf16: 0.4 % of an element, ~0.3 % ``relative_error``). The tests hold both settings to
-the 2 % tolerance and ``q8x2`` to 1 %. Cost (bench/cpu_mxfp4_bench.py, shared 2-core host): free
-at 1 token (memory-bound), +30 % at 16 tokens on the int8 path (compute-bound), which is why
-``q8x2`` hands experts to the bf16 prefill path from 16 tokens and ``q8`` only from 64 (below);
+the 2 % tolerance and ``q8x2`` to 1 %. Cost (shared 2-core AVX-512 host, 16-row kernel): +10-25 %
+over ``q8`` at 1 token (2.4-2.9 ms against 2.1-2.3 ms, interleaved: ``q8`` is then at the read
+floor, ``q8x2`` is bound by its doubled dot products), more at several tokens per expert
+(compute-bound), which is why
+``q8x2`` hands experts to the bf16 prefill path from 32 tokens and ``q8`` only from 128 (below);
 ``q8`` stays the faster setting for long prompts on hosts without AMX.
 
 Format edge cases: E8M0 byte 255 (NaN in the OCP spec) yields non-finite outputs for the rows
@@ -80,13 +82,13 @@ PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
 # Tokens routed to one expert from which it takes the prefill path (bf16 tiles + at::mm) instead
-# of the Q8 GEMV, per activation precision. Measured (GPT-OSS-20B layer, 4 experts x c tokens,
-# 2 threads, AMD EPYC AVX-512 BF16 without AMX, load ~2): q8x2 GEMV 20.7 ms vs GEMM 21.1 ms at
-# c=16, 36.0 vs 26.6 at 24, 48.7 vs 31.5 at 32; q8 GEMV 23.3 vs 28.2 at 32, 47.0 vs 46.8 at 64.
-# The GEMM has a fixed cost (decoding the expert, ~3.5 ms) that the int8 GEMV does not, and q8
-# does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is faster
-# still, so these thresholds are conservative there.
-GEMM_MIN_TOKENS = {"q8x2": 16, "q8": 64}
+# of the Q8 GEMV, per activation precision. Measured with the 16-row kernel (GPT-OSS-20B layer,
+# 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, load 4-5, interleaved):
+# GEMM / GEMV time under q8x2 1.16-1.38 at c=16-24, 0.97-1.08 at 32-96; under q8 1.27-2.3 at
+# 16-128. (The row-major kernel crossed at 16 and 64.) The GEMM has a fixed cost (decoding the
+# expert) that the int8 GEMV does not, and q8 does half of q8x2's dot products, hence the later
+# crossover. On AMX hosts the GEMM is faster still, so these thresholds are conservative there.
+GEMM_MIN_TOKENS = {"q8x2": 32, "q8": 128}
 
 
 @cache
