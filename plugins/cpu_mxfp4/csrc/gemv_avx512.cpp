@@ -40,7 +40,7 @@ QR_AVX512 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const 
   const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kCodeTable)));
   const __m512i nib = _mm512_set1_epi8(0x0F);
   __m512 acc[M];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = w + b * kGroupBlockBytes;
@@ -56,7 +56,7 @@ QR_AVX512 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const 
     // documented), 255 -> +inf (the output becomes non-finite, as NaN scales should).
     const __m512 ws = _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * b))), 23));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int m = 0; m < M; ++m) {
       const uint8_t* a = act[m] + b * kQ8BlockBytes;
       __m512i d0 = bcast32(a + 32);  // the correction
@@ -75,7 +75,7 @@ QR_AVX512 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const 
                                acc[m]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int m = 0; m < M; ++m) _mm512_storeu_ps(out[m] + row, acc[m]);
 }
 
@@ -87,11 +87,17 @@ QR_AVX512 void gemv_avx512(const GemvJob& job) {
   for (int64_t row = job.row_begin; row < job.row_end; row += kRowGroup) {
     const uint8_t* w = job.blocks + (row / kRowGroup) * group_bytes;
     const uint8_t* s = job.scales + (row / kRowGroup) * group_scales;
-    // Token tiles of 4: the group's weights (16 x K/2 bytes, 23 KB at K=2880) come from L1/L2
-    // again for every further tile.
+    // Token tiles of up to 8 (8 accumulators + 8 decoded vectors fit the 32 registers; measured
+    // at 16 tokens, one thread, interleaved: 8-15 % faster than tiles of 4 under q8x2, 2-10 %
+    // under q8): the group's weights (16 x K/2 bytes, 23 KB at K=2880) come from L1/L2 again for
+    // every further tile.
     int64_t t = 0;
-    for (; t + 4 <= job.m; t += 4) group_tile<4>(w, s, nb, job.act + t, job.out + t, row);
+    for (; t + 8 <= job.m; t += 8) group_tile<8>(w, s, nb, job.act + t, job.out + t, row);
     switch (job.m - t) {
+      case 7: group_tile<7>(w, s, nb, job.act + t, job.out + t, row); break;
+      case 6: group_tile<6>(w, s, nb, job.act + t, job.out + t, row); break;
+      case 5: group_tile<5>(w, s, nb, job.act + t, job.out + t, row); break;
+      case 4: group_tile<4>(w, s, nb, job.act + t, job.out + t, row); break;
       case 3: group_tile<3>(w, s, nb, job.act + t, job.out + t, row); break;
       case 2: group_tile<2>(w, s, nb, job.act + t, job.out + t, row); break;
       case 1: group_tile<1>(w, s, nb, job.act + t, job.out + t, row); break;

@@ -9,7 +9,7 @@ AVX2 ``vpmaddubsw``/``vpmaddwd``) per 32-block, one vector lane per output row (
 side, see "Weight layout"), then one fp32 FMA per block with ``2^(e-127) * d / 2``. Bias,
 activation (SwiGLU-OAI or SiLU) and a second Q8 quantisation of the activation follow, then the w2
 GEMV and the routing-weighted sum per token. Several tokens per expert use the same kernel with
-each 32-block of 16 rows decoded once and reused over tiles of 4 (AVX-512) or 2 (AVX2) tokens.
+each 32-block of 16 rows decoded once and reused over tiles of 8 (AVX-512) or 2 (AVX2) tokens.
 
 Numerics -- what activation quantisation costs, and why there is a residual. The MXFP4 weights
 are used exactly (the int8 table holds 2x every E2M1 value). The approximation is rounding
@@ -51,7 +51,7 @@ into new tensors (the caller drops vLLM's, as the method does: resident bytes = 
 1.0x); rows past the last whole group of 16 stay row-major (a plain C loop computes them).
 
 Prefill: the int8 kernel is compute-bound at many tokens per expert (weights decoded once per
-16-row x 32-column block and reused over 4 (AVX-512) or 2 (AVX2) tokens). So an expert with at
+16-row x 32-column block and reused over 8 (AVX-512) or 2 (AVX2) tokens). So an expert with at
 least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: (expert,
 256-row tile) jobs decode their tile to bf16 -- exactly, every MXFP4 value is a bf16 -- into a
 scratch tensor that lives for the job only (weights stay packed,
