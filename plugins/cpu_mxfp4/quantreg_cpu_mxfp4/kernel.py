@@ -28,7 +28,7 @@ the 2 % tolerance and ``q8x2`` to 1 %. Cost (shared 2-core AVX-512 host, 16-row 
 over ``q8`` at 1 token (2.4-2.9 ms against 2.1-2.3 ms, interleaved: ``q8`` is then at the read
 floor, ``q8x2`` is bound by its doubled dot products), more at several tokens per expert
 (compute-bound), which is why
-``q8x2`` hands experts to the bf16 prefill path from 32 tokens and ``q8`` only from 128 (below);
+``q8x2`` hands experts to the bf16 prefill path from 48 tokens and ``q8`` only from 128 (below);
 ``q8`` stays the faster setting for long prompts on hosts without AMX.
 
 Format edge cases: E8M0 byte 255 (NaN in the OCP spec) yields non-finite outputs for the rows
@@ -83,12 +83,13 @@ ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
 # Tokens routed to one expert from which it takes the prefill path (bf16 tiles + at::mm) instead
 # of the Q8 GEMV, per activation precision. Measured with the 16-row kernel (GPT-OSS-20B layer,
-# 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, load 4-5, interleaved):
-# GEMM / GEMV time under q8x2 1.16-1.38 at c=16-24, 0.97-1.08 at 32-96; under q8 1.27-2.3 at
-# 16-128. (The row-major kernel crossed at 16 and 64.) The GEMM has a fixed cost (decoding the
-# expert) that the int8 GEMV does not, and q8 does half of q8x2's dot products, hence the later
-# crossover. On AMX hosts the GEMM is faster still, so these thresholds are conservative there.
-GEMM_MIN_TOKENS = {"q8x2": 32, "q8": 128}
+# 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, interleaved): GEMM / GEMV
+# time under q8x2 (token tiles of 8, load ~2.5) 1.78 at c=16, 1.27 at 32, 1.04 at 48, 0.86 at 64,
+# 0.84 at 96; under q8 (tiles of 4, load 4-5) 1.27-2.3 at 16-128. (The row-major kernel crossed
+# at 16 and 64.) The GEMM has a fixed cost (decoding the expert) that the int8 GEMV does not,
+# and q8 does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is
+# faster still, so these thresholds are conservative there.
+GEMM_MIN_TOKENS = {"q8x2": 48, "q8": 128}
 
 
 @cache
