@@ -9,8 +9,9 @@ The floor: one read pass (``_C.read_pass``: threaded 256-bit loads, XOR-reduced)
 packed bytes (nibbles + scales, w13 + w2) of the experts the same call routes to -- what any
 kernel that reads each routed weight once must at least spend. Kernel and floor calls are
 interleaved (A B A B ...), medians are reported, and the routed experts rotate from call to call
-over the whole layer (1 token: 4 disjoint experts per call, so a call's 53 MB come back only after
-the whole 423 MB / 1.7 GB layer, >= 4x this machine's last-level cache), so every call reads DRAM.
+over the whole layer (1 token: 4 experts per path and call, disjoint from the previous path's, so
+no path finds the one before it in the cache; they come back only after 6-8 paths' worth of the
+423 MB / 1.7 GB layer, >= 4x this machine's last-level cache), so every call reads DRAM.
 
 :func:`measure` is the building block, for other benchmarks (vLLM-layer comparisons) to call.
 
@@ -148,7 +149,8 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
     """Median ms of ``moe_forward`` per path, of the bf16 baselines and of the read floor, interleaved.
 
     ``paths``: ``"avx512"`` / ``"avx2"`` (default q8x2 activations), ``"<isa>/q8"``, and, with
-    ``baselines``, ``"mxfp4_reference"`` / ``"vllm_bf16"``. Same routing for every path per rep.
+    ``baselines``, ``"mxfp4_reference"`` / ``"vllm_bf16"``. Same routing for every path per rep,
+    except at 1 token (each path its own experts: see the module docstring).
     """
     from quantreg_cpu_mxfp4 import _C, kernel  # type: ignore[attr-defined]
 
@@ -162,11 +164,15 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
     floor_bytes: list[int] = []
     saved = {name: os.environ.get(name) for name in (kernel.ISA_ENV, kernel.PRECISION_ENV)}
     try:
+        every = [*paths, "floor"]
         for call in range(reps + 1):  # call 0 warms up (page tables, thread pool) and is dropped
-            ids = routed_ids(tokens, e, call)
-            used = torch.unique(ids).tolist()
-            pieces = [layer[name][i] for i in used for name in ("w13", "w13_scale", "w2", "w2_scale")]
-            for path in [*paths, "floor"]:
+            for index, path in enumerate(every):
+                # 1 token: every path of a call gets its own 4 experts (53 MB, more than the LLC
+                # holds), so no path finds the previous path's weights in the cache; more tokens
+                # touch most of the layer, so every path of a call shares one routing.
+                ids = routed_ids(tokens, e, call * len(every) + index if tokens == 1 else call)
+                used = torch.unique(ids).tolist()
+                pieces = [layer[name][i] for i in used for name in ("w13", "w13_scale", "w2", "w2_scale")]
                 start = time.perf_counter()
                 if path == "floor":
                     _C.read_pass(pieces)
@@ -181,7 +187,7 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
                 if call:
                     times[path].append(time.perf_counter() - start)
             if call:
-                floor_bytes.append(sum(p.numel() for p in pieces))
+                floor_bytes.append(sum(p.numel() for p in pieces))  # the floor's (last) pieces
     finally:
         for name, value in saved.items():
             if value is None:

@@ -57,6 +57,11 @@ class OptionalBuildExt(build_ext):
 
     def run(self) -> None:
         self._in_place = bool(self.inplace)
+        # A failure note from an earlier build in the same build directory would be installed
+        # beside a good extension (and name a failure that no longer holds).
+        stale = Path(self.build_lib) / "quantreg_cpu_mxfp4" / FAILURE_FILE
+        if stale.exists():
+            stale.unlink()
         try:
             super().run()
         except Exception as exc:  # compiler missing, compile or link error, ...

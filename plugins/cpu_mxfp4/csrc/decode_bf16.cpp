@@ -24,10 +24,26 @@ QR_AVX2 inline void store_bf16x16(uint16_t* dst, __m256 a, __m256 b) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), packed);
 }
 
+// The 16 packed bytes of (row, block b) in vLLM's order, from the 16-row interleave (gemv.h).
+QR_AVX2 inline __m128i row_block(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t row, int64_t b,
+                                 int64_t k, uint8_t* scale) {
+  const int64_t body = n - n % kRowGroup;
+  if (row >= body) {  // the row-major tail
+    *scale = scales[row * (k / 32) + b];
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(blocks + row * (k / 2) + b * 16));
+  }
+  const int64_t g = row / kRowGroup, r = row % kRowGroup;
+  const uint8_t* p = blocks + g * kRowGroup * (k / 2) + b * kGroupBlockBytes + r * 4;
+  *scale = scales[g * kRowGroup * (k / 32) + b * kRowGroup + r];
+  int32_t d[4];
+  for (int i = 0; i < 4; ++i) __builtin_memcpy(&d[i], p + 64 * i, 4);
+  return _mm_setr_epi32(d[0], d[1], d[2], d[3]);
+}
+
 }  // namespace
 
-QR_AVX2 void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t k,
-                                   uint16_t* dst) {
+QR_AVX2 void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t row0,
+                                   int64_t rows, int64_t k, uint16_t* dst) {
   float scale_of[256];
   scale_of[0] = 0.f;
   for (int s = 1; s < 255; ++s) scale_of[s] = __builtin_ldexpf(1.f, s - 128);
@@ -36,16 +52,15 @@ QR_AVX2 void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales,
   const __m128i nib = _mm_set1_epi8(0x0F);
   const int64_t nb = k / 32;
   for (int64_t r = 0; r < rows; ++r) {
-    const uint8_t* wrow = blocks + r * (k / 2);
-    const uint8_t* srow = scales + r * nb;
     uint16_t* out = dst + r * k;
     for (int64_t b = 0; b < nb; ++b) {
-      const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wrow + b * 16));
+      uint8_t sb;
+      const __m128i w = row_block(blocks, scales, n, row0 + r, b, k, &sb);
       const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(w, nib));
       const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(w, 4), nib));
       const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15
       const __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // elements 16..31
-      const __m256 sc = _mm256_set1_ps(scale_of[srow[b]]);
+      const __m256 sc = _mm256_set1_ps(scale_of[sb]);
       const __m256 f0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), sc);
       const __m256 f1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), sc);
       const __m256 f2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), sc);

@@ -1,4 +1,4 @@
-// Shared declarations of the ISA-specific MXFP4 x Q8 GEMV kernels.
+// Shared declarations of the ISA-specific MXFP4 x Q8 GEMV kernels, and the two layouts they read.
 //
 // This header (and the kernel files that include it) must stay free of torch and of any C++
 // standard-library template: the kernel files carry __attribute__((target(...))) functions, and
@@ -9,39 +9,53 @@
 
 namespace quantreg_cpu_mxfp4 {
 
-// Quantised activation layout ("Q8 groups"), the same for every ISA path. A row of K elements is
-// nb = K/32 blocks, grouped by 4 into ng = ceil(nb/4) groups of kGroupBytes bytes each:
-//   bytes   0..63  : int8, the even elements (0,2,..,30) of blocks 0..3, 16 per block in order
-//   bytes  64..127 : int8, the odd elements of blocks 0..3, same order
-//   bytes 128..191 : int32 x16, lane l = -12 * (sum of even and odd bytes 4l..4l+3): the
-//                    correction for the +12 offset that makes the weight codes unsigned
-//   bytes 192..255 : fp32 x16, lane l = (scale of block l/4) * 0.5 (the weight LUT holds
-//                    doubled E2M1 values)
-// Missing blocks of the last group are zero (int8 0, scale 0). Lane l of a dpbusd/maddubs+madd
-// over bytes 4l..4l+3 therefore belongs to block l/4, in both halves, for both ISAs.
-constexpr int kGroupBlocks = 4;
-constexpr int64_t kGroupBytes = 256;
+// Weight layout ("16-row interleave", made once at load by kernel.PackedExperts.from_vllm; the
+// same byte count as vLLM's row-major [N, K/2] blocks + [N, K/32] scales, in the same two
+// tensors). Why: at 1 token the GEMV is bound by instructions per weight byte and by how well
+// the hardware prefetcher follows the reads. In row-major order every 32-block of every row needs
+// its own scale conversion and horizontal reduction; interleaved, one vector lane is one row,
+// so a job reads one sequential stream and each 32-block of 16 rows costs one scale conversion
+// and no horizontal sum (the ggml/llama.cpp "repack" idea, here 16 rows x 4 bytes).
+// Per expert, rows [0, body) with body = N - N % 16 are stored by groups of 16 rows:
+//   blocks: group G at byte G * 16 * K/2; inside, 32-block b at b * 256; inside, dword d
+//           (0..3) at d * 64; inside, row r (0..15) at r * 4: bytes 4d..4d+3 of row 16G + r's
+//           block b (element 2j = low nibble of byte j, as in vLLM's layout);
+//   scales: group G at byte G * 16 * K/32; inside, block b at b * 16, row r at r.
+// Rows [body, N) (fewer than 16) stay row-major right after (row n at n * K/2 / n * K/32),
+// which is where the row-major layout has them too.
+constexpr int64_t kRowGroup = 16;
+constexpr int64_t kGroupBlockBytes = 256;  // one 32-block of 16 rows
+
+// Quantised activation layout ("Q8 blocks"), the same for every ISA path. A row of K elements
+// is nb = K/32 blocks of kQ8BlockBytes bytes each:
+//   bytes  0..31: int8 q, for d = 0..3: bytes 8d..8d+3 = elements 8d+0, 8d+2, 8d+4, 8d+6 (the
+//                 low nibbles of the weights' dword d), bytes 8d+4..8d+7 = elements 8d+1, +3,
+//                 +5, +7 (the high nibbles);
+//   bytes 32..35: int32, -12 * (sum of the 32 q): the correction for the +12 offset that makes
+//                 the weight codes unsigned (u8 x s8 dot products);
+//   bytes 36..39: fp32, the block's scale * 0.5 (the weight table holds doubled E2M1 values).
+constexpr int64_t kQ8BlockBytes = 40;
+
+// The 16-entry table both kernels and the scalar tail use: code c -> 12 + 2 * E2M1(c), 0..24.
+constexpr uint8_t kCodeTable[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 // Prefetch base + offset. The address is formed in integer arithmetic: it may lie past the end of
-// the tensor (the last quads prefetch rows that do not exist), where pointer arithmetic would be
-// undefined; a prefetch instruction never faults.
+// the tensor, where pointer arithmetic would be undefined; a prefetch instruction never faults.
 #define QR_PREFETCH(base, offset)                                                                    \
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) +                     \
                                              static_cast<uintptr_t>(offset)),                        \
                _MM_HINT_T0)
 
-inline int64_t q8_groups(int64_t k) { return (k / 32 + kGroupBlocks - 1) / kGroupBlocks; }
-
-// One GEMV job: rows [row_begin, row_end) of one expert's MXFP4 weight ([N, K/2] blocks,
-// [N, K/32] E8M0 scales, rows contiguous) times M quantised activations; writes
-// out[m][row] = sum_k W[row, k] * act_m[k] (fp32, no bias).
+// One GEMV job: rows [row_begin, row_end) of one expert's MXFP4 weight (the layout above; the
+// SIMD kernels take only whole 16-row groups, row_begin and row_end multiples of 16) times M
+// quantised activations; writes out[m][row] = sum_k W[row, k] * act_m[k] (fp32, no bias).
 struct GemvJob {
-  const uint8_t* blocks;
-  const uint8_t* scales;
+  const uint8_t* blocks;  // the expert's first byte
+  const uint8_t* scales;  // the expert's first scale
   int64_t k;
   int64_t row_begin;
   int64_t row_end;
-  const uint8_t* const* act;  // M pointers to Q8 groups
+  const uint8_t* const* act;  // M pointers to Q8 blocks
   float* const* out;          // M pointers to output rows (indexed by row)
   int64_t m;
 };
@@ -49,9 +63,11 @@ struct GemvJob {
 void gemv_avx2(const GemvJob& job);
 void gemv_avx512(const GemvJob& job);
 
-// Rows [0, rows) of one expert's MXFP4 weight ([rows, K/2] blocks, [rows, K/32] scales) -> bf16
-// bit patterns [rows, K], exactly (decode_bf16.cpp; the prefill path's scratch tile).
-void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t k, uint16_t* dst);
+// Rows [row0, row0 + rows) of one expert's MXFP4 weight (the layout above, the expert's N rows;
+// row0 a multiple of 16) -> bf16 bit patterns [rows, K], exactly (decode_bf16.cpp; the prefill
+// path's scratch tile).
+void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t row0, int64_t rows,
+                           int64_t k, uint16_t* dst);
 
 // XOR-reduce of n bytes with 256-bit loads: one read pass at full speed (the bench's floor).
 uint64_t read_pass_avx2(const uint8_t* p, int64_t n);

@@ -1,11 +1,12 @@
-// AVX2+FMA MXFP4 x Q8 GEMV: the baseline every x86-64 host with AVX2 runs. Compiled with a
-// target attribute (see gemv_avx512.cpp); same activation layout (gemv.h), processed as two
-// 256-bit halves (2 blocks each) per group of 4 blocks.
+// AVX2+FMA MXFP4 x Q8 GEMV over the 16-row interleave (gemv.h): the baseline every x86-64 host
+// with AVX2 runs. Compiled with a target attribute (see gemv_avx512.cpp); the same layouts, a
+// 16-row group processed as two 256-bit halves (lane r = row r of rows 0-7 / 8-15).
 //
-// Per half and token: vpshufb through the 12 + 2*E2M1 table (unsigned), vpmaddubsw against the
-// even and the odd activation bytes (|pair| <= 2*24*127 = 6096, so the int16 sum of both halves,
-// <= 12192, never saturates), one vpmaddwd by 1 -> int32 lanes of 4 bytes, plus the -12*sum
-// correction, to fp32, times weight scale * activation scale, FMA.
+// Per 32-block, half and token: vpshufb through the 12 + 2*E2M1 table (unsigned), vpmaddubsw of
+// the low / high nibble codes against the block's activation dwords broadcast from memory
+// (|pair| <= 2*24*127 = 6096, so the int16 sum of 4 of them, <= 24384, never saturates), one
+// vpmaddwd by 1 per 2 dwords -> the rows' int32 dot products, plus the -12*sum correction; to
+// fp32, times weight scale * activation scale, FMA. No horizontal sums (lanes are rows).
 #include <immintrin.h>
 
 #include <cstring>
@@ -19,122 +20,83 @@ namespace {
 
 #define QR_INLINE __attribute__((always_inline)) inline
 
-constexpr int64_t kPrefetchRows = 8;
+constexpr int64_t kAhead = 16 * kGroupBlockBytes;  // see gemv_avx512
 
-// Dword lanes 0..3 = 2^(e0 - 127), lanes 4..7 = 2^(e1 - 127) for the half's 2 E8M0 bytes
-// (little-endian in one uint16; a missing block is byte 0). Byte 0 -> +0, 255 -> +inf (gemv_avx512).
-QR_AVX2 QR_INLINE __m256 weight_scales(uint16_t packed) {
-  const __m256i pattern = _mm256_setr_epi32(
-      static_cast<int>(0x80808000), static_cast<int>(0x80808000), static_cast<int>(0x80808000),
-      static_cast<int>(0x80808000), static_cast<int>(0x80808001), static_cast<int>(0x80808001),
-      static_cast<int>(0x80808001), static_cast<int>(0x80808001));
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi16(static_cast<short>(packed)), pattern);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(bytes, 23));
+QR_AVX2 QR_INLINE __m256i bcast32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
 }
 
-// One half group (2 blocks = 64 weights per row) for R rows x M tokens; kTail: only 1 block left.
-template <int R, int M, bool kTail>
-QR_AVX2 QR_INLINE void half_step(const uint8_t* const* wrow, const uint8_t* const* srow,
-                                 const uint8_t* const* act, int64_t h, int64_t ahead, __m256 (&acc)[R][M]) {
-  const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                       12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+// One 16-row group times M (1 or 2) tokens -> out[m][row .. row + 15].
+template <int M>
+QR_AVX2 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const uint8_t* const* act,
+                        float* const* out, int64_t row) {
+  const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kCodeTable)));
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i lo[R], hi[R];
-  __m256 ws[R];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* p = wrow[r] + h * 32;
-    __m256i w;
-    uint16_t packed;
-    if (kTail) {
-      w = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-      packed = srow[r][h * 2];
-    } else {
-      if (h % 2 == 0) QR_PREFETCH(p, ahead);  // see gemv_avx512
-      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      std::memcpy(&packed, srow[r] + h * 2, 2);
+  __m256 acc[2][M];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m) acc[h][m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = w + b * kGroupBlockBytes;
+    const uint8_t* a[M];
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m) a[m] = act[m] + b * kQ8BlockBytes;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256i dot[M];
+#pragma GCC unroll 2
+      for (int m = 0; m < M; ++m) dot[m] = bcast32(a[m] + 32);  // the correction
+#pragma GCC unroll 2
+      for (int dd = 0; dd < 4; dd += 2) {
+        __m256i pair[M];
+#pragma GCC unroll 2
+        for (int d = dd; d < dd + 2; ++d) {
+          if (h == 0) QR_PREFETCH(wb, kAhead + 64 * d);
+          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 64 * d + 32 * h));
+          const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(x, nib));
+          const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(x, 4), nib));
+#pragma GCC unroll 2
+          for (int m = 0; m < M; ++m) {
+            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast32(a[m] + 8 * d)),
+                                               _mm256_maddubs_epi16(hi, bcast32(a[m] + 8 * d + 4)));
+            pair[m] = d == dd ? p : _mm256_add_epi16(pair[m], p);
+          }
+        }
+#pragma GCC unroll 2
+        for (int m = 0; m < M; ++m) dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(pair[m], ones));
+      }
+      // E8M0 -> 2^(e-127) (byte 0 -> +0, 255 -> +inf; see gemv_avx512) for this half's 8 rows.
+      const __m256 ws = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16 * b + 8 * h))), 23));
+#pragma GCC unroll 2
+      for (int m = 0; m < M; ++m) {
+        float as;
+        std::memcpy(&as, a[m] + 36, 4);
+        acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), _mm256_mul_ps(ws, _mm256_set1_ps(as)), acc[h][m]);
+      }
     }
-    lo[r] = _mm256_shuffle_epi8(lut, _mm256_and_si256(w, nib));
-    hi[r] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(w, 4), nib));
-    ws[r] = weight_scales(packed);
   }
-#pragma GCC unroll 4
-  for (int m = 0; m < M; ++m) {
-    // This half's 32 bytes of each 64-byte section of the group (gemv.h).
-    const uint8_t* a = act[m] + (h / 2) * kGroupBytes + (h % 2) * 32;
-    const __m256i even = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-    const __m256i odd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 64));
-    const __m256i corr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 128));
-    const __m256 as = _mm256_loadu_ps(reinterpret_cast<const float*>(a + 192));
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], even), _mm256_maddubs_epi16(hi[r], odd));
-      const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones), corr);
-      acc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(ws[r], as), acc[r][m]);
-    }
-  }
-}
-
-template <int R, int M>
-QR_AVX2 void tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_t nb,
-                  const uint8_t* const* act, float* const* out, int64_t row) {
-  __m256 acc[R][M];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) acc[r][m] = _mm256_setzero_ps();
-  const int64_t full = nb / 2;
-  const int64_t ahead = kPrefetchRows * nb * 16;  // see gemv_avx512
-  for (int64_t i = 0; i < 4 * nb; i += 64)
-    QR_PREFETCH(srow[0], kPrefetchRows * nb + i);
-  for (int64_t h = 0; h < full; ++h) half_step<R, M, false>(wrow, srow, act, h, ahead, acc);
-  if (nb % 2) half_step<R, M, true>(wrow, srow, act, full, ahead, acc);
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int m = 0; m < M; ++m) {
-      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
-      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-      const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-      out[m][row + r] = _mm_cvtss_f32(s1);
-    }
-}
-
-template <int R>
-QR_AVX2 void rows_tile(const uint8_t* const* wrow, const uint8_t* const* srow, int64_t nb,
-                       const uint8_t* const* act, float* const* out, int64_t row, int64_t m) {
-  int64_t t = 0;
-  for (; t + 2 <= m; t += 2) tile<R, 2>(wrow, srow, nb, act + t, out + t, row);
-  if (m - t == 1) tile<R, 1>(wrow, srow, nb, act + t, out + t, row);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 2
+    for (int m = 0; m < M; ++m) _mm256_storeu_ps(out[m] + row + 8 * h, acc[h][m]);
 }
 
 }  // namespace
 
 QR_AVX2 void gemv_avx2(const GemvJob& job) {
   const int64_t nb = job.k / 32;
-  const int64_t row_bytes = job.k / 2;
-  const int64_t chunk = 32;  // tokens per sweep of the job's rows (see gemv_avx512)
-  for (int64_t t0 = 0; t0 < job.m; t0 += chunk) {
-    const int64_t mt = job.m - t0 < chunk ? job.m - t0 : chunk;
-    const uint8_t* const* act = job.act + t0;
-    float* const* out = job.out + t0;
-    for (int64_t row = job.row_begin; row < job.row_end; row += 4) {
-      const int64_t rows = job.row_end - row < 4 ? job.row_end - row : 4;
-      const uint8_t* w[4];
-      const uint8_t* s[4];
-      for (int r = 0; r < 4; ++r) {
-        const int64_t rr = r < rows ? row + r : row;
-        w[r] = job.blocks + rr * row_bytes;
-        s[r] = job.scales + rr * nb;
-      }
-      switch (rows) {
-        case 4: rows_tile<4>(w, s, nb, act, out, row, mt); break;
-        case 3: rows_tile<3>(w, s, nb, act, out, row, mt); break;
-        case 2: rows_tile<2>(w, s, nb, act, out, row, mt); break;
-        default: rows_tile<1>(w, s, nb, act, out, row, mt); break;
-      }
-    }
+  const int64_t group_bytes = kRowGroup * job.k / 2, group_scales = kRowGroup * nb;
+  for (int64_t row = job.row_begin; row < job.row_end; row += kRowGroup) {
+    const uint8_t* w = job.blocks + (row / kRowGroup) * group_bytes;
+    const uint8_t* s = job.scales + (row / kRowGroup) * group_scales;
+    int64_t t = 0;
+    for (; t + 2 <= job.m; t += 2) group_tile<2>(w, s, nb, job.act + t, job.out + t, row);
+    if (job.m - t == 1) group_tile<1>(w, s, nb, job.act + t, job.out + t, row);
   }
 }
 

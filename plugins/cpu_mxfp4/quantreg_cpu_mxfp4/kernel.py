@@ -5,11 +5,11 @@ What runs (C++, ``csrc/``; torch's intra-op threads via ``at::parallel_for``): t
 32-block (Q8_0: one fp32 scale per block, ``d = max|x| / 127``); then, for the routed experts only,
 a fused MXFP4-dequant + GEMV reads each expert's packed bytes once: E2M1 codes become int8 through
 a 16-entry table of doubled values (``vpshufb``), int8 dot products (AVX-512 VNNI ``vpdpbusd`` or
-AVX2 ``vpmaddubsw``/``vpmaddwd``) per 32-block, then one fp32 FMA per block with
-``2^(e-127) * d / 2``. Bias, activation (SwiGLU-OAI or SiLU) and a second Q8 quantisation of the
-activation follow, then the w2 GEMV and the routing-weighted sum per token. Many tokens per expert
-use the same kernel with weights decoded once per 4-row x 128-column tile and reused over tiles of
-4 (AVX-512) or 2 (AVX2) tokens.
+AVX2 ``vpmaddubsw``/``vpmaddwd``) per 32-block, one vector lane per output row (16 rows side by
+side, see "Weight layout"), then one fp32 FMA per block with ``2^(e-127) * d / 2``. Bias,
+activation (SwiGLU-OAI or SiLU) and a second Q8 quantisation of the activation follow, then the w2
+GEMV and the routing-weighted sum per token. Several tokens per expert use the same kernel with
+each 32-block of 16 rows decoded once and reused over tiles of 8 (AVX-512) or 2 (AVX2) tokens.
 
 Numerics -- what activation quantisation costs, and why there is a residual. The MXFP4 weights
 are used exactly (the int8 table holds 2x every E2M1 value). The approximation is rounding
@@ -24,9 +24,11 @@ tolerance, outside its 1 % aim. So the default, ``q8x2``, also quantises the res
 decoded once per token tile, so no extra weight traffic; the dot-product work doubles): the error
 becomes ~1/254 of Q8's and what remains is fp32 accumulation and the final rounding to ``x``'s
 dtype (bf16: 0.4 % of an element, ~0.3 % ``relative_error``). The tests hold both settings to
-the 2 % tolerance and ``q8x2`` to 1 %. Cost (bench/cpu_mxfp4_bench.py, shared 2-core host): free
-at 1 token (memory-bound), +30 % at 16 tokens on the int8 path (compute-bound), which is why
-``q8x2`` hands experts to the bf16 prefill path from 16 tokens and ``q8`` only from 64 (below);
+the 2 % tolerance and ``q8x2`` to 1 %. Cost (shared 2-core AVX-512 host, 16-row kernel): +10-25 %
+over ``q8`` at 1 token (2.4-2.9 ms against 2.1-2.3 ms, interleaved: ``q8`` is then at the read
+floor, ``q8x2`` is bound by its doubled dot products), more at several tokens per expert
+(compute-bound), which is why
+``q8x2`` hands experts to the bf16 prefill path from 48 tokens and ``q8`` only from 128 (below);
 ``q8`` stays the faster setting for long prompts on hosts without AMX.
 
 Format edge cases: E8M0 byte 255 (NaN in the OCP spec) yields non-finite outputs for the rows
@@ -37,18 +39,22 @@ ISA choice: :func:`isa` reads ``QUANTREG_CPU_MXFP4_ISA`` on **every call** (so t
 paths in one process): ``avx2`` forces the baseline; ``avx512`` (or unset) asks for AVX-512
 (F/BW/VL/VNNI) and falls back to AVX2 where the CPU lacks it. AMX is never required.
 
-Weight layout: :class:`PackedExperts` keeps vLLM's layout as loaded (rows of packed nibbles
-``[E, N, K/2]`` and E8M0 bytes ``[E, N, K/32]``): the kernel streams 4 consecutive rows at a time
-straight from it (one contiguous region per 4-row quad), with software prefetch of the quad 8 rows
-further on, so no repack and no copy is needed (resident bytes = the input's, 1.0x) when the input
-is contiguous uint8; otherwise one contiguous copy is made. A ggml-style row-interleaved repack
-was not tried (see the bench for where the decode path stands against the read floor).
+Weight layout: :class:`PackedExperts` repacks vLLM's layout (rows of packed nibbles
+``[E, N, K/2]`` and E8M0 bytes ``[E, N, K/32]``) once at load into a 16-row interleave of the
+same byte count (``csrc/gemv.h``: per group of 16 rows and 32-block, dword ``d`` of the 16 rows
+side by side, then their 16 scale bytes in a second stream), so a vector lane is one output row:
+a GEMV job reads one sequential stream, and every 32-block of 16 rows costs one scale conversion
+and no horizontal sum. Measured before the repack (1 token, 20B layer, one thread): the
+row-major kernel took 0.72 ms per expert with its 13 MB in the last-level cache, against 0.19 ms
+for a read pass over the same bytes -- instruction-bound, not memory-bound. The repack is a copy
+into new tensors (the caller drops vLLM's, as the method does: resident bytes = packed bytes,
+1.0x); rows past the last whole group of 16 stay row-major (a plain C loop computes them).
 
-Prefill: the int8 kernel is compute-bound at many tokens per expert (tiled: 32 tokens x 4 rows
-per sweep, weights decoded once per 4-row x 128-column tile and reused over 4 (AVX-512) or 2
-(AVX2) tokens). So an expert with at least :data:`GEMM_MIN_TOKENS` routed tokens takes another
-path inside the same op: (expert, 256-row tile) jobs decode their tile to bf16 -- exactly, every
-MXFP4 value is a bf16 -- into a scratch tensor that lives for the job only (weights stay packed,
+Prefill: the int8 kernel is compute-bound at many tokens per expert (weights decoded once per
+16-row x 32-column block and reused over 8 (AVX-512) or 2 (AVX2) tokens). So an expert with at
+least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: (expert,
+256-row tile) jobs decode their tile to bf16 -- exactly, every MXFP4 value is a bf16 -- into a
+scratch tensor that lives for the job only (weights stay packed,
 resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``at::mm``
 (oneDNN: AMX where present, AVX-512 BF16 / AVX2 otherwise), W13 then activation (kept in bf16)
 then W2; weighting and the per-token sum are shared with the int8 path. Its error is that of a
@@ -56,7 +62,7 @@ torch bf16 MoE on the dequantised weights (``mxfp4_reference``'s scheme): 0.5-0.
 independent of the precision setting. The weight decode is AVX2 on both ISA paths.
 
 Threads: every stage runs on torch's intra-op threads (``at::parallel_for``); GEMV jobs are
-(expert, 64-row block) pairs taken from a shared counter, so uneven experts balance.
+(expert, 256-row block) pairs taken from a shared counter, so uneven experts balance.
 """
 
 from __future__ import annotations
@@ -76,13 +82,14 @@ PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
 # Tokens routed to one expert from which it takes the prefill path (bf16 tiles + at::mm) instead
-# of the Q8 GEMV, per activation precision. Measured (GPT-OSS-20B layer, 4 experts x c tokens,
-# 2 threads, AMD EPYC AVX-512 BF16 without AMX, load ~2): q8x2 GEMV 20.7 ms vs GEMM 21.1 ms at
-# c=16, 36.0 vs 26.6 at 24, 48.7 vs 31.5 at 32; q8 GEMV 23.3 vs 28.2 at 32, 47.0 vs 46.8 at 64.
-# The GEMM has a fixed cost (decoding the expert, ~3.5 ms) that the int8 GEMV does not, and q8
-# does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is faster
-# still, so these thresholds are conservative there.
-GEMM_MIN_TOKENS = {"q8x2": 16, "q8": 64}
+# of the Q8 GEMV, per activation precision. Measured with the 16-row kernel (GPT-OSS-20B layer,
+# 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, interleaved): GEMM / GEMV
+# time under q8x2 (token tiles of 8, load ~2.5) 1.78 at c=16, 1.27 at 32, 1.04 at 48, 0.86 at 64,
+# 0.84 at 96; under q8 (tiles of 4, load 4-5) 1.27-2.3 at 16-128. (The row-major kernel crossed
+# at 16 and 64.) The GEMM has a fixed cost (decoding the expert) that the int8 GEMV does not,
+# and q8 does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is
+# faster still, so these thresholds are conservative there.
+GEMM_MIN_TOKENS = {"q8x2": 48, "q8": 128}
 
 
 @cache
@@ -153,14 +160,41 @@ def isa() -> str:
     return "avx512" if _supports("avx512") else "avx2"
 
 
+ROW_GROUP = 16
+
+
+def _body_rows(n: int) -> int:
+    """Rows stored in 16-row groups; the rest (``n % 16``) stay row-major after them."""
+    return n - n % ROW_GROUP
+
+
+def _interleave(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's row-major ``[E, N, K/2]`` / ``[E, N, K/32]`` -> the 16-row interleave (new tensors, same shapes)."""
+    e, n, half = blocks.shape
+    nb, body = half // 16, _body_rows(n)
+    groups = body // ROW_GROUP
+    out_b = torch.empty_like(blocks, memory_format=torch.contiguous_format)
+    out_s = torch.empty_like(scales, memory_format=torch.contiguous_format)
+    flat_b, flat_s = out_b.view(e, n * half), out_s.view(e, n * nb)
+    # dwords as int32 elements: 4 bytes move together, [E, G, row, block, d] -> [E, G, block, d, row]
+    src = blocks[:, :body].contiguous().view(torch.int32).view(e, groups, ROW_GROUP, nb, 4)
+    flat_b[:, :body * half].view(torch.int32).view(e, groups, nb, 4, ROW_GROUP).copy_(src.permute(0, 1, 3, 4, 2))
+    flat_b[:, body * half:] = blocks[:, body:].reshape(e, -1)
+    flat_s[:, :body * nb].view(e, groups, nb, ROW_GROUP).copy_(
+        scales[:, :body].reshape(e, groups, ROW_GROUP, nb).permute(0, 1, 3, 2))
+    flat_s[:, body * nb:] = scales[:, body:].reshape(e, -1)
+    return out_b, out_s
+
+
 @dataclass(frozen=True)
 class PackedExperts:
     """One MXFP4 weight stack (all experts of w13 or of w2) in the kernel's layout, made once at load.
 
-    ``blocks`` uint8 ``[E, N, K/2]`` (element ``2j`` = low nibble of byte ``j``) and ``scales``
-    uint8 ``[E, N, K/32]`` (E8M0), contiguous. This is vLLM's parameter layout, which the kernel
-    reads directly (see the module docstring), so :meth:`from_vllm` shares the input's storage
-    when it can: the caller may drop its own references afterwards.
+    ``blocks`` uint8 ``[E, N, K/2]`` and ``scales`` uint8 ``[E, N, K/32]`` (E8M0), contiguous,
+    the same shapes and byte count as vLLM's parameters but in the 16-row interleave the kernel
+    streams (module docstring; ``csrc/gemv.h``). :meth:`from_vllm` makes them from vLLM's
+    row-major parameters (a copy: the caller drops its own references afterwards, so resident
+    memory stays the packed bytes); :meth:`to_vllm` gives the row-major form back.
     """
 
     blocks: torch.Tensor
@@ -168,7 +202,7 @@ class PackedExperts:
 
     @classmethod
     def from_vllm(cls, blocks: torch.Tensor, scales: torch.Tensor) -> PackedExperts:
-        """Check vLLM's ``w*_weight`` / ``w*_weight_scale`` and wrap them (copy only if not contiguous)."""
+        """Check vLLM's ``w*_weight`` / ``w*_weight_scale`` (row-major) and repack them for the kernel."""
         if blocks.dim() != 3 or scales.dim() != 3:
             raise ValueError(f"expected blocks [E, N, K/2] and scales [E, N, K/32], got {tuple(blocks.shape)} "
                              f"and {tuple(scales.shape)}")
@@ -183,9 +217,24 @@ class PackedExperts:
         if tuple(scales.shape) != (e, n, k // BLOCK_SIZE):
             raise ValueError(f"scales {tuple(scales.shape)} do not match blocks {tuple(blocks.shape)}: expected "
                              f"{(e, n, k // BLOCK_SIZE)}")
-        blocks = blocks.detach().view(torch.uint8).contiguous()
-        scales = scales.detach().view(torch.uint8).contiguous()
-        return cls(blocks, scales)
+        with torch.no_grad():
+            return cls(*_interleave(blocks.detach().view(torch.uint8), scales.detach().view(torch.uint8)))
+
+    def to_vllm(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row-major ``(blocks, scales)`` vLLM loaded (new tensors): the inverse of :meth:`from_vllm`."""
+        e, n, half = self.blocks.shape
+        nb, body = half // 16, _body_rows(n)
+        groups = body // ROW_GROUP
+        blocks = torch.empty_like(self.blocks)
+        scales = torch.empty_like(self.scales)
+        src_b, src_s = self.blocks.view(e, n * half), self.scales.view(e, n * nb)
+        blocks[:, :body].view(torch.int32).view(e, groups, ROW_GROUP, nb, 4).copy_(
+            src_b[:, :body * half].view(torch.int32).view(e, groups, nb, 4, ROW_GROUP).permute(0, 1, 4, 2, 3))
+        blocks[:, body:] = src_b[:, body * half:].view(e, n - body, half)
+        scales[:, :body].view(e, groups, ROW_GROUP, nb).copy_(
+            src_s[:, :body * nb].view(e, groups, nb, ROW_GROUP).permute(0, 1, 3, 2))
+        scales[:, body:] = src_s[:, body * nb:].view(e, n - body, nb)
+        return blocks, scales
 
     @property
     def num_experts(self) -> int:

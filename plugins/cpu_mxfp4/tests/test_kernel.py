@@ -272,15 +272,22 @@ def test_non_finite_scale_and_input_propagate(isa: str) -> None:
     assert not torch.isfinite(out[0]).all() and torch.isfinite(out[1]).all()
 
 
-def test_packed_experts_resident_bytes() -> None:
-    blocks, scales = random_mxfp4((4, 96, 160), seed=1)
-    packed = kernel.PackedExperts.from_vllm(blocks, scales)
-    assert (packed.num_experts, packed.rows, packed.cols) == (4, 96, 160)
-    inputs = blocks.numel() + scales.numel()
-    assert packed.nbytes <= 1.1 * inputs
-    assert packed.blocks.data_ptr() == blocks.data_ptr()  # contiguous uint8: shared, no copy
+def test_packed_experts_repack_is_same_size_and_reversible() -> None:
+    """The load-time 16-row interleave keeps the byte count, leaves vLLM's tensors as they were, and inverts."""
+    for rows in (96, 37, 8):  # whole 16-row groups; groups and a row-major tail; only a tail
+        blocks, scales = random_mxfp4((4, rows, 160), seed=rows)
+        before = blocks.clone(), scales.clone()
+        packed = kernel.PackedExperts.from_vllm(blocks, scales)
+        assert (packed.num_experts, packed.rows, packed.cols) == (4, rows, 160)
+        assert packed.nbytes == blocks.numel() + scales.numel()
+        assert packed.blocks.shape == blocks.shape and packed.scales.shape == scales.shape
+        assert packed.blocks.is_contiguous() and packed.scales.is_contiguous()
+        assert torch.equal(blocks, before[0]) and torch.equal(scales, before[1])
+        assert rows < 16 or not torch.equal(packed.blocks, blocks)  # really reordered
+        back = packed.to_vllm()
+        assert torch.equal(back[0], blocks) and torch.equal(back[1], scales)
     strided = kernel.PackedExperts.from_vllm(blocks.transpose(0, 1).contiguous().transpose(0, 1), scales)
-    assert strided.blocks.is_contiguous() and torch.equal(strided.blocks, blocks)
+    assert strided.blocks.is_contiguous() and torch.equal(strided.to_vllm()[0], blocks)
 
 
 def test_status_and_isa_env(monkeypatch: pytest.MonkeyPatch) -> None:
