@@ -94,10 +94,16 @@ def _owners(top: str) -> tuple[str, ...]:
                 name = None
             names.add(str(name) if name else Path(info).name.split("-", 1)[0])
         return tuple(sorted(names))
+    return _scanned_owners().get(top, ())
+
+
+@functools.lru_cache(maxsize=1)
+def _scanned_owners() -> dict[str, tuple[str, ...]]:
+    """The full scan :func:`_owners` falls back to, once per process (not once per missed name)."""
     try:
-        return tuple(sorted(set(metadata.packages_distributions().get(top, ()))))
+        return {k: tuple(sorted(set(v))) for k, v in metadata.packages_distributions().items()}
     except Exception:  # broken metadata of some unrelated distribution must not stop the fingerprint
-        return ()
+        return {}
 
 
 def package_name(path: str) -> str | None:
