@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .keys import Key
 from .methods import keeps_vllm
 from .table.file import Rule
-from .table.verify import VerifySpec
+
+if TYPE_CHECKING:
+    from .table.verify import VerifySpec
 
 NOT_TRIED = "not tried"
 """How a chain step after the chosen one starts its reason."""

@@ -21,7 +21,6 @@ from .mode import strict_problem
 from .plugins import PluginFailure, Plugins
 from .problems import Problem, describe, did_you_mean, name_list
 from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
-from .table.verify import FLOAT64
 
 CONFIG_ENV = settings.CONFIG
 
@@ -233,6 +232,8 @@ def verify_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
         spec = rule.verify
         if spec is None:
             continue
+        from .table.verify import FLOAT64  # a rule has verify:, so the module is loaded already
+
         where = (table.path, rule.verify_line or rule.line, f"rules[{i}].verify")
         if rule.methods and all(keeps_vllm(m) for m in rule.methods):
             problems.append(Problem(*where, "can never run: the rule's method is 'vllm' (vLLM's own method is not "

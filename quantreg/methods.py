@@ -17,13 +17,14 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .environment import PROBE_TIMEOUT_ENV, installed_vllm_version, module_available, probe_timeout
-from .host import FLAGS_ENV as HOST_FLAGS_ENV
-from .host import HostFacts, host_facts
 from .keys import WILDCARD, Key
 from .version_spec import check_specifier, satisfies
+
+if TYPE_CHECKING:  # quantreg.host is read when a method's availability is asked, not at start-up
+    from .host import HostFacts
 
 Probe = Callable[[], "tuple[bool, str]"]
 
@@ -113,9 +114,12 @@ class Method:
             return Availability(True, "vLLM's own method")
         if not self.runs_on(device):
             return Availability(False, f"runs on {', '.join(self.devices)}, not {device}")
-        missing = host_shortfall(self.host, host_facts())
-        if missing is not None:
-            return Availability(False, missing)
+        if self.host:
+            from .host import host_facts
+
+            missing = host_shortfall(self.host, host_facts())
+            if missing is not None:
+                return Availability(False, missing)
         for module in self.requires:
             if not module_available(module):
                 return Availability(False, f"requires module '{module}', which is not installed")
@@ -217,7 +221,9 @@ def host_shortfall(requirements: tuple[str, ...], facts: HostFacts) -> str | Non
     else:
         shown = facts.notable_flags
         have = f"{_article(facts.kind)} {facts.kind} CPU (flags: {', '.join(shown) if shown else 'none of note'})"
-    simulated = f"; flags simulated by {HOST_FLAGS_ENV}" if facts.simulated else ""
+    from .host import FLAGS_ENV
+
+    simulated = f"; flags simulated by {FLAGS_ENV}" if facts.simulated else ""
     plural = "s" if len(missing) > 1 else ""
     return f"needs cpu flag{plural} {', '.join(missing)}, this host has {have}{simulated}"
 

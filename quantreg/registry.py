@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .decision import NOT_TRIED, Candidate, ChainStep, Decision, rule_json, why_lost, why_won
-from .host import host_facts
 from .index import Index
 from .keys import Key
 from .loading import load
@@ -169,6 +168,8 @@ class Registry:
                 fallback += f"; and {vllm_here.reason}"
             chosen = VLLM_METHOD
         options = winner.options if fallback is None else {}
+        from .host import host_facts  # on the first decision, not at import: register() decides nothing
+
         return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback,
                         host=host_facts().as_json())
 

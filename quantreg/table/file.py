@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..keys import FIELDS, WILDCARD, Match
 from ..methods import Method, valid_name
@@ -22,8 +22,10 @@ from . import cache as tablecache
 from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
 from .located import file_identity as _file_identity
 from .methods import parse_methods
-from .tuned import TunedEvidence, parse_tuned
-from .verify import FLOAT64_FORMATS, VerifySpec, parse_verify
+
+if TYPE_CHECKING:  # the two optional rule keys' modules are imported when a rule has the key
+    from .tuned import TunedEvidence
+    from .verify import VerifySpec
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
@@ -212,11 +214,15 @@ class _Checker:
             self.fail(key_lines.get("note"), f"{where}.note", f"expected a string, got {type_name(note)}")
         verify = None
         if "verify" in item:
+            from .verify import FLOAT64_FORMATS, parse_verify
+
             verify = parse_verify(item["verify"], f"{where}.verify", key_lines.get("verify", line), self.fail,
                                   # a broken match is reported already; do not add a float64 complaint to it
                                   match.quant_format if match is not None else FLOAT64_FORMATS)
         tuned = None
         if "tuned" in item:
+            from .tuned import parse_tuned
+
             tuned = parse_tuned(item["tuned"], f"{where}.tuned", key_lines.get("tuned", line), self.fail)
         if len(self.problems) > before or match is None:
             if methods:  # the name and reference checks still apply to what could be read

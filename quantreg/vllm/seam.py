@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..decision import Decision
 from ..environment import ENVIRONMENT
@@ -34,7 +34,9 @@ from ..problems import Problem, QuantregError, describe, printable
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup
 from .context import RunSettings, layer_key, report_problems, run_settings
-from .coverage import MARK, METHOD, Coverage, signature_problem
+
+if TYPE_CHECKING:
+    from .coverage import Coverage
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -50,8 +52,18 @@ class Seam:
         self.patched: type[Any] | None = None
         self.logged: set[Key] = set()
         self.settings: RunSettings | None = None
-        self.coverage = Coverage(self)
+        self._coverage: Coverage | None = None
         self.signature_warned = False
+
+    @property
+    def coverage(self) -> Coverage:
+        """The subclass coverage, made on first use: :mod:`.coverage` is imported only once vLLM
+        imports its MoE module, not by every ``register()`` (the start-up budget, docs/design.md)."""
+        if self._coverage is None:
+            from .coverage import Coverage
+
+            self._coverage = Coverage(self)
+        return self._coverage
 
     # -- installing ----------------------------------------------------------------------
     def patch_module(self, module: ModuleType) -> None:
@@ -61,6 +73,7 @@ class Seam:
         is not ``(self, prefix, quant_config, moe_config)``: a changed seam means vLLM now passes
         something quantreg does not know, and guessing could break every layer build.
         """
+        from .coverage import MARK, METHOD, signature_problem
         cls = getattr(module, CLASS, None)
         original = getattr(cls, METHOD, None) if cls is not None else None
         if cls is None or original is None:
@@ -96,11 +109,14 @@ class Seam:
         with self.lock:
             cls, self.patched = self.patched, None
             if cls is not None:
+                from .coverage import MARK, METHOD
+
                 current = cls.__dict__.get(METHOD)
                 original = getattr(current, MARK, None)
                 if original is not None:
                     setattr(cls, METHOD, original)
-            self.coverage.uninstall()
+            if self._coverage is not None:
+                self._coverage.uninstall()
             self.logged.clear()
             self.settings = None
 
