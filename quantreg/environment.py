@@ -14,7 +14,11 @@ from collections.abc import Mapping
 from importlib import metadata
 
 from . import settings
+from .files import ReadRefused, read_regular
 from .problems import Problem
+
+_HEADER_BYTES = 64 << 10
+"""Read of a METADATA file's start: its Name and Version headers come first."""
 
 VLLM_PLUGIN_GROUP = "vllm.general_plugins"
 HOOK_NAME = "quantreg"
@@ -74,10 +78,48 @@ def guess_device() -> str:
 
 
 def dist_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or ``None`` if it is not installed."""
     try:
-        return metadata.version(name)
+        dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
         return None
+    return dist_name_version(dist)[1]
+
+
+def dist_name_version(dist: metadata.Distribution) -> tuple[str | None, str | None]:
+    """(``Name``, ``Version``) from a distribution's metadata headers, read once.
+
+    Why not ``dist.name`` / ``dist.version``: each of those parses the whole METADATA file with
+    the ``email`` package, again on every access (~0.5 ms each here), and ``register()`` asks for
+    the names and versions of quantreg, its plugins, vLLM and the distributions that own the
+    packaged tables in every vLLM process. Both fields are single-line headers before the first
+    blank line (core metadata, every version), so the header block is scanned as text. A path
+    distribution's file is read through the one bounded reader (a FIFO or a huge METADATA
+    planted in a dist-info never blocks start-up: ``(None, None)``, which callers show as ``?``);
+    only a distribution from another kind of finder is asked through ``dist.metadata``.
+    """
+    where = getattr(dist, "_path", None)  # a PathDistribution's .dist-info/.egg-info directory
+    if not isinstance(where, (str, os.PathLike)):
+        try:
+            parsed = dist.metadata
+            return (parsed["Name"] or None), (parsed["Version"] or None)
+        except Exception:  # unreadable metadata: the caller says '?'
+            return None, None
+    text = ""
+    for filename in ("METADATA", "PKG-INFO"):
+        try:
+            text = read_regular(os.path.join(str(where), filename), _HEADER_BYTES, head=True).decode("utf-8", "replace")
+            break
+        except (ReadRefused, OSError):
+            continue
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():  # the end of the header block
+            break
+        field, sep, value = line.partition(":")
+        if sep and field in ("Name", "Version") and field not in found:
+            found[field] = value.strip()
+    return found.get("Name") or None, found.get("Version") or None
 
 
 #: vLLM's distribution names seen so far: upstream (CUDA, and source builds such as vllm-gaudi's)

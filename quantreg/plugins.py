@@ -31,6 +31,7 @@ from typing import Any
 import pluggy
 
 from . import builtin, hookspecs, settings
+from .environment import dist_name_version, dist_version
 from .hookspecs import PROJECT
 from .problems import describe, printable
 
@@ -300,7 +301,8 @@ def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
         dist = ep.dist
         if dist is None:
             return "?", "?"
-        return str(dist.name or "?"), str(dist.version or "?")
+        name, version = dist_name_version(dist)
+        return str(name or "?"), str(version or "?")
     except Exception:  # broken METADATA must not stop discovery of the other plugins
         return "?", "?"
 
@@ -314,7 +316,4 @@ def _validation_message(exc: Exception) -> str:
 
 
 def _own_version() -> str:
-    try:
-        return metadata.version("quantreg")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    return dist_version("quantreg") or "0+unknown"

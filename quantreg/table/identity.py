@@ -23,6 +23,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from ..environment import dist_name_version
 from ..files import ReadRefused, read_regular
 
 #: Largest ``top_level.txt`` / ``RECORD`` read (torch's RECORD is ~2 MB).
@@ -89,7 +90,7 @@ def _owners(top: str) -> tuple[str, ...]:
         names = set()
         for info in candidates:
             try:
-                name = metadata.PathDistribution(Path(info)).metadata["Name"]
+                name = dist_name_version(metadata.PathDistribution(Path(info)))[0]
             except Exception:  # unreadable metadata of this distribution: its directory name stands in
                 name = None
             names.add(str(name) if name else Path(info).name.split("-", 1)[0])
