@@ -24,8 +24,9 @@ Against the issue's comparison goals (20B layer, 1 / 16 / 256 tokens, the same c
   ``vllm._custom_ops``, what ``CPUUnquantizedExperts.apply`` calls; ISA ``amx`` where the host has
   AMX, else ``vec``, as vLLM picks) on the same weights exactly dequantised and prepacked the way
   ``process_weights_after_loading`` does; 1.6 GB of bf16 rotate the same way;
-* vLLM's ``CPUExpertsMxfp4``: AMX hosts only; this bench does not drive it yet (reported as
-  such), and on hosts without AMX it is "not measurable here" (vLLM refuses MXFP4 there).
+* vLLM's ``CPUExpertsMxfp4``: AMX hosts only; this bench does not drive its raw ops (reported as
+  such: ``bench/tune_bench.py`` measures it through real vLLM layers at the same shape), and on
+  hosts without AMX it is "not measurable here" (vLLM refuses MXFP4 there).
 
 The 1-token comparison is repeated (``rounds``) because the machine is shared: each round is a
 full interleaved measurement, and the ratios of every round are reported.
@@ -145,12 +146,13 @@ class Bf16Baselines:
 
 
 def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[str],
-            baselines: Bf16Baselines | None = None) -> dict[str, Any]:
+            baselines: Bf16Baselines | None = None, flush: torch.Tensor | None = None) -> dict[str, Any]:
     """Median ms of ``moe_forward`` per path, of the bf16 baselines and of the read floor, interleaved.
 
     ``paths``: ``"avx512"`` / ``"avx2"`` (default q8x2 activations), ``"<isa>/q8"``, and, with
     ``baselines``, ``"mxfp4_reference"`` / ``"vllm_bf16"``. Same routing for every path per rep,
-    except at 1 token (each path its own experts: see the module docstring).
+    except at 1 token (each path its own experts: see the module docstring). ``flush``: a buffer
+    read (untimed) before every timed call, on hosts whose last-level cache could hold the layer.
     """
     from quantreg_cpu_mxfp4 import _C, kernel  # type: ignore[attr-defined]
 
@@ -173,6 +175,8 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
                 ids = routed_ids(tokens, e, call * len(every) + index if tokens == 1 else call)
                 used = torch.unique(ids).tolist()
                 pieces = [layer[name][i] for i in used for name in ("w13", "w13_scale", "w2", "w2_scale")]
+                if flush is not None:  # evict the LLC: the weights must come from DRAM, as in serving
+                    _C.read_pass([flush])
                 start = time.perf_counter()
                 if path == "floor":
                     _C.read_pass(pieces)
@@ -223,18 +227,25 @@ def run(quick: bool) -> list[Metric]:
     # counters, which inference tensors lack (in vLLM the weights are ordinary parameters too).
     with torch.no_grad():
         layer = random_layer(32, seed=20)
-        assert sum(t.numel() for t in layer.values()) >= 4 * llc, "20B layer smaller than 4x the LLC"
+        layer_bytes = sum(t.numel() for t in layer.values())
+        # Rotating the routed experts keeps the calls in DRAM only if the layer is >= 4x the LLC; a
+        # host with a larger LLC (an Intel Xeon VM here reports 480 MiB L3) gets an untimed read of
+        # twice the LLC before every timed call instead.
+        flush = None if layer_bytes >= 4 * llc else torch.ones(2 * llc, dtype=torch.uint8)
+        host["llc_flush_mb"] = 0 if flush is None else 2 * llc / 2**20
+        host["layer_20b_mb"] = layer_bytes / 2**20
         baselines = Bf16Baselines(layer)
         for tokens, reps in ((1, 15 if quick else 41), (16, 7 if quick else 21), (256, 3 if quick else 7)):
-            results[f"20b_{tokens}"] = measure(layer, tokens, reps, compared, baselines)
+            results[f"20b_{tokens}"] = measure(layer, tokens, reps, compared, baselines, flush)
             results[f"20b_{tokens}"]["load_average"] = load_average()
         for _ in range(1 if quick else 2):  # the 1-token ratios again: the machine is shared
-            r = measure(layer, 1, 15 if quick else 41, compared, baselines)
+            r = measure(layer, 1, 15 if quick else 41, compared, baselines, flush)
             one_token_rounds.append({"load_average": load_average(), **{
                 k: r[k] for k in (f"{best}_ms", "vllm_bf16_ms", "mxfp4_reference_ms", "floor_ms")}})
         del baselines, layer
         layer = random_layer(128, seed=120)
-        results["120b_1"] = measure(layer, 1, 15 if quick else 41, paths)
+        results["120b_1"] = measure(layer, 1, 15 if quick else 41, paths,
+                                    flush=flush if sum(t.numel() for t in layer.values()) < 4 * llc else None)
         del layer
 
     def line(key: str) -> str:
@@ -260,7 +271,8 @@ def run(quick: bool) -> list[Metric]:
             "goal_met": r["vllm_bf16_ms"] / r[f"{best}_ms"] >= goal, "load_average": r["load_average"]}
     one_token_speedups = [r["vllm_bf16_ms"] / r[f"{best}_ms"] for r in one_token_rounds]
     vllm_mxfp4 = ("not measurable here: no AMX (vLLM refuses GPT-OSS MXFP4 on this host)"
-                  if facts["host_kind"] != "amx" else "AMX host: not driven by this bench yet")
+                  if facts["host_kind"] != "amx" else "AMX host: measured through real vLLM layers by the tune "
+                  "group (tune_20b_vllm), not by this bench")
 
     def side_by_side(tokens: int) -> str:
         v = vs_bf16[str(tokens)]
