@@ -117,9 +117,10 @@ def dist_name_version(dist: metadata.Distribution) -> tuple[str | None, str | No
         if not line.strip():  # the end of the header block
             break
         field, sep, value = line.partition(":")
-        if sep and field in ("Name", "Version") and field not in found:
+        field = field.strip().lower()  # header names are case-insensitive, as in the email parse
+        if sep and field in ("name", "version") and field not in found:
             found[field] = value.strip()
-    return found.get("Name") or None, found.get("Version") or None
+    return found.get("name") or None, found.get("version") or None
 
 
 #: vLLM's distribution names seen so far: upstream (CUDA, and source builds such as vllm-gaudi's)

@@ -39,6 +39,8 @@ def test_header_block_only_and_egg_info(tmp_path: Path) -> None:
     assert dist_name_version(dist) == ("demo-pkg", "1.2")
     egg = write_dist(tmp_path, "old.egg-info", "PKG-INFO", "Metadata-Version: 1.0\nName: old\nVersion: 0.1\n")
     assert dist_name_version(egg) == ("old", "0.1")
+    lower = write_dist(tmp_path, "lower-3.dist-info", "METADATA", "metadata-version: 2.1\nname: lower\nVERSION: 3\n")
+    assert dist_name_version(lower) == ("lower", "3") == (lower.metadata["Name"], lower.version)
     missing = write_dist(tmp_path, "nameless-1.dist-info", "METADATA", "Metadata-Version: 2.1\nVersion: 1\n")
     assert dist_name_version(missing) == (None, "1")  # the callers show '?'
     empty = tmp_path / "empty-1.dist-info"
