@@ -11,7 +11,6 @@ use (PEP 562), so a vLLM start-up that needs none of them does not pay for their
 
 from typing import TYPE_CHECKING, Any
 
-from .decision import Candidate, ChainStep, Decision
 from .hookspecs import hookimpl
 from .keys import Key, Match
 from .methods import VLLM_METHOD, Availability, BuildContext, Method
@@ -21,6 +20,7 @@ from .table.file import Layer, Rule
 
 if TYPE_CHECKING:
     from .answer import Answer
+    from .decision import Candidate, ChainStep, Decision
     from .findings import Finding
     from .keepers import QuantConfigKeeper, keeps_quant_config
     from .vllm_limits import VllmLimitation
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 #: Public name -> the module that holds it, imported on first use.
 _LAZY = {
     "Answer": "answer",
+    "Candidate": "decision",
+    "ChainStep": "decision",
+    "Decision": "decision",
     "Finding": "findings",
     "QuantConfigKeeper": "keepers",
     "keeps_quant_config": "keepers",

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from . import environment
-from .decision import Decision, rule_json
+from .decision import Decision
 from .envelope import envelope, left_out, left_out_lines
 from .host import FLAGS_ENV, host_facts
 from .keys import Key
@@ -34,7 +34,7 @@ from .loading import load_tables
 from .problems import printable, problem_json
 from .registry import Registry
 from .table import cache as tablecache
-from .table.file import Layer
+from .table.file import Layer, rule_json
 from .table.schema import table_schema
 
 

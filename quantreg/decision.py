@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .keys import Key
 from .methods import keeps_vllm
-from .table.file import Rule
+from .table.file import Rule, rule_json  # rule_json: re-exported (explain --json)
 
 if TYPE_CHECKING:
     from .table.verify import VerifySpec
@@ -154,28 +154,3 @@ def why_lost(rule: Rule, winner: Rule) -> str:
     if rule.match.specificity != winner.match.specificity:
         return f"less specific ({rule.match.specificity} < {winner.match.specificity} named fields)"
     return f"lower priority ({rule.priority} < {winner.priority})"
-
-
-def rule_json(rule: Rule) -> dict[str, Any]:
-    """A rule as JSON (``quantreg rules``, ``explain --json``, the fingerprint); ``verify`` only when set,
-    so tables without it keep their JSON and fingerprint."""
-    data: dict[str, Any] = {
-        "path": rule.path,
-        "line": rule.line,
-        "layer": str(rule.layer),
-        "match": {
-            "quant_format": list(rule.match.quant_format) if rule.match.quant_format else "*",
-            "model_type": list(rule.match.model_type) if rule.match.model_type else "*",
-            "device": list(rule.match.device) if rule.match.device else "*",
-        },
-        "method": list(rule.methods),
-        "options": dict(rule.options),
-        "priority": rule.priority,
-        "specificity": rule.match.specificity,
-        "note": rule.note,
-    }
-    if rule.verify is not None:
-        data["verify"] = rule.verify.to_json()
-    if rule.tuned is not None:
-        data["tuned"] = dict(rule.tuned.raw)
-    return data

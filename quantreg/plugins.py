@@ -32,6 +32,7 @@ import pluggy
 
 from . import builtin, hookspecs, settings
 from .environment import dist_name_version, dist_version
+from .files import ReadRefused, read_regular
 from .hookspecs import PROJECT
 from .problems import describe, printable
 
@@ -177,7 +178,7 @@ class Plugins:
     def load_entry_points(self) -> None:
         allow = _names(self.env, ALLOW_ENV)
         deny = _names(self.env, DENY_ENV) or set()
-        eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+        eps = sorted(group_entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name)
         seen: dict[str, tuple[str, str]] = {}  # entry-point name -> (distribution, value) kept
         for ep in eps:
             dist, version = _dist_of(ep)
@@ -286,6 +287,45 @@ class Plugins:
                 else:
                     registered.append((plugin, item))
         return registered
+
+
+_ENTRY_POINTS_BYTES = 16 << 20
+"""Largest entry_points.txt read (a few KB in practice)."""
+
+
+def group_entry_points(group: str) -> list[metadata.EntryPoint]:
+    """``importlib.metadata.entry_points(group=group)``, without parsing every distribution's file.
+
+    Why: the standard call parses the ``entry_points.txt`` of every installed distribution (167
+    in vLLM's venv, torch's and vLLM's console scripts included) into ``EntryPoint`` objects
+    before it selects the group: ~3.9 ms of every vLLM process's start-up, right after vLLM's own
+    plugin loader did the same scan. This keeps what the standard call does (the same
+    distributions in ``sys.path`` order, its uniqueness rule: the first distribution of a
+    normalized name wins, by importlib's own key; the same parse of each file that can hold the
+    group) and skips parsing a file without the text ``[group]``, which cannot declare it (a
+    section header is that text on a line of its own). On an importlib without the key, or a
+    distribution that is not a directory on disk, the standard call.
+    """
+    marker = f"[{group}]"
+    seen: set[str] = set()
+    found: list[metadata.EntryPoint] = []
+    for dist in metadata.distributions():
+        key = getattr(dist, "_normalized_name", None)  # what metadata.entry_points() deduplicates by
+        if not isinstance(key, str):
+            return list(metadata.entry_points(group=group))
+        if key in seen:  # shadowed by a distribution of that name earlier on sys.path
+            continue
+        seen.add(key)
+        where = getattr(dist, "_path", None)  # a PathDistribution's .dist-info/.egg-info directory
+        if not isinstance(where, (str, os.PathLike)):
+            return list(metadata.entry_points(group=group))
+        try:  # the one bounded reader: a FIFO planted as entry_points.txt never blocks start-up
+            text = read_regular(os.path.join(str(where), "entry_points.txt"), _ENTRY_POINTS_BYTES)
+        except ReadRefused:  # none (most distributions), or not a regular file
+            continue
+        if marker.encode() in text:
+            found.extend(ep for ep in dist.entry_points if ep.group == group)
+    return found
 
 
 def _type_name(value: object) -> str:

@@ -15,7 +15,6 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .decision import NOT_TRIED, Candidate, ChainStep, Decision, rule_json, why_lost, why_won
 from .index import Index
 from .keys import Key
 from .loading import load
@@ -23,9 +22,10 @@ from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
 from .problems import Problem
-from .table.file import Rule, TableFile, TableHeader
+from .table.file import Rule, TableFile, TableHeader, rule_json
 
 if TYPE_CHECKING:
+    from .decision import Decision
     from .findings import Finding
     from .vllm_limits import VllmLimitation
 
@@ -144,6 +144,8 @@ class Registry:
         return found
 
     def _decide(self, key: Key) -> Decision:
+        from .decision import NOT_TRIED, Candidate, ChainStep, Decision, why_lost, why_won  # on the first decision
+
         matched = self.index.candidates(key)
         if not matched:
             return Decision(key, VLLM_METHOD, None, {}, (), (), None)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
+import threading
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from core_support import GOOD_METHODS, PluginSite, faults, plugin_failures, run_
 
 import quantreg
 from quantreg import Key, Layer, Registry
-from quantreg.plugins import Plugins
+from quantreg.plugins import Plugins, group_entry_points
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -410,3 +413,53 @@ def test_the_same_distribution_seen_twice_is_not_a_fault(plugin_site: PluginSite
     importlib.invalidate_caches()
     registry = Registry.build(env={"QUANTREG_PLUGINS": "twice"})
     assert faults(registry) == [] and "good_one" in registry.methods
+
+
+def _eps(eps: list[metadata.EntryPoint] | metadata.EntryPoints) -> list[tuple[str, str, str, str]]:
+    return [(ep.name, ep.value, ep.group, ep.dist.metadata["Name"] if ep.dist else "?") for ep in eps]
+
+
+@pytest.mark.parametrize("group", ["quantreg", "vllm.general_plugins", "console_scripts", "pytest11", "no.such.group"])
+def test_group_entry_points_is_importlibs_answer_for_every_installed_distribution(group: str) -> None:
+    """The start-up scan (issue 24's budget) skips parsing files that cannot hold the group: the
+    answer must be exactly ``metadata.entry_points(group=...)``'s, in its order, on the real venv."""
+    ours, theirs = _eps(group_entry_points(group)), _eps(metadata.entry_points(group=group))
+    assert ours == theirs
+    if group == "console_scripts":
+        assert len(ours) > 10  # not vacuous: pip, pytest, quantreg, vllm, ...
+
+
+def _dist(site: Path, name: str, entry_points: str | None) -> None:
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    if entry_points is not None:
+        (info / "entry_points.txt").write_text(entry_points)
+
+
+def test_group_entry_points_keeps_importlibs_shadowing_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A distribution earlier on sys.path shadows one of the same name later, with or without the group."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    _dist(first, "qr_shadow_a", "[quantreg]\na = mod_a:plugin\n")
+    _dist(second, "qr_shadow_a", "[quantreg]\nb = mod_b:plugin\n")
+    _dist(first, "qr_shadow_b", "[console_scripts]\nx = m:f\n")  # no [quantreg] in the first copy
+    _dist(second, "qr_shadow_b", "[quantreg]\nc = mod_c:plugin\n")
+    _dist(second, "qr_mentions", "# [quantreg] in a comment only\n[other]\nd = m:f\n")
+    monkeypatch.syspath_prepend(str(second))
+    monkeypatch.syspath_prepend(str(first))
+    ours = _eps(group_entry_points("quantreg"))
+    assert ours == _eps(metadata.entry_points(group="quantreg"))
+    names = [name for name, _, _, dist in ours if dist.startswith("qr_")]
+    assert names == ["a"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_group_entry_points_never_blocks_on_a_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _dist(tmp_path, "qr_fifo", None)
+    os.mkfifo(tmp_path / "qr_fifo-1.0.dist-info" / "entry_points.txt")  # no writer: an open would block
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result: list[list[metadata.EntryPoint]] = []
+    worker = threading.Thread(target=lambda: result.append(group_entry_points("quantreg")), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert result and all(ep.dist is None or ep.dist.metadata["Name"] != "qr_fifo" for ep in result[0])

@@ -193,10 +193,10 @@ def test_fingerprint_mismatch_between_processes(tmp_path: Path) -> None:
 #: and torch / vLLM themselves (vLLM's MoE module is patched when vLLM imports it).
 REGISTER_DENIED = ("torch", "vllm", "quantreg.testing", "quantreg.tune", "jsonschema", "yaml", "quantreg.answer",
                    "quantreg.findings", "quantreg.vllm_limits", "quantreg.audit", "quantreg.plan", "quantreg.cli",
-                   # imported on use: a rule with verify:/tuned:, the first decision (host facts), the first
+                   # imported on use: a rule with verify:/tuned:, the first decision (host facts, Decision), the first
                    # time vLLM imports its MoE module (subclass coverage); register() itself decides nothing
                    "quantreg.table.verify", "quantreg.table.tuned", "quantreg.error_measure", "quantreg.host",
-                   "quantreg.vllm.coverage")
+                   "quantreg.vllm.coverage", "quantreg.decision")
 
 BUDGET_CHILD = """
 import json, sys

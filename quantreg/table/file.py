@@ -77,6 +77,32 @@ class Rule:
         return (int(self.layer), self.match.specificity, self.priority)
 
 
+def rule_json(rule: Rule) -> dict[str, Any]:
+    """A rule as JSON (``quantreg rules``, ``explain --json``, the fingerprint); ``verify`` only when set,
+    so tables without it keep their JSON and fingerprint. Beside :class:`Rule`, not in
+    :mod:`quantreg.decision`: ``register()`` fingerprints the rules and decides nothing."""
+    data: dict[str, Any] = {
+        "path": rule.path,
+        "line": rule.line,
+        "layer": str(rule.layer),
+        "match": {
+            "quant_format": list(rule.match.quant_format) if rule.match.quant_format else "*",
+            "model_type": list(rule.match.model_type) if rule.match.model_type else "*",
+            "device": list(rule.match.device) if rule.match.device else "*",
+        },
+        "method": list(rule.methods),
+        "options": dict(rule.options),
+        "priority": rule.priority,
+        "specificity": rule.match.specificity,
+        "note": rule.note,
+    }
+    if rule.verify is not None:
+        data["verify"] = rule.verify.to_json()
+    if rule.tuned is not None:
+        data["tuned"] = dict(rule.tuned.raw)
+    return data
+
+
 @dataclass(frozen=True)
 class TableHeader:
     """A file's top-level settings, known whenever its YAML is a mapping, even if rules are rejected.

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..decision import Decision
 from ..environment import ENVIRONMENT
 from ..keys import Key
 from ..methods import BuildContext
@@ -36,6 +35,7 @@ from . import multinode, startup
 from .context import RunSettings, layer_key, report_problems, run_settings
 
 if TYPE_CHECKING:
+    from ..decision import Decision
     from .coverage import Coverage
 
 logger = logging.getLogger("vllm.quantreg")

@@ -46,16 +46,18 @@ import multiprocessing
 import os
 import sys
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import settings
-from ..decision import Decision
 from ..mode import Mode, decide_mode
 from ..problems import QuantregError
 from ..registry import Registry
 from ..table.file import Layer
 from .context import ADDITIONAL_CONFIG_KEY, RunSettings, _current_vllm_config, parse_run_settings
 from .fingerprint import PublishedFingerprint
+
+if TYPE_CHECKING:
+    from ..decision import Decision
 
 logger = logging.getLogger("vllm.quantreg")
 
