@@ -426,7 +426,7 @@ def test_group_entry_points_is_importlibs_answer_for_every_installed_distributio
     ours, theirs = _eps(group_entry_points(group)), _eps(metadata.entry_points(group=group))
     assert ours == theirs
     if group == "console_scripts":
-        assert len(ours) > 10  # not vacuous: pip, pytest, quantreg, vllm, ...
+        assert {"pip", "pytest", "quantreg"} <= {name for name, *_ in ours}  # not vacuous, in any venv
 
 
 def _dist(site: Path, name: str, entry_points: str | None) -> None:
