@@ -86,6 +86,16 @@ def dist_version(name: str) -> str | None:
     return dist_name_version(dist)[1]
 
 
+def dist_directory(dist: metadata.Distribution) -> str | None:
+    """The ``.dist-info`` / ``.egg-info`` path of a distribution found on disk, else ``None``.
+
+    importlib keeps it private (``PathDistribution._path``); quantreg reads files there itself,
+    through the one bounded reader, so this is the one place that touches the attribute.
+    """
+    where = getattr(dist, "_path", None)
+    return str(where) if isinstance(where, (str, os.PathLike)) else None
+
+
 def dist_name_version(dist: metadata.Distribution) -> tuple[str | None, str | None]:
     """(``Name``, ``Version``) from a distribution's metadata headers, read once.
 
@@ -98,8 +108,8 @@ def dist_name_version(dist: metadata.Distribution) -> tuple[str | None, str | No
     planted in a dist-info never blocks start-up: ``(None, None)``, which callers show as ``?``);
     only a distribution from another kind of finder is asked through ``dist.metadata``.
     """
-    where = getattr(dist, "_path", None)  # a PathDistribution's .dist-info/.egg-info directory
-    if not isinstance(where, (str, os.PathLike)):
+    where = dist_directory(dist)
+    if where is None:
         try:
             parsed = dist.metadata
             return (parsed["Name"] or None), (parsed["Version"] or None)
@@ -108,7 +118,7 @@ def dist_name_version(dist: metadata.Distribution) -> tuple[str | None, str | No
     text = ""
     for filename in ("METADATA", "PKG-INFO"):
         try:
-            text = read_regular(os.path.join(str(where), filename), _HEADER_BYTES, head=True).decode("utf-8", "replace")
+            text = read_regular(os.path.join(where, filename), _HEADER_BYTES, head=True).decode("utf-8", "replace")
             break
         except (ReadRefused, OSError):
             continue

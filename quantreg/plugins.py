@@ -31,7 +31,7 @@ from typing import Any
 import pluggy
 
 from . import builtin, hookspecs, settings
-from .environment import dist_name_version, dist_version
+from .environment import dist_directory, dist_name_version, dist_version
 from .files import ReadRefused, read_regular
 from .hookspecs import PROJECT
 from .problems import describe, printable
@@ -316,11 +316,11 @@ def group_entry_points(group: str) -> list[metadata.EntryPoint]:
         if key in seen:  # shadowed by a distribution of that name earlier on sys.path
             continue
         seen.add(key)
-        where = getattr(dist, "_path", None)  # a PathDistribution's .dist-info/.egg-info directory
-        if not isinstance(where, (str, os.PathLike)):
+        where = dist_directory(dist)
+        if where is None:
             return list(metadata.entry_points(group=group))
         try:  # the one bounded reader: a FIFO planted as entry_points.txt never blocks start-up
-            text = read_regular(os.path.join(str(where), "entry_points.txt"), _ENTRY_POINTS_BYTES)
+            text = read_regular(os.path.join(where, "entry_points.txt"), _ENTRY_POINTS_BYTES)
         except ReadRefused:  # none (most distributions), or not a regular file
             continue
         if marker.encode() in text:
