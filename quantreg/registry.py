@@ -144,7 +144,9 @@ class Registry:
         return found
 
     def _decide(self, key: Key) -> Decision:
-        from .decision import NOT_TRIED, Candidate, ChainStep, Decision, why_lost, why_won  # on the first decision
+        # on the first decision, not at import: register() decides nothing
+        from .decision import NOT_TRIED, Candidate, ChainStep, Decision, why_lost, why_won
+        from .host import host_facts
 
         matched = self.index.candidates(key)
         if not matched:
@@ -170,8 +172,6 @@ class Registry:
                 fallback += f"; and {vllm_here.reason}"
             chosen = VLLM_METHOD
         options = winner.options if fallback is None else {}
-        from .host import host_facts  # on the first decision, not at import: register() decides nothing
-
         return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback,
                         host=host_facts().as_json())
 

@@ -74,6 +74,7 @@ class Seam:
         something quantreg does not know, and guessing could break every layer build.
         """
         from .coverage import MARK, METHOD, signature_problem
+
         cls = getattr(module, CLASS, None)
         original = getattr(cls, METHOD, None) if cls is not None else None
         if cls is None or original is None:
