@@ -61,6 +61,7 @@ def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> 
     three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
     containment, "still ..." warning, the type check of each registered ``Finding`` and its
     fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
+    from .hookcall import remade
     from .plugins import PluginFailure
 
     findings: list[Finding] = []
@@ -71,7 +72,7 @@ def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> 
             findings.append(Finding("error", f"hook {HOOK} registered level {printable(str(item.level))!r} (expected "
                                     f"one of {', '.join(LEVELS)}): {printable(item.message)}", plugin=plugin))
         else:
-            findings.append(Finding(item.level, printable(item.message), item.key, plugin))
+            findings.append(remade(Finding, item, message=printable(item.message), plugin=plugin))
     return findings
 
 

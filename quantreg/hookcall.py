@@ -215,3 +215,19 @@ def value_problem(item: Any, hint: Any, fields: bool = True) -> str | None:
     except BaseException as exc:  # an item whose attributes or repr raise is a fault, not a crash
         return f"the registered item cannot be inspected: {describe(exc)}"
     return None
+
+
+T = typing.TypeVar("T")
+
+
+def remade(cls: type[T], item: Any, plain: Callable[[Any], Any] = lambda v: v, **changes: Any) -> T:
+    """A ``cls`` made from *every* init field of ``item`` (each passed through ``plain``), then ``changes``.
+
+    Why: a registered value is kept as quantreg's own type (not a plugin's subclass, whose
+    attributes could raise later) and stamped with the registering plugin. Copies written out
+    field by field forgot fields twice (``expert_layout``, then ``host``: a plugin's CPU needs
+    were ignored); made from :func:`dataclasses.fields`, a field added to a value type is kept
+    without anyone remembering to copy it.
+    """
+    values = {f.name: plain(getattr(item, f.name)) for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    return cls(**{**values, **changes})

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import builtin, settings
 from .environment import setting_problems
+from .hookcall import remade
 from .index import Index, ambiguity_problems
 from .methods import Method, check_method, keeps_vllm
 from .mode import strict_problem
@@ -101,22 +102,21 @@ def collect_methods(registered: Iterable[tuple[str, Any]], failures: list[Plugin
 
 
 def _plain_method(method: Method, plugin: str) -> Method:
-    """A copy of a checked registration made of exact ``str`` and ``tuple`` values.
+    """A copy of a checked registration, made from every field of :class:`Method`, of exact ``str``
+    and ``tuple`` values, owned by ``plugin``.
 
     Why: a plugin may pass ``str`` subclasses (whose ``__eq__``/``__lt__`` could raise later,
     in sorting or fingerprinting inside vLLM) or lists; ``str.__str__`` copies the text
-    without calling any override.
+    without calling any override. Every field is copied (:func:`~quantreg.hookcall.remade`).
     """
-    def text(value: Any) -> Any:
-        return str.__str__(value) if isinstance(value, str) else value
+    def plain(value: Any) -> Any:
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, (list, tuple)):
+            return tuple(plain(v) for v in value)
+        return value
 
-    def texts(values: Any) -> Any:
-        return None if values is None else tuple(text(v) for v in values)
-
-    return Method(name=text(method.name), target=text(method.target), devices=texts(method.devices),
-                  requires=texts(method.requires), vllm_version=text(method.vllm_version), probe=text(method.probe),
-                  description=text(method.description), options=texts(method.options),
-                  expert_layout=text(method.expert_layout), plugin=plugin)
+    return remade(Method, method, plain, plugin=plugin)
 
 
 def load_tables(

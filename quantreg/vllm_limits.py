@@ -187,11 +187,13 @@ def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str
     A hook that raises is recorded among the registry's plugin failures by
     :meth:`Plugins.call_each`; a wrong item is returned here as a fault line.
     """
+    from .hookcall import remade
+
     found: list[VllmLimitation] = []
     faults: list[str] = []
     for name, item in plugins.call_each("register_vllm_limitations", inline_failures=True):
         if isinstance(item, VllmLimitation):  # type and fields checked by the one caller (quantreg.hookcall)
-            found.append(VllmLimitation(**{**item.__dict__, "plugin": name}))
+            found.append(remade(VllmLimitation, item, plugin=name))
         else:  # a PluginFailure: the hook raised, or registered something that is not a valid VllmLimitation
             faults.append(str(item))
     return found, faults
