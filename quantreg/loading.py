@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import builtin, settings
 from .environment import setting_problems
@@ -20,8 +20,12 @@ from .index import Index, ambiguity_problems
 from .methods import Method, check_method, keeps_vllm
 from .mode import strict_problem
 from .plugins import PluginFailure, Plugins
-from .problems import Problem, describe, did_you_mean, name_list
+from .problems import Problem, describe, did_you_mean, name_list, printable
 from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
+
+if TYPE_CHECKING:  # read when a tool asks for findings or limitations, not in every vLLM start-up
+    from .findings import Finding, Resolve
+    from .vllm_limits import VllmLimitation
 
 CONFIG_ENV = settings.CONFIG
 
@@ -254,3 +258,50 @@ def verify_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
                 f"method '{spec.against}' runs on {', '.join(against.devices)}, never on the rule's device "
                 f"({', '.join(devices)}): this verification can never run"))
     return problems
+
+
+# -- what plugins say beside their methods and tables (asked when a tool needs it) -----------------
+
+def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> list[Finding]:
+    """Ask every plugin's ``doctor_findings(register, resolve, device)`` (any subset of the
+    three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
+    containment, "still ..." warning, the type check of each registered ``Finding`` and its
+    fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
+    from .findings import HOOK, LEVELS, Finding
+
+    findings: list[Finding] = []
+    for plugin, item in plugins.call_each(HOOK, inline_failures=True, resolve=resolve, device=device):
+        if isinstance(item, PluginFailure):
+            findings.append(Finding("error", f"hook {HOOK} {printable(item.message)}", plugin=plugin))
+        elif item.level not in LEVELS:
+            findings.append(Finding("error", f"hook {HOOK} registered level {printable(str(item.level))!r} (expected "
+                                    f"one of {', '.join(LEVELS)}): {printable(item.message)}", plugin=plugin))
+        else:
+            findings.append(remade(Finding, item, message=printable(item.message), plugin=plugin))
+    return findings
+
+
+def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str]]:
+    """Limitations registered by plugins through ``register_vllm_limitations``, and faults.
+
+    A hook that raises is recorded among the registry's plugin failures by
+    :meth:`Plugins.call_each`; a wrong item is returned here as a fault line.
+    """
+    from .vllm_limits import VllmLimitation
+
+    found: list[VllmLimitation] = []
+    faults: list[str] = []
+    for name, item in plugins.call_each("register_vllm_limitations", inline_failures=True):
+        if isinstance(item, VllmLimitation):  # type and fields checked by the one caller (quantreg.hookcall)
+            found.append(remade(VllmLimitation, item, plugin=name))
+        else:  # a PluginFailure: the hook raised, or registered something that is not a valid VllmLimitation
+            faults.append(str(item))
+    return found, faults
+
+
+def all_limitations(plugins: Plugins | None) -> tuple[list[VllmLimitation], list[str]]:
+    """Built-in limitations plus those of ``plugins`` (if given), and plugin faults."""
+    from .vllm_limits import BUILTIN_LIMITATIONS
+
+    extra, faults = plugin_limitations(plugins) if plugins is not None else ([], [])
+    return [*BUILTIN_LIMITATIONS, *extra], faults

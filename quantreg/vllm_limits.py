@@ -18,13 +18,10 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .host import AMX_FLAGS, FLAGS_ENV, HostFacts, host_facts, parse_cpuinfo
 from .keys import WILDCARD, Key
-
-if TYPE_CHECKING:
-    from .plugins import Plugins
 
 Check = Callable[[], bool]
 PatternValue = str | tuple[str, ...]
@@ -179,43 +176,17 @@ BUILTIN_LIMITATIONS: tuple[VllmLimitation, ...] = (
 )
 
 
-# -- the plugin hook (its spec is quantreg.hookspecs.register_vllm_limitations) --------------
-
-def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str]]:
-    """Limitations registered by plugins through ``register_vllm_limitations``, and faults.
-
-    A hook that raises is recorded among the registry's plugin failures by
-    :meth:`Plugins.call_each`; a wrong item is returned here as a fault line.
-    """
-    from .hookcall import remade
-
-    found: list[VllmLimitation] = []
-    faults: list[str] = []
-    for name, item in plugins.call_each("register_vllm_limitations", inline_failures=True):
-        if isinstance(item, VllmLimitation):  # type and fields checked by the one caller (quantreg.hookcall)
-            found.append(remade(VllmLimitation, item, plugin=name))
-        else:  # a PluginFailure: the hook raised, or registered something that is not a valid VllmLimitation
-            faults.append(str(item))
-    return found, faults
-
-
 def vllm_backend_note(key: Key | tuple[str, str, str],
                       limitations: Iterable[VllmLimitation] | None = None) -> str | None:
     """The note for ``key`` if vLLM's own method is known to fail for it on this host, else ``None``.
 
     ``limitations`` defaults to :data:`BUILTIN_LIMITATIONS`; pass those of
-    :func:`plugin_limitations` as well to include plugins' knowledge. Several notes are joined.
+    :func:`quantreg.loading.plugin_limitations` as well to include plugins' knowledge. Several notes are joined.
     """
     key = Key(*key)
     pool: Sequence[VllmLimitation] = tuple(BUILTIN_LIMITATIONS if limitations is None else limitations)
     notes = [lim.note() for lim in pool if lim.matches(key) and lim.holds()]
     return "; ".join(notes) if notes else None
-
-
-def all_limitations(plugins: Plugins | None) -> tuple[list[VllmLimitation], list[str]]:
-    """Built-in limitations plus those of ``plugins`` (if given), and plugin faults."""
-    extra, faults = plugin_limitations(plugins) if plugins is not None else ([], [])
-    return [*BUILTIN_LIMITATIONS, *extra], faults
 
 
 def describe(limitations: Iterable[VllmLimitation]) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import quantreg
-from quantreg import Decision, Finding, Key, vllm_limits
+from quantreg import Decision, Finding, Key, loading, vllm_limits
 from quantreg import plan as planmod
 from quantreg.methods import Method
 from quantreg.plugins import Plugins
@@ -313,7 +313,7 @@ def _limits_plugins(*plugins: tuple[str, object]) -> Plugins:
 
 def test_plugins_add_limitations_through_the_hook() -> None:
     pl = _limits_plugins(("npu_vendor", SimpleNamespace(register_vllm_limitations=register_vllm_limitations)))
-    found, faults = vllm_limits.plugin_limitations(pl)
+    found, faults = loading.plugin_limitations(pl)
     assert faults == [] and [f.plugin for f in found] == ["npu_vendor"]
     note = vllm_backend_note(Key("gpt_oss_mxfp4", "gpt_oss", "npu"), [*vllm_limits.BUILTIN_LIMITATIONS, *found])
     assert note == ("vLLM's own method will fail for this key here: the accelerator's runtime has no MXFP4 kernel "
@@ -326,7 +326,7 @@ def test_a_bad_limitation_registration_is_a_fault_naming_the_plugin() -> None:
         register("not a limitation")
 
     pl = _limits_plugins(("sloppy", SimpleNamespace(register_vllm_limitations=register_vllm_limitations)))
-    found, faults = vllm_limits.plugin_limitations(pl)
+    found, faults = loading.plugin_limitations(pl)
     assert found == [] and faults == ["plugin 'sloppy', hook 'register_vllm_limitations': register() expects a "
                                       "quantreg.VllmLimitation, got str"]
 

@@ -24,7 +24,7 @@ import pytest
 from core_support import PluginSite, run_quantreg
 
 import quantreg
-from quantreg.hookcall import hook_names, registered_type
+from quantreg.hookspecs import hook_names, registered_type
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
