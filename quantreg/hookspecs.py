@@ -73,15 +73,16 @@ def register_quant_config_keepers(register: Callable[[QuantConfigKeeper], None])
 
 @hookspec
 def doctor_findings(register: Callable[[Finding], None], resolve: Callable[[Key], Decision],
-                    device: str | None) -> None:
+                    device: str) -> None:
     """Say what your stack does to keys on this host: call ``register(quantreg.Finding(level, message, key))``.
 
     ``resolve(key)`` answers from the tables of the asking tool (``doctor``, ``explain``,
     ``plan`` with their ``--config`` tables, or the start-up decision); ``device`` is vLLM's
-    device, or ``None`` when it is unknown. Implementations may take any subset of the three
-    arguments. Every tool asks this one hook (:mod:`quantreg.answer`), so what a plugin says
-    here is what ``explain``, ``plan`` and ``doctor`` print: never re-derived in core. Keep it
-    cheap and free of torch/vLLM imports.
+    device or, when a tool runs outside vLLM and none is given, the one vLLM would most likely
+    report (never ``None``). Implementations may take any subset of the three arguments. Every
+    tool asks this one hook (:mod:`quantreg.answer`), so what a plugin says here is what
+    ``explain``, ``plan`` and ``doctor`` print: never re-derived in core. Keep it cheap and free
+    of torch/vLLM imports.
     """
 
 

@@ -267,10 +267,14 @@ def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> 
     three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
     containment, "still ..." warning, the type check of each registered ``Finding`` and its
     fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
+    from .environment import guess_device
     from .findings import HOOK, LEVELS, Finding
 
     findings: list[Finding] = []
-    for plugin, item in plugins.call_each(HOOK, inline_failures=True, resolve=resolve, device=device):
+    # A device always: vLLM's, or (a tool run outside vLLM) the one it would most likely report, so no
+    # plugin has to guess it with core's helpers (plugin #1 once imported quantreg.environment to).
+    here = device if device is not None else guess_device()
+    for plugin, item in plugins.call_each(HOOK, inline_failures=True, resolve=resolve, device=here):
         if isinstance(item, PluginFailure):
             findings.append(Finding("error", f"hook {HOOK} {printable(item.message)}", plugin=plugin))
         elif item.level not in LEVELS:
