@@ -516,3 +516,12 @@ class SkipPolicy:
                 report.outcome = "failed"
                 report.longrepr = verdict
         return report
+
+
+# -- what a table choosing plugin #1's reference gets here (issue 31.4) ------------------------
+
+#: ``mxfp4_reference`` declares ``requires=("torch", "vllm")``: where both are installed a rule naming it
+#: gets it; where either is absent (core + plugin #1 without torch) its chain falls through to vLLM's own
+#: method, which is what the registry chooses and what tests must then expect.
+REFERENCE_RUNS = importable("torch") and importable("vllm")
+REFERENCE = "mxfp4_reference" if REFERENCE_RUNS else "vllm"
