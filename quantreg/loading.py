@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # read when a tool asks for findings or limitations, not in e
     from .findings import Finding, Resolve
     from .vllm_limits import VllmLimitation
 
-CONFIG_ENV = settings.CONFIG
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class Loaded:
 
 def config_paths(env: Mapping[str, str]) -> tuple[str, ...]:
     """User table paths from ``QUANTREG_CONFIG`` (``os.pathsep``-separated, empty parts ignored)."""
-    return tuple(settings.value(CONFIG_ENV, env))
+    return tuple(settings.value(settings.CONFIG, env))
 
 
 def load(

@@ -35,8 +35,6 @@ from .problems import describe, printable
 logger = logging.getLogger("vllm.quantreg")
 
 ENTRY_POINT_GROUP = "quantreg"
-ALLOW_ENV = settings.PLUGINS
-DENY_ENV = settings.DISABLE_PLUGINS
 
 
 @dataclass(frozen=True)
@@ -86,8 +84,8 @@ class Plugins:
             self.load_entry_points()
 
     def load_entry_points(self) -> None:
-        allow = _names(self.env, ALLOW_ENV)
-        deny = _names(self.env, DENY_ENV) or set()
+        allow = _names(self.env, settings.PLUGINS)
+        deny = _names(self.env, settings.DISABLE_PLUGINS) or set()
         eps = sorted(group_entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name)
         seen: dict[str, tuple[str, str]] = {}  # entry-point name -> (distribution, value) kept
         for ep in eps:
@@ -103,10 +101,12 @@ class Plugins:
                 continue
             seen[ep.name] = (dist, ep.value)
             if allow is not None and ep.name not in allow:
-                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", f"not in {ALLOW_ENV}"))
+                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled",
+                                             f"not in {settings.PLUGINS}"))
                 continue
             if ep.name in deny:
-                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", f"listed in {DENY_ENV}"))
+                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled",
+                                             f"listed in {settings.DISABLE_PLUGINS}"))
                 continue
             plugin, error = call(f"loading plugin '{printable(ep.name)}' (entry point {printable(ep.value)})",
                                  ep.load, timeout=float(settings.value(settings.PLUGIN_IMPORT_TIMEOUT, self.env)))
@@ -116,7 +116,8 @@ class Plugins:
                 continue
             self._add(plugin, ep.name, PluginInfo(ep.name, dist, version, ep.value, "loaded"))
         for name in sorted((allow or set()) - set(seen) - {builtin.NAME}):
-            self.failures.append(PluginFailure(name, "", f"named in {ALLOW_ENV} but no such entry point is installed"))
+            self.failures.append(PluginFailure(
+                name, "", f"named in {settings.PLUGINS} but no such entry point is installed"))
 
     def add(self, plugin: ModuleType | object, name: str) -> None:
         """Register a plugin object directly (tests, embedding applications)."""

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .host import AMX_FLAGS, FLAGS_ENV, HostFacts, host_facts, parse_cpuinfo
+from . import settings
+from .host import AMX_FLAGS, HostFacts, host_facts, parse_cpuinfo
 from .keys import WILDCARD, Key
 
 Check = Callable[[], bool]
@@ -126,7 +127,7 @@ class KernelVerdict:
         return {"runs": self.runs, "reason": self.reason, "emulation": self.emulation, "host": self.host}
 
 
-def cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
+def vllm_cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
     """vLLM 0.32's CPU MXFP4 kernel (``CPUExpertsMxfp4``) runs on an x86 CPU with AMX tiles and bf16.
 
     It mirrors ``CPUExpertsMxfp4._supports_current_device`` from :func:`quantreg.host.host_facts`
@@ -135,7 +136,7 @@ def cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
     facts = facts or host_facts()
     emulation = importlib.util.find_spec("quark") is not None
     cpu = ", ".join(x for x in (facts.vendor, facts.model_name) if x) or "unknown CPU"
-    simulated = f" (flags simulated by {FLAGS_ENV})" if facts.simulated else ""
+    simulated = f" (flags simulated by {settings.HOST_CPU_FLAGS})" if facts.simulated else ""
     if not facts.is_x86:
         return KernelVerdict(False, f"the kernel is x86-only and this host is {facts.machine}{simulated}",
                              emulation, facts.as_json())
@@ -155,7 +156,7 @@ def cpu_mxfp4_unsupported(cpuinfo: str | None = None) -> bool:
     facts = host_facts()
     if cpuinfo is not None:  # another CPU's /proc/cpuinfo, on this host's architecture
         facts = replace(facts, cpu_flags=parse_cpuinfo(cpuinfo)[0])
-    verdict = cpu_mxfp4_kernel(facts)
+    verdict = vllm_cpu_mxfp4_kernel(facts)
     return not (verdict.runs or verdict.emulation)
 
 
@@ -187,9 +188,3 @@ def vllm_backend_note(key: Key | tuple[str, str, str],
     pool: Sequence[VllmLimitation] = tuple(BUILTIN_LIMITATIONS if limitations is None else limitations)
     notes = [lim.note() for lim in pool if lim.matches(key) and lim.holds()]
     return "; ".join(notes) if notes else None
-
-
-def describe(limitations: Iterable[VllmLimitation]) -> list[dict[str, Any]]:
-    """JSON form (for ``--json`` outputs)."""
-    return [{"reason": lim.reason, "quant_format": lim.quant_format, "model_type": lim.model_type,
-             "device": lim.device, "source": lim.source, "plugin": lim.plugin} for lim in limitations]

@@ -94,10 +94,10 @@ def test_register_warns_once_when_vllm_is_outside_the_tested_range() -> None:
         logging.basicConfig(level=logging.INFO, format="%(name)s|%(levelname)s|%(message)s")
         import quantreg.vllm as qv
         from quantreg.vllm import versions
-        installed = versions.installed_version()
+        installed = versions.installed_vllm_version()
         qv.register()
         qv.unregister()
-        versions.installed_version = lambda: "0.33.0"  # what register() reads, as a newer vLLM would report
+        versions.installed_vllm_version = lambda: "0.33.0"  # what register() reads, as a newer vLLM would report
         qv.register(); qv.unregister(); qv.register()
         print(json.dumps(dict(installed=installed, inside=versions.check_tested(installed) is None,
                               expected=versions.check_tested("0.33.0"))))
