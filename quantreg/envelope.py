@@ -5,7 +5,7 @@ problems in the same form, whatever the command. Before, ``validate``, ``plan`` 
 ``check-method`` gave problem objects while ``explain``, ``list``, ``rules``, ``doctor`` and
 ``plugins`` gave strings, and ``tune``, ``tiny-model`` or ``new-plugin`` gave none (or no JSON
 at all on failure). Every command now builds its JSON through :func:`envelope`, and
-``tests/test_json_envelope.py`` checks each subcommand the parser knows against
+``tests/test_envelope_json.py`` checks each subcommand the parser knows against
 :data:`ENVELOPE_SCHEMA`.
 
 - ``problems``: objects ``{path, line, key, message, text}`` (:func:`problem_json`); ``text`` is

@@ -222,3 +222,25 @@ def test_the_module_map_in_design_md_lists_every_module_and_nothing_else() -> No
             module = module_name(PACKAGE.parent / line.split()[0])
             order.append((floor_of(module), core.get(module, 0)))
     assert order == sorted(order)
+
+
+# -- test files you can find (issue 31.8) --------------------------------------------------------
+
+#: ``tests/test_<module path>[_<topic>].py``: the module path of what it tests, under ``quantreg/``,
+#: with ``_`` for ``/`` (``test_table_file.py`` for quantreg/table/file.py, ``test_vllm_coverage.py``
+#: for quantreg/vllm/coverage.py), optionally followed by a topic. Tests of a property of the whole
+#: project, not of one module, are named by the property and listed here. (tests/e2e/ holds the
+#: real-vLLM scenarios, named by scenario.)
+WHOLE_PROJECT_TESTS = ("bad_tables", "core_names", "doc_links", "exports", "fingerprint_content", "hook_docs",
+                       "layering", "no_torch", "one_pass", "plugin_imports", "registered_fields", "skip_policy",
+                       "validate_limits")
+
+
+def test_test_files_are_named_for_the_module_they_test() -> None:
+    modules = {module_name(p).removeprefix("quantreg").lstrip(".").replace(".", "_")
+               for p in PACKAGE.rglob("*.py")} - {""}
+    tests = sorted(p.stem.removeprefix("test_") for p in (PACKAGE.parent / "tests").glob("test_*.py"))
+    assert len(tests) > 50
+    unnamed = [t for t in tests if t not in WHOLE_PROJECT_TESTS
+               and not any(t == m or t.startswith(m + "_") for m in modules)]
+    assert unnamed == [], "name them test_<module path>[_<topic>].py, or list a whole-project property"

@@ -4,7 +4,7 @@
 The table is checked against the code (an AST walk: no ``QUANTREG_`` name spelt outside
 quantreg/settings.py) and the docs (every name in docs/operating.md); the run settings through
 the real parser and, once, through vLLM's real ``load_general_plugins()`` in a spawned
-``EngineCore`` child (the probe of tests/test_startup.py).
+``EngineCore`` child (the probe of tests/test_vllm_startup.py).
 
 Also here (issue 24 class 5): the timeout and MXFP4-compile settings, from test_containment_plugins.py
 (issue 12, plugin and start-up classes) (class 8).
