@@ -114,7 +114,7 @@ def test_no_working_cxx_compiler_falls_back_with_one_warning(tmp_path: Path) -> 
         import logging, sys, torch
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(message)s")
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_mxfp4_compiled import big_blocks
+        from test_formats_mxfp4_compiled import big_blocks
         from quantreg.formats import mxfp4_compiled
         from quantreg.formats.mxfp4 import dequantize_mxfp4, dequantize_mxfp4_f64
         blocks, scales = big_blocks(tail=3)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_seam_coverage import KEY, TO_REFERENCE, harness, install, method_name, needs_vllm, records, uninstall
+from test_vllm_coverage import KEY, TO_REFERENCE, harness, install, method_name, needs_vllm, records, uninstall
 
 __all__ = ["harness", "records", "uninstall"]  # the fixtures, used by name
 

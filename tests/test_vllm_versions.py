@@ -110,7 +110,8 @@ def test_no_mxfp4_backend_messages_match_the_installed_vllm_sources() -> None:
         assert wanted in oracle
 
 
-def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    vllm_not_loaded: None) -> None:
     """Issue 24.3: ``versions.installed_vllm_version`` listed names, ``environment.vllm_distribution`` asked
     the file lists; a wheel of a new name made them disagree. Now both are the one lookup."""
     from quantreg import environment
