@@ -146,8 +146,8 @@ def _package_name(path: str, search: tuple[str, ...], cwd: str) -> str | None:
         target = given.parent.resolve() / given.name
     except (OSError, RuntimeError, ValueError):
         return None
-    best: tuple[int, str] | None = None
-    for entry in search:
+    found: list[tuple[int, int, Path]] = []
+    for i, entry in enumerate(search):
         try:
             root = Path(entry or cwd).resolve()
             rel = target.relative_to(root)
@@ -155,13 +155,15 @@ def _package_name(path: str, search: tuple[str, ...], cwd: str) -> str | None:
             continue
         if len(rel.parts) < 2 or not rel.parts[0].isidentifier():  # ``.venv/...`` under the cwd: no package
             continue
+        found.append((len(rel.parts), i, rel))
+    # The deepest sys.path entry names it, so it is asked first: an editable checkout puts both the
+    # repository and plugins/hpu_mxfp4 on sys.path, and asking the shallower one for its owner
+    # (``plugins``) would cost the full metadata scan for a name no distribution provides.
+    for _, _, rel in sorted(found):
         dists = _owners(rel.parts[0])
-        if not dists:
-            continue
-        name = f"{dists[0]}:{rel.as_posix()}"
-        if best is None or len(rel.parts) < best[0]:  # the deepest sys.path entry names it
-            best = (len(rel.parts), name)
-    return None if best is None else best[1]
+        if dists:
+            return f"{dists[0]}:{rel.as_posix()}"
+    return None
 
 
 def table_names(tables: list[tuple[str, str]]) -> dict[str, str]:
