@@ -22,6 +22,7 @@ import time
 import torch
 
 from bench.common import Metric, child_main, load_average, median, timed
+from quantreg import settings
 from quantreg.formats import mxfp4_compiled
 from quantreg.formats.mxfp4 import dequantize_mxfp4, random_mxfp4, to_checkpoint_layout
 
@@ -102,11 +103,11 @@ def run(quick: bool) -> list[Metric]:
         dequantize_mxfp4(w2, s2, out=out2)
 
     def eager_warm() -> None:
-        os.environ[mxfp4_compiled.ENV] = "0"
+        os.environ[settings.MXFP4_COMPILE] = "0"
         try:
             ours_warm()
         finally:
-            os.environ[mxfp4_compiled.ENV] = mode
+            os.environ[settings.MXFP4_COMPILE] = mode
 
     mode = mxfp4_compiled.mode()
     reps = 3 if quick else 9

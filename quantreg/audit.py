@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.quantreg.audit")
 
-DECISIONS_ENV = settings.DECISIONS
 #: Fields every line carries, in this order (scripts may rely on them).
 FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback", "host")
 
@@ -57,7 +56,7 @@ _warned: set[str] = set()
 
 def decisions_path(env: Mapping[str, str] | None = None) -> str | None:
     """The trail's path from ``QUANTREG_DECISIONS``, or ``None`` when auditing is off."""
-    value = settings.value(DECISIONS_ENV, env)
+    value = settings.value(settings.DECISIONS, env)
     return str(value) if value else None
 
 
@@ -165,7 +164,7 @@ def _warn_once(target: str, why: str) -> None:
     _warned.add(target)
     # printable: the path comes from the environment; a newline in it would forge a second log line
     logger.warning("quantreg: decisions trail %s (%s) is not recorded by pid %d: %s",
-                   printable(target), DECISIONS_ENV, os.getpid(), printable(why))
+                   printable(target), settings.DECISIONS, os.getpid(), printable(why))
 
 
 # -- reading a trail back -------------------------------------------------------------------

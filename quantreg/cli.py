@@ -25,10 +25,10 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from . import environment
+from . import environment, settings
 from .decision import Decision
 from .envelope import envelope, left_out, left_out_lines
-from .host import FLAGS_ENV, host_facts
+from .host import host_facts
 from .keys import Key
 from .loading import load_tables
 from .problems import printable, problem_json
@@ -235,9 +235,9 @@ def _doctor(args: argparse.Namespace) -> int:
     warnings += [str(f) for f in findings if f.level != "info"]
     if vllm and not hook_ok:
         warnings.append(f"vLLM start-up hook: {hook_reason}")
-    from .vllm_limits import cpu_mxfp4_kernel  # the one answer: doctor, demo, explain and plan agree
+    from .vllm_limits import vllm_cpu_mxfp4_kernel  # the one answer: doctor, demo, explain and plan agree
 
-    kernel = cpu_mxfp4_kernel()
+    kernel = vllm_cpu_mxfp4_kernel()
     untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
     warnings += [untested] if untested else []
     shadow = environment.shadowing_copy()
@@ -279,7 +279,7 @@ def _doctor(args: argparse.Namespace) -> int:
     facts = data["host"]
     flags = ", ".join(facts["flags"]) or "none of note"
     lines.append(f"host:      {facts['kind']} CPU, {facts['cores']} cores, flags {flags}"
-                 + (f" (simulated by {FLAGS_ENV})" if facts["simulated"] else ""))
+                 + (f" (simulated by {settings.HOST_CPU_FLAGS})" if facts["simulated"] else ""))
     for entry in passed:
         lines.append(f"chain:     {entry['key']} -> {entry['method']} [{entry['rule']}]")
         lines += [f"  {step['method']}: passed over: {step['reason']}" for step in entry["passed_over"]]

@@ -5,7 +5,7 @@ problems in the same form, whatever the command. Before, ``validate``, ``plan`` 
 ``check-method`` gave problem objects while ``explain``, ``list``, ``rules``, ``doctor`` and
 ``plugins`` gave strings, and ``tune``, ``tiny-model`` or ``new-plugin`` gave none (or no JSON
 at all on failure). Every command now builds its JSON through :func:`envelope`, and
-``tests/test_json_envelope.py`` checks each subcommand the parser knows against
+``tests/test_envelope_json.py`` checks each subcommand the parser knows against
 :data:`ENVELOPE_SCHEMA`.
 
 - ``problems``: objects ``{path, line, key, message, text}`` (:func:`problem_json`); ``text`` is
@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import environment
+from . import settings
 from .builtin import default_table_path
 from .loading import config_paths
 from .problems import printable, problem_json
@@ -70,7 +70,7 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
 
 def left_out(registry: Registry, config: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Table files a start-up would leave out whole, with their layer and how many problems each has."""
-    counts = Counter(p.path for p in registry.problems if p.path != environment.ENVIRONMENT)
+    counts = Counter(p.path for p in registry.problems if p.path != settings.ENVIRONMENT)
     layers = {h.path: str(h.layer) for h in registry.headers}
     layers.setdefault(str(default_table_path()), str(Layer.DEFAULT))
     for path in config_paths(os.environ):

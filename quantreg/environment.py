@@ -24,13 +24,7 @@ VLLM_PLUGIN_GROUP = "vllm.general_plugins"
 HOOK_NAME = "quantreg"
 HOOK_VALUE = "quantreg.vllm:register"
 
-ENVIRONMENT = settings.ENVIRONMENT
-"""The ``path`` of a :class:`Problem` about an environment variable; its ``key`` is the variable."""
-PROBE_TIMEOUT_ENV = settings.PROBE_TIMEOUT
 DEFAULT_PROBE_TIMEOUT = float(settings.BY_NAME[settings.PROBE_TIMEOUT].default)
-MIN_TIMEOUT = settings.MIN_TIMEOUT
-MXFP4_COMPILE_ENV = settings.MXFP4_COMPILE
-MXFP4_COMPILE_MODES = settings.MXFP4_COMPILE_MODES
 
 
 def read_seconds(env: Mapping[str, str], var: str, default: float) -> tuple[float, Problem | None]:
@@ -43,7 +37,7 @@ def read_seconds(env: Mapping[str, str], var: str, default: float) -> tuple[floa
     if text is None:
         return default, None
     seconds, message = settings.parse_seconds(text, default)
-    return float(seconds), None if message is None else Problem(ENVIRONMENT, None, var, message)
+    return float(seconds), None if message is None else Problem(settings.ENVIRONMENT, None, var, message)
 
 
 def probe_timeout(env: Mapping[str, str] | None = None) -> float:
@@ -56,7 +50,7 @@ def setting_problems(env: Mapping[str, str]) -> list[Problem]:
 
     ``QUANTREG_STRICT`` is left to :mod:`quantreg.mode` (it reports it with the mode).
     """
-    return [Problem(ENVIRONMENT, None, name, message) for name, message in settings.problems(env)
+    return [Problem(settings.ENVIRONMENT, None, name, message) for name, message in settings.problems(env)
             if name != settings.STRICT]
 
 

@@ -5,8 +5,9 @@ GPT-OSS MXFP4 quant configs unless its own switch is set; another plugin may nee
 version). The plugin that knows the stack says it: each finding is a level, a message and,
 when it is about one key, the key. The CLI prints them beside its own warnings.
 
-Hooks are called one plugin at a time; a plugin that raises becomes one ``error`` finding
-naming it, and the other plugins' findings are kept.
+Hooks are called one plugin at a time, where plugins are loaded
+(:func:`quantreg.loading.collect_findings`); a plugin that raises becomes one ``error`` finding
+naming it, and the other plugins' findings are kept. This module holds the values only.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .keys import Key
-from .problems import printable
 
 if TYPE_CHECKING:
     from .decision import Decision
-    from .plugins import Plugins
 
 Resolve = Callable[[Key], "Decision"]
 """What a plugin's ``doctor_findings`` gets to ask the table: a key in, the decision out.
@@ -54,25 +53,6 @@ class Finding:
     def as_json(self) -> dict[str, Any]:
         return {"level": self.level, "message": self.message, "plugin": self.plugin,
                 "key": list(self.key) if self.key is not None else None}
-
-
-def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> list[Finding]:
-    """Ask every plugin's ``doctor_findings(register, resolve, device)`` (any subset of the
-    three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
-    containment, "still ..." warning, the type check of each registered ``Finding`` and its
-    fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
-    from .plugins import PluginFailure
-
-    findings: list[Finding] = []
-    for plugin, item in plugins.call_each(HOOK, inline_failures=True, resolve=resolve, device=device):
-        if isinstance(item, PluginFailure):
-            findings.append(Finding("error", f"hook {HOOK} {printable(item.message)}", plugin=plugin))
-        elif item.level not in LEVELS:
-            findings.append(Finding("error", f"hook {HOOK} registered level {printable(str(item.level))!r} (expected "
-                                    f"one of {', '.join(LEVELS)}): {printable(item.message)}", plugin=plugin))
-        else:
-            findings.append(Finding(item.level, printable(item.message), item.key, plugin))
-    return findings
 
 
 RegisterFinding = Callable[[Finding], None]

@@ -11,26 +11,118 @@ got no "still ..." warning. Now:
   ``BaseException`` subclasses included, becomes ``(None, "Type: text")``; only
   ``KeyboardInterrupt`` passes. The "still ..." warning names the plugin (:func:`plugin_code`).
   With ``timeout`` the call runs in a daemon thread and is abandoned past it.
-- :func:`registered_type` reads, from the hookspec itself, the type a hook's ``register``
-  callback takes (``Callable[[Method], None]`` -> ``Method``), and :func:`value_problem` checks an
-  item against it *and* each of its dataclass fields against their annotations. So a new hook
-  is contained and type-checked by being declared in :mod:`quantreg.hookspecs`.
+- :func:`value_problem` checks an item against the type a hook's ``register`` callback takes
+  (:func:`quantreg.hookspecs.registered_type` reads it from the hookspec itself) *and* each of its
+  dataclass fields against their annotations. So a new hook is contained and type-checked by
+  being declared in :mod:`quantreg.hookspecs`.
+
+Why at the bottom: this module imports nothing of quantreg but :mod:`quantreg.problems`, so every
+module that runs plugin code (a method's probe, a limitation's ``applies``, the plugin loader)
+calls down into it, and no value module has to import the plugin machinery to do so.
 
 ``os._exit`` and signals cannot be contained in-process (docs/operating.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
+import io
+import logging
+import os
+import sys
 import threading
+import time
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from .plugins import plugin_code
 from .problems import describe, printable
+
+logger = logging.getLogger("vllm.quantreg")
+
+SLOW_SECONDS = 1.0
+"""An import or hook call taking longer than this is logged (WARNING) while it runs and when it ends."""
+
+
+class _Watchdog:
+    """One daemon thread that logs ``still <doing>`` for every call into plugin code that runs past
+    :data:`SLOW_SECONDS`, while it still runs.
+
+    Why one thread and not a ``threading.Timer`` per call: ``register()`` makes a dozen such calls
+    in every vLLM process, and each ``Thread.start()`` waits until the new thread has been scheduled,
+    several milliseconds each on a loaded machine (issue 24.7, the start-up budget). The thread is
+    started at the first call of a process (a forked child starts its own).
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._calls: dict[int, tuple[str, float, float]] = {}  # token -> (doing, due, seconds)
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def begin(self, doing: str) -> int:
+        seconds = SLOW_SECONDS
+        with self._cond:
+            self._count += 1
+            self._calls[self._count] = (doing, time.monotonic() + seconds, seconds)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="quantreg-plugin-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._count
+
+    def end(self, token: int) -> None:
+        with self._cond:
+            self._calls.pop(token, None)
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while True:
+                    now = time.monotonic()
+                    due = [(t, call) for t, call in self._calls.items() if call[1] <= now]
+                    if due:
+                        for token, _ in due:  # once per call
+                            del self._calls[token]
+                        break
+                    next_due = min((call[1] for call in self._calls.values()), default=None)
+                    cond.wait(None if next_due is None else next_due - now)
+            for _, (doing, _, seconds) in due:
+                logger.warning("quantreg: still %s after %g s", doing, seconds)
+
+
+_watchdog = _Watchdog()
+
+
+@contextlib.contextmanager
+def plugin_code(doing: str) -> Iterator[None]:
+    """Around every call into plugin code: its stdout goes to stderr, and slowness is logged.
+
+    ``doing`` names the call (``loading plugin 'x' (entry point x.mod)``). The watchdog thread
+    logs ``still <doing>`` once the call has run :data:`SLOW_SECONDS`, so a plugin that blocks
+    (a device runtime waiting for hardware) is named in the log while it blocks; a call that
+    finished late is logged again with its duration.
+    """
+    start = time.monotonic()
+    token = _watchdog.begin(doing)
+    try:
+        with contextlib.redirect_stdout(sys.stderr if sys.stderr is not None else io.StringIO()):
+            yield
+    finally:
+        _watchdog.end(token)
+        elapsed = time.monotonic() - start
+        if elapsed > SLOW_SECONDS:
+            logger.warning("quantreg: %s took %.1f s", doing, elapsed)
+
+
 
 _NO_TIMEOUT = None
 TIMED_OUT = "did not finish within"
@@ -69,77 +161,6 @@ def call(doing: str, fn: Callable[[], Any], timeout: float | None = _NO_TIMEOUT)
     return box[0]
 
 
-# -- what a hook's register() takes, from the hookspec ---------------------------------------------
-
-@functools.cache
-def hook_names() -> tuple[str, ...]:
-    """Every hook declared in :mod:`quantreg.hookspecs` (a function carrying pluggy's spec mark)."""
-    from . import hookspecs
-
-    return tuple(sorted(n for n in dir(hookspecs) if hasattr(getattr(hookspecs, n), f"{hookspecs.PROJECT}_spec")))
-
-
-@functools.cache
-def _type_only_imports() -> dict[str, str]:
-    """Name -> module of what hookspecs imports under ``if TYPE_CHECKING:``, read from its source.
-
-    Why from the source: the hookspec module is the one declaration; resolving a hook's types
-    must not import every other hook's types (``register()`` in vLLM would pay for findings and
-    limitations it never uses), so each name's module is imported only when a hook needs it.
-    """
-    import ast
-    import inspect
-
-    from . import hookspecs
-
-    source = inspect.getsource(hookspecs)  # any loader (pytest's assertion rewriter has no get_source)
-    found: dict[str, str] = {}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            for stmt in node.body:
-                if isinstance(stmt, ast.ImportFrom) and stmt.level == 1 and stmt.module:
-                    for alias in stmt.names:
-                        found[alias.asname or alias.name] = f"quantreg.{stmt.module}"
-    return found
-
-
-def _namespace(annotation: str) -> dict[str, Any]:
-    """hookspecs' globals plus the type-checking-only names ``annotation`` uses, imported now."""
-    import importlib
-    import re
-
-    from . import hookspecs
-
-    namespace = dict(vars(hookspecs))
-    for name, module in _type_only_imports().items():
-        if re.search(rf"\b{re.escape(name)}\b", annotation):
-            namespace[name] = getattr(importlib.import_module(module), name)
-    return namespace
-
-
-@functools.cache
-def registered_type(hook: str) -> Any:
-    """The type hint of the one argument of hook ``hook``'s ``register`` callback."""
-    from . import hookspecs
-
-    spec = getattr(hookspecs, hook)
-    annotation = spec.__annotations__.get("register", "")
-    # Only this one annotation is evaluated (the others may name types this hook does not need);
-    # it is quantreg's own source text, never input.
-    register = eval(str(annotation), _namespace(str(annotation)))
-    args = typing.get_args(register)  # Callable[[X], None] -> ([X], None)
-    if not args or not isinstance(args[0], list) or len(args[0]) != 1:
-        raise TypeError(f"hookspec {hook}: register must be declared Callable[[T], None]")
-    return args[0][0]
-
-
-def hook_argnames(hook: str) -> tuple[str, ...]:
-    """The arguments hook ``hook`` is declared with (``register`` first)."""
-    from . import hookspecs
-
-    return tuple(getattr(hookspecs, hook).__code__.co_varnames[:getattr(hookspecs, hook).__code__.co_argcount])
-
-
 def conforms(value: Any, hint: Any) -> bool:
     """Does ``value`` have the declared type ``hint``? (plain classes, unions, ``tuple[X, ...]``,
     ``Callable``, ``Any``; ``bool`` is not an ``int``; a NamedTuple's fields are checked too)."""
@@ -175,10 +196,8 @@ def conforms(value: Any, hint: Any) -> bool:
 
 def _hint_text(hint: Any) -> str:
     """``a quantreg.Method`` / ``a quantreg.keepers.QuantConfigKeeper`` / ``a path``: the public name."""
-    if isinstance(hint, type):
-        import quantreg
-
-        public = "quantreg" if getattr(quantreg, hint.__name__, None) is hint else hint.__module__
+    if isinstance(hint, type):  # every type a hook registers is exported by quantreg (tests/test_registered_fields.py)
+        public = "quantreg" if hint.__module__.startswith("quantreg.") else hint.__module__
         return f"a {public}.{hint.__name__}"
     text = str(hint).replace("typing.", "").replace("collections.abc.", "")
     return HINT_WORDS.get(text, text)
@@ -215,3 +234,19 @@ def value_problem(item: Any, hint: Any, fields: bool = True) -> str | None:
     except BaseException as exc:  # an item whose attributes or repr raise is a fault, not a crash
         return f"the registered item cannot be inspected: {describe(exc)}"
     return None
+
+
+T = typing.TypeVar("T")
+
+
+def remade(cls: type[T], item: Any, plain: Callable[[Any], Any] = lambda v: v, **changes: Any) -> T:
+    """A ``cls`` made from *every* init field of ``item`` (each passed through ``plain``), then ``changes``.
+
+    Why: a registered value is kept as quantreg's own type (not a plugin's subclass, whose
+    attributes could raise later) and stamped with the registering plugin. Copies written out
+    field by field forgot fields twice (``expert_layout``, then ``host``: a plugin's CPU needs
+    were ignored); made from :func:`dataclasses.fields`, a field added to a value type is kept
+    without anyone remembering to copy it.
+    """
+    values = {f.name: plain(getattr(item, f.name)) for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    return cls(**{**values, **changes})

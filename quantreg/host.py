@@ -25,7 +25,6 @@ from . import settings
 from .files import ReadRefused, read_regular
 
 CPUINFO = "/proc/cpuinfo"
-FLAGS_ENV = settings.HOST_CPU_FLAGS
 AMX_FLAGS = ("amx_tile", "amx_bf16")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl")
 AVX2_FLAGS = ("avx2", "fma")
@@ -145,7 +144,7 @@ def _real() -> tuple[frozenset[str], str, str]:
 def host_facts() -> HostFacts:
     """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
     flags, vendor, model = _real()
-    spec = settings.raw(FLAGS_ENV)
+    spec = settings.raw(settings.HOST_CPU_FLAGS)
     simulated = bool(spec and spec.strip())  # empty, as elsewhere, means unset (`export X=` must not mean "no flags")
     if simulated and spec is not None:
         flags = apply_override(flags, spec)
@@ -160,8 +159,8 @@ def simulate(kind: str) -> dict[str, str]:
     adds AMX's (quantreg then believes vLLM's own CPU MXFP4 kernel runs: never run that kernel so).
     """
     if kind == "avx2":  # what an AVX2-only host (AMD EPYC of that kind) lacks, as an Intel AMX host shows it
-        return {FLAGS_ENV: ",".join(f"-{f}" for f in (*AMX_FLAGS, *_AMX_EXTRA, *AVX512_FLAGS, *_AVX512_EXTRA,
-                                                      "avx_vnni"))}
+        hidden = (*AMX_FLAGS, *_AMX_EXTRA, *AVX512_FLAGS, *_AVX512_EXTRA, "avx_vnni")
+        return {settings.HOST_CPU_FLAGS: ",".join(f"-{f}" for f in hidden)}
     if kind == "amx":
-        return {FLAGS_ENV: ",".join(f"+{f}" for f in (*AMX_FLAGS, *AVX512_FLAGS))}
+        return {settings.HOST_CPU_FLAGS: ",".join(f"+{f}" for f in (*AMX_FLAGS, *AVX512_FLAGS))}
     raise ValueError(f"unknown host kind '{kind}' (expected 'amx' or 'avx2')")

@@ -11,18 +11,22 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import builtin, settings
 from .environment import setting_problems
+from .hookcall import remade
 from .index import Index, ambiguity_problems
 from .methods import Method, check_method, keeps_vllm
 from .mode import strict_problem
 from .plugins import PluginFailure, Plugins
-from .problems import Problem, describe, did_you_mean, name_list
+from .problems import Problem, describe, did_you_mean, name_list, printable
 from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
 
-CONFIG_ENV = settings.CONFIG
+if TYPE_CHECKING:  # read when a tool asks for findings or limitations, not in every vLLM start-up
+    from .findings import Finding, Resolve
+    from .vllm_limits import VllmLimitation
+
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class Loaded:
 
 def config_paths(env: Mapping[str, str]) -> tuple[str, ...]:
     """User table paths from ``QUANTREG_CONFIG`` (``os.pathsep``-separated, empty parts ignored)."""
-    return tuple(settings.value(CONFIG_ENV, env))
+    return tuple(settings.value(settings.CONFIG, env))
 
 
 def load(
@@ -101,22 +105,21 @@ def collect_methods(registered: Iterable[tuple[str, Any]], failures: list[Plugin
 
 
 def _plain_method(method: Method, plugin: str) -> Method:
-    """A copy of a checked registration made of exact ``str`` and ``tuple`` values.
+    """A copy of a checked registration, made from every field of :class:`Method`, of exact ``str``
+    and ``tuple`` values, owned by ``plugin``.
 
     Why: a plugin may pass ``str`` subclasses (whose ``__eq__``/``__lt__`` could raise later,
     in sorting or fingerprinting inside vLLM) or lists; ``str.__str__`` copies the text
-    without calling any override.
+    without calling any override. Every field is copied (:func:`~quantreg.hookcall.remade`).
     """
-    def text(value: Any) -> Any:
-        return str.__str__(value) if isinstance(value, str) else value
+    def plain(value: Any) -> Any:
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, (list, tuple)):
+            return tuple(plain(v) for v in value)
+        return value
 
-    def texts(values: Any) -> Any:
-        return None if values is None else tuple(text(v) for v in values)
-
-    return Method(name=text(method.name), target=text(method.target), devices=texts(method.devices),
-                  requires=texts(method.requires), vllm_version=text(method.vllm_version), probe=text(method.probe),
-                  description=text(method.description), options=texts(method.options),
-                  expert_layout=text(method.expert_layout), plugin=plugin)
+    return remade(Method, method, plain, plugin=plugin)
 
 
 def load_tables(
@@ -254,3 +257,54 @@ def verify_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
                 f"method '{spec.against}' runs on {', '.join(against.devices)}, never on the rule's device "
                 f"({', '.join(devices)}): this verification can never run"))
     return problems
+
+
+# -- what plugins say beside their methods and tables (asked when a tool needs it) -----------------
+
+def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> list[Finding]:
+    """Ask every plugin's ``doctor_findings(register, resolve, device)`` (any subset of the
+    three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
+    containment, "still ..." warning, the type check of each registered ``Finding`` and its
+    fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
+    from .environment import guess_device
+    from .findings import HOOK, LEVELS, Finding
+
+    findings: list[Finding] = []
+    # A device always: vLLM's, or (a tool run outside vLLM) the one it would most likely report, so no
+    # plugin has to guess it with core's helpers (plugin #1 once imported quantreg.environment to).
+    here = device if device is not None else guess_device()
+    for plugin, item in plugins.call_each(HOOK, inline_failures=True, resolve=resolve, device=here):
+        if isinstance(item, PluginFailure):
+            findings.append(Finding("error", f"hook {HOOK} {printable(item.message)}", plugin=plugin))
+        elif item.level not in LEVELS:
+            findings.append(Finding("error", f"hook {HOOK} registered level {printable(str(item.level))!r} (expected "
+                                    f"one of {', '.join(LEVELS)}): {printable(item.message)}", plugin=plugin))
+        else:
+            findings.append(remade(Finding, item, message=printable(item.message), plugin=plugin))
+    return findings
+
+
+def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str]]:
+    """Limitations registered by plugins through ``register_vllm_limitations``, and faults.
+
+    A hook that raises is recorded among the registry's plugin failures by
+    :meth:`Plugins.call_each`; a wrong item is returned here as a fault line.
+    """
+    from .vllm_limits import VllmLimitation
+
+    found: list[VllmLimitation] = []
+    faults: list[str] = []
+    for name, item in plugins.call_each("register_vllm_limitations", inline_failures=True):
+        if isinstance(item, VllmLimitation):  # type and fields checked by the one caller (quantreg.hookcall)
+            found.append(remade(VllmLimitation, item, plugin=name))
+        else:  # a PluginFailure: the hook raised, or registered something that is not a valid VllmLimitation
+            faults.append(str(item))
+    return found, faults
+
+
+def all_limitations(plugins: Plugins | None) -> tuple[list[VllmLimitation], list[str]]:
+    """Built-in limitations plus those of ``plugins`` (if given), and plugin faults."""
+    from .vllm_limits import BUILTIN_LIMITATIONS
+
+    extra, faults = plugin_limitations(plugins) if plugins is not None else ([], [])
+    return [*BUILTIN_LIMITATIONS, *extra], faults

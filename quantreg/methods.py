@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from .environment import PROBE_TIMEOUT_ENV, installed_vllm_version, module_available, probe_timeout
+from . import settings
+from .environment import installed_vllm_version, module_available, probe_timeout
 from .keys import WILDCARD, Key
 from .version_spec import check_specifier, satisfies
 
@@ -221,9 +222,8 @@ def host_shortfall(requirements: tuple[str, ...], facts: HostFacts) -> str | Non
     else:
         shown = facts.notable_flags
         have = f"{_article(facts.kind)} {facts.kind} CPU (flags: {', '.join(shown) if shown else 'none of note'})"
-    from .host import FLAGS_ENV
 
-    simulated = f"; flags simulated by {FLAGS_ENV}" if facts.simulated else ""
+    simulated = f"; flags simulated by {settings.HOST_CPU_FLAGS}" if facts.simulated else ""
     plural = "s" if len(missing) > 1 else ""
     return f"needs cpu flag{plural} {', '.join(missing)}, this host has {have}{simulated}"
 
@@ -330,7 +330,7 @@ def run_probe(probe: Probe | str, timeout: float) -> Availability:
     if error is None and isinstance(result, Availability):
         return result
     if error is not None and error.startswith(TIMED_OUT):
-        return Availability(False, f"probe did not answer within {timeout:g}s ({PROBE_TIMEOUT_ENV})")
+        return Availability(False, f"probe did not answer within {timeout:g}s ({settings.PROBE_TIMEOUT})")
     return Availability(False, f"probe raised {error}")
 
 

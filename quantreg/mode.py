@@ -22,13 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from . import settings
-from .environment import ENVIRONMENT
 from .problems import Problem
 from .table.file import Layer, TableHeader
-
-STRICT_ENV = settings.STRICT
-TRUE_WORDS = settings.TRUE_WORDS
-FALSE_WORDS = settings.FALSE_WORDS
 
 
 @dataclass(frozen=True)
@@ -44,13 +39,13 @@ class Mode:
 
 def env_strict(env: Mapping[str, str]) -> bool:
     """Does ``QUANTREG_STRICT`` ask for strict? Anything but a false word does (see the module doc)."""
-    return bool(settings.value(STRICT_ENV, env))
+    return bool(settings.value(settings.STRICT, env))
 
 
 def strict_problem(env: Mapping[str, str]) -> Problem | None:
     """A problem for a ``QUANTREG_STRICT`` value that is neither a true nor a false word."""
-    message = settings.parsed(STRICT_ENV, env)[1]
-    return None if message is None else Problem(ENVIRONMENT, None, STRICT_ENV, message)
+    message = settings.parsed(settings.STRICT, env)[1]
+    return None if message is None else Problem(settings.ENVIRONMENT, None, settings.STRICT, message)
 
 
 def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_strict: bool | None = None,
@@ -60,7 +55,7 @@ def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_stri
     ask for it. The one place strictness is decided: callers pass what they know, never OR it in."""
     because: list[str] = []
     if env_strict(env):
-        because.append(f"{STRICT_ENV}={(settings.raw(STRICT_ENV, env) or '').strip()[:40]}")
+        because.append(f"{settings.STRICT}={(settings.raw(settings.STRICT, env) or '').strip()[:40]}")
     because += [f"strict: true in {h.path}" for h in headers if h.layer >= Layer.USER and h.strict is True]
     if run_strict:
         because.append('vLLM additional_config {"quantreg": {"strict": true}}')

@@ -107,31 +107,47 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     return header
 
 
+def checkpoint_index(directory: str | os.PathLike[str]) -> tuple[dict[str, str] | None, list[str]]:
+    """``model.safetensors.index.json``'s ``weight_map`` (tensor name -> shard file), read the one way
+    (bounded, regular file, finite JSON), and what is wrong with it; ``None`` when there is no index
+    or it is unusable. Entries that are not strings are left out (and named as a problem).
+
+    Why one reader: ``plan`` (shapes from the shards' headers) and ``tune`` (the expert tensors)
+    both follow the index; each had its own parse with its own checks.
+    """
+    index = Path(directory) / "model.safetensors.index.json"
+    if not os.path.lexists(index):
+        return None, []
+    try:
+        data = jsonread.loads(read_regular(index, MAX_INDEX, expected="a JSON file"))
+    except (ReadRefused, jsonread.JsonRefused) as exc:
+        line = f":{exc.line}" if isinstance(exc, jsonread.JsonRefused) and exc.line else ""
+        return None, [f"{printable(str(index))}{line}: not a readable index: {printable(str(exc))}"]
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        return None, [f"{printable(str(index))}: weight_map: expected a mapping of tensor name to shard file"]
+    problems = []
+    if any(not isinstance(v, str) for v in weight_map.values()):
+        problems.append(f"{printable(str(index))}: weight_map: expected shard file names (strings); "
+                        "other entries ignored")
+    return {k: v for k, v in weight_map.items() if isinstance(k, str) and isinstance(v, str)}, problems
+
+
 def _safetensors_files(directory: Path, problems: list[str]) -> list[Path]:
     """The shards the index names (never outside ``directory``), else every ``*.safetensors`` there."""
     index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            data = jsonread.loads(read_regular(index, MAX_INDEX, expected="a JSON file"))
-        except (ReadRefused, jsonread.JsonRefused) as exc:
-            line = f":{exc.line}" if isinstance(exc, jsonread.JsonRefused) and exc.line else ""
-            problems.append(f"{index}{line}: not a readable index: {exc}")
-            data = None
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if isinstance(data, dict) and not isinstance(weight_map, dict):
-            problems.append(f"{index}: weight_map: expected a mapping of tensor name to shard file")
-        if isinstance(weight_map, dict):
-            shards: set[Path] = set()
-            for name in set(v for v in weight_map.values() if isinstance(v, str)):
-                target = inside(directory, name)
-                if target is None:
-                    problems.append(f"{index}: weight_map: shard {printable(name[:200])!r} is not a file name inside "
-                                    "the checkpoint; not read")
-                else:
-                    shards.add(Path(target))
-            if any(not isinstance(v, str) for v in weight_map.values()):
-                problems.append(f"{index}: weight_map: expected shard file names (strings); other entries ignored")
-            return sorted(shards)
+    weight_map, found = checkpoint_index(directory)
+    problems += found
+    if weight_map is not None:
+        shards: set[Path] = set()
+        for name in set(weight_map.values()):
+            target = inside(directory, name)
+            if target is None:
+                problems.append(f"{index}: weight_map: shard {printable(name[:200])!r} is not a file name inside "
+                                "the checkpoint; not read")
+            else:
+                shards.add(Path(target))
+        return sorted(shards)
     return sorted(directory.glob("*.safetensors"))
 
 

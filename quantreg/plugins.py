@@ -8,21 +8,16 @@ Plugin code runs inside every vLLM process, so everything it can do is contained
 exception, ``SystemExit`` and other ``BaseException`` subclasses too (only ``KeyboardInterrupt``
 passes, so Ctrl-C still stops a stuck start-up), exceptions whose ``__str__`` raises, values a
 hook returns instead of registering, and output it prints (sent to stderr, so ``--json`` stays
-JSON and vLLM's stdout stays clean). Each import and hook call is timed: one that takes more
-than :data:`SLOW_SECONDS` is logged by name while it is still running, so a plugin stuck in a
-device runtime is findable from the log.
+JSON and vLLM's stdout stays clean). Each import and hook call goes through
+:func:`quantreg.hookcall.call`, the one caller of plugin code (its watchdog names a plugin stuck
+in a device runtime while it is stuck).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -33,16 +28,13 @@ import pluggy
 from . import builtin, hookspecs, settings
 from .environment import dist_directory, dist_name_version, dist_version
 from .files import ReadRefused, read_regular
+from .hookcall import FIELDS_CHECKED_BY, call, value_problem
 from .hookspecs import PROJECT
 from .problems import describe, printable
 
 logger = logging.getLogger("vllm.quantreg")
 
 ENTRY_POINT_GROUP = "quantreg"
-ALLOW_ENV = settings.PLUGINS
-DENY_ENV = settings.DISABLE_PLUGINS
-SLOW_SECONDS = 1.0
-"""An import or hook call taking longer than this is logged (WARNING) while it runs and when it ends."""
 
 
 @dataclass(frozen=True)
@@ -71,90 +63,6 @@ class PluginFailure:
         return f"{where}: {printable(self.message)}"
 
 
-class _Watchdog:
-    """One daemon thread that logs ``still <doing>`` for every call into plugin code that runs past
-    :data:`SLOW_SECONDS`, while it still runs.
-
-    Why one thread and not a ``threading.Timer`` per call: ``register()`` makes a dozen such calls
-    in every vLLM process, and each ``Thread.start()`` waits until the new thread has been scheduled,
-    several milliseconds each on a loaded machine (issue 24.7, the start-up budget). The thread is
-    started at the first call of a process (a forked child starts its own).
-    """
-
-    def __init__(self) -> None:
-        self._reset()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        self._cond = threading.Condition()
-        self._calls: dict[int, tuple[str, float, float]] = {}  # token -> (doing, due, seconds)
-        self._count = 0
-        self._thread: threading.Thread | None = None
-
-    def begin(self, doing: str) -> int:
-        seconds = SLOW_SECONDS
-        with self._cond:
-            self._count += 1
-            self._calls[self._count] = (doing, time.monotonic() + seconds, seconds)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="quantreg-plugin-watchdog", daemon=True)
-                self._thread.start()
-            self._cond.notify()
-            return self._count
-
-    def end(self, token: int) -> None:
-        with self._cond:
-            self._calls.pop(token, None)
-
-    def _run(self) -> None:
-        cond = self._cond
-        while True:
-            with cond:
-                while True:
-                    now = time.monotonic()
-                    due = [(t, call) for t, call in self._calls.items() if call[1] <= now]
-                    if due:
-                        for token, _ in due:  # once per call
-                            del self._calls[token]
-                        break
-                    next_due = min((call[1] for call in self._calls.values()), default=None)
-                    cond.wait(None if next_due is None else next_due - now)
-            for _, (doing, _, seconds) in due:
-                logger.warning("quantreg: still %s after %g s", doing, seconds)
-
-
-_watchdog = _Watchdog()
-
-
-@contextlib.contextmanager
-def plugin_code(doing: str) -> Iterator[None]:
-    """Around every call into plugin code: its stdout goes to stderr, and slowness is logged.
-
-    ``doing`` names the call (``loading plugin 'x' (entry point x.mod)``). The watchdog thread
-    logs ``still <doing>`` once the call has run :data:`SLOW_SECONDS`, so a plugin that blocks
-    (a device runtime waiting for hardware) is named in the log while it blocks; a call that
-    finished late is logged again with its duration.
-    """
-    start = time.monotonic()
-    token = _watchdog.begin(doing)
-    try:
-        with contextlib.redirect_stdout(sys.stderr if sys.stderr is not None else io.StringIO()):
-            yield
-    finally:
-        _watchdog.end(token)
-        elapsed = time.monotonic() - start
-        if elapsed > SLOW_SECONDS:
-            logger.warning("quantreg: %s took %.1f s", doing, elapsed)
-
-
-def contained(doing: str, call: Callable[[], Any]) -> tuple[Any, str | None]:
-    """``(result, None)`` or ``(None, "X: text")``: :func:`quantreg.hookcall.call`, kept for its callers."""
-    from .hookcall import call as contained_call
-
-    return contained_call(doing, call)
-
-
 def _names(env: Mapping[str, str], var: str) -> set[str] | None:
     if settings.raw(var, env) is None:
         return None
@@ -176,8 +84,8 @@ class Plugins:
             self.load_entry_points()
 
     def load_entry_points(self) -> None:
-        allow = _names(self.env, ALLOW_ENV)
-        deny = _names(self.env, DENY_ENV) or set()
+        allow = _names(self.env, settings.PLUGINS)
+        deny = _names(self.env, settings.DISABLE_PLUGINS) or set()
         eps = sorted(group_entry_points(ENTRY_POINT_GROUP), key=lambda e: e.name)
         seen: dict[str, tuple[str, str]] = {}  # entry-point name -> (distribution, value) kept
         for ep in eps:
@@ -193,13 +101,13 @@ class Plugins:
                 continue
             seen[ep.name] = (dist, ep.value)
             if allow is not None and ep.name not in allow:
-                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", f"not in {ALLOW_ENV}"))
+                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled",
+                                             f"not in {settings.PLUGINS}"))
                 continue
             if ep.name in deny:
-                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled", f"listed in {DENY_ENV}"))
+                self.infos.append(PluginInfo(ep.name, dist, version, ep.value, "disabled",
+                                             f"listed in {settings.DISABLE_PLUGINS}"))
                 continue
-            from .hookcall import call
-
             plugin, error = call(f"loading plugin '{printable(ep.name)}' (entry point {printable(ep.value)})",
                                  ep.load, timeout=float(settings.value(settings.PLUGIN_IMPORT_TIMEOUT, self.env)))
             if error is not None:
@@ -208,7 +116,8 @@ class Plugins:
                 continue
             self._add(plugin, ep.name, PluginInfo(ep.name, dist, version, ep.value, "loaded"))
         for name in sorted((allow or set()) - set(seen) - {builtin.NAME}):
-            self.failures.append(PluginFailure(name, "", f"named in {ALLOW_ENV} but no such entry point is installed"))
+            self.failures.append(PluginFailure(
+                name, "", f"named in {settings.PLUGINS} but no such entry point is installed"))
 
     def add(self, plugin: ModuleType | object, name: str) -> None:
         """Register a plugin object directly (tests, embedding applications)."""
@@ -254,11 +163,9 @@ class Plugins:
         ``inline_failures``: failures are returned in order among the items as
         ``(plugin, PluginFailure)`` instead of being added to :attr:`failures` (doctor's findings).
         """
-        from .hookcall import FIELDS_CHECKED_BY, call, registered_type, value_problem
-
         registered: list[tuple[str, Any]] = []
         caller = getattr(self.pm.hook, hook)
-        expected = registered_type(hook)
+        expected = hookspecs.registered_type(hook)
         fields = hook not in FIELDS_CHECKED_BY
         for impl in caller.get_hookimpls():  # registration order: the built-in first, then entry points by name
             staged: list[Any] = []

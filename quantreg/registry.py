@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .index import Index
 from .keys import Key
-from .loading import load
+from .loading import all_limitations, collect_findings, load
 from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
@@ -183,8 +183,6 @@ class Registry:
         """
         found = self._findings.get(device)
         if found is None:
-            from .findings import collect_findings
-
             found = tuple(collect_findings(self.plugins, self.resolve, device))
             self._findings[device] = found
         return found
@@ -192,8 +190,6 @@ class Registry:
     def limitations(self) -> tuple[list[VllmLimitation], list[str]]:
         """vLLM's known limitations (built in and the plugins'), and bad registrations; asked once."""
         if self._limitations is None:
-            from .vllm_limits import all_limitations
-
             self._limitations = all_limitations(self.plugins)
         return self._limitations
 

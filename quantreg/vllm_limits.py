@@ -18,13 +18,11 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .host import AMX_FLAGS, FLAGS_ENV, HostFacts, host_facts, parse_cpuinfo
+from . import settings
+from .host import AMX_FLAGS, HostFacts, host_facts, parse_cpuinfo
 from .keys import WILDCARD, Key
-
-if TYPE_CHECKING:
-    from .plugins import Plugins
 
 Check = Callable[[], bool]
 PatternValue = str | tuple[str, ...]
@@ -129,7 +127,7 @@ class KernelVerdict:
         return {"runs": self.runs, "reason": self.reason, "emulation": self.emulation, "host": self.host}
 
 
-def cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
+def vllm_cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
     """vLLM 0.32's CPU MXFP4 kernel (``CPUExpertsMxfp4``) runs on an x86 CPU with AMX tiles and bf16.
 
     It mirrors ``CPUExpertsMxfp4._supports_current_device`` from :func:`quantreg.host.host_facts`
@@ -138,7 +136,7 @@ def cpu_mxfp4_kernel(facts: HostFacts | None = None) -> KernelVerdict:
     facts = facts or host_facts()
     emulation = importlib.util.find_spec("quark") is not None
     cpu = ", ".join(x for x in (facts.vendor, facts.model_name) if x) or "unknown CPU"
-    simulated = f" (flags simulated by {FLAGS_ENV})" if facts.simulated else ""
+    simulated = f" (flags simulated by {settings.HOST_CPU_FLAGS})" if facts.simulated else ""
     if not facts.is_x86:
         return KernelVerdict(False, f"the kernel is x86-only and this host is {facts.machine}{simulated}",
                              emulation, facts.as_json())
@@ -158,7 +156,7 @@ def cpu_mxfp4_unsupported(cpuinfo: str | None = None) -> bool:
     facts = host_facts()
     if cpuinfo is not None:  # another CPU's /proc/cpuinfo, on this host's architecture
         facts = replace(facts, cpu_flags=parse_cpuinfo(cpuinfo)[0])
-    verdict = cpu_mxfp4_kernel(facts)
+    verdict = vllm_cpu_mxfp4_kernel(facts)
     return not (verdict.runs or verdict.emulation)
 
 
@@ -179,44 +177,14 @@ BUILTIN_LIMITATIONS: tuple[VllmLimitation, ...] = (
 )
 
 
-# -- the plugin hook (its spec is quantreg.hookspecs.register_vllm_limitations) --------------
-
-def plugin_limitations(plugins: Plugins) -> tuple[list[VllmLimitation], list[str]]:
-    """Limitations registered by plugins through ``register_vllm_limitations``, and faults.
-
-    A hook that raises is recorded among the registry's plugin failures by
-    :meth:`Plugins.call_each`; a wrong item is returned here as a fault line.
-    """
-    found: list[VllmLimitation] = []
-    faults: list[str] = []
-    for name, item in plugins.call_each("register_vllm_limitations", inline_failures=True):
-        if isinstance(item, VllmLimitation):  # type and fields checked by the one caller (quantreg.hookcall)
-            found.append(VllmLimitation(**{**item.__dict__, "plugin": name}))
-        else:  # a PluginFailure: the hook raised, or registered something that is not a valid VllmLimitation
-            faults.append(str(item))
-    return found, faults
-
-
 def vllm_backend_note(key: Key | tuple[str, str, str],
                       limitations: Iterable[VllmLimitation] | None = None) -> str | None:
     """The note for ``key`` if vLLM's own method is known to fail for it on this host, else ``None``.
 
     ``limitations`` defaults to :data:`BUILTIN_LIMITATIONS`; pass those of
-    :func:`plugin_limitations` as well to include plugins' knowledge. Several notes are joined.
+    :func:`quantreg.loading.plugin_limitations` as well to include plugins' knowledge. Several notes are joined.
     """
     key = Key(*key)
     pool: Sequence[VllmLimitation] = tuple(BUILTIN_LIMITATIONS if limitations is None else limitations)
     notes = [lim.note() for lim in pool if lim.matches(key) and lim.holds()]
     return "; ".join(notes) if notes else None
-
-
-def all_limitations(plugins: Plugins | None) -> tuple[list[VllmLimitation], list[str]]:
-    """Built-in limitations plus those of ``plugins`` (if given), and plugin faults."""
-    extra, faults = plugin_limitations(plugins) if plugins is not None else ([], [])
-    return [*BUILTIN_LIMITATIONS, *extra], faults
-
-
-def describe(limitations: Iterable[VllmLimitation]) -> list[dict[str, Any]]:
-    """JSON form (for ``--json`` outputs)."""
-    return [{"reason": lim.reason, "quant_format": lim.quant_format, "model_type": lim.model_type,
-             "device": lim.device, "source": lim.source, "plugin": lim.plugin} for lim in limitations]

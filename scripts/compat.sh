@@ -44,7 +44,7 @@ MAIN_VENV=${QUANTREG_VENV:-.venv}
 PY=${PYTHON:-python3}
 mkdir -p "$DIR" "$(dirname "$OUT")"
 # The tests that make up the subset; `-m compat` picks the marked tests inside them.
-COMPAT_TESTS=(tests/test_vllm_versions.py tests/test_seam_coverage.py tests/test_conformance.py tests/e2e/test_seam.py tests/e2e/test_mxfp4_reference.py tests/e2e/test_harness.py
+COMPAT_TESTS=(tests/test_vllm_versions.py tests/test_vllm_coverage.py tests/test_testing_conformance.py tests/e2e/test_seam.py tests/e2e/test_mxfp4_reference.py tests/e2e/test_harness.py
               plugins/hpu_mxfp4/tests/test_hpu_mxfp4_vllm.py plugins/cpu_mxfp4/tests/test_cpu_mxfp4_kit.py)
 
 # The torch each release pins (0.28-0.32: 2.13.0+cpu, the wheel on this disk; 0.26: 2.11.0+cpu,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from core_support import REFERENCE_RUNS
 
 from quantreg import plan as planmod
 from quantreg.answer import answer
@@ -80,7 +81,7 @@ def test_explain_plan_and_startup_give_one_answer(case: str, gaudi: None, table:
     truth = answer(registry, KEY)
     mine = [f for f in truth.findings if f.plugin == "hpu_mxfp4"]
     assert len(mine) == 1, truth  # plugin #1 speaks for vllm-gaudi; core says nothing of its own
-    if case == "keeps":
+    if case == "keeps" and REFERENCE_RUNS:  # without torch the reference cannot run: the chain keeps vllm
         assert truth.decision.method == "mxfp4_reference" and mine[0].level == "info"
         assert "quantreg keeps the MXFP4 quant config" in mine[0].message
     else:

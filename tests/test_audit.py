@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quantreg import audit
+from quantreg import audit, settings
 from quantreg.keys import Key
 from quantreg.registry import Registry
 from quantreg.vllm import startup
@@ -64,10 +64,10 @@ def test_line_has_every_field_and_the_rule(tmp_path: Path) -> None:
 def test_env_variable_names_the_file_and_unset_means_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     registry, _ = _decision(tmp_path)
     decision = registry.resolve(Key("gpt_oss_mxfp4", "gpt_oss", "cpu"))
-    monkeypatch.delenv(audit.DECISIONS_ENV, raising=False)
+    monkeypatch.delenv(settings.DECISIONS, raising=False)
     assert audit.record(decision) is False
     trail = tmp_path / "env.jsonl"
-    monkeypatch.setenv(audit.DECISIONS_ENV, str(trail))
+    monkeypatch.setenv(settings.DECISIONS, str(trail))
     assert audit.record(decision, fingerprint="f") is True
     assert json.loads(trail.read_text())["role"] == "MainProcess"  # no vLLM in this process
 

@@ -326,7 +326,7 @@ def test_doctor(tables: dict[str, Path]) -> None:
         assert fragment in text
     tested = data["vllm_tested_range"]
     assert (tested["range"], tested["releases"]) == (versions.TESTED, list(versions.TESTED_RELEASES))
-    installed = versions.installed_version()
+    installed = versions.installed_vllm_version()
     if installed is None:
         assert tested["inside"] is None
     elif versions.check_tested(installed) is None:

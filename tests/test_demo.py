@@ -15,7 +15,7 @@ import pytest
 from quantreg import host
 from quantreg.demo.command import LOGPROB_BOUND, _max_moe_diff, bf16_ulp, own_method_plan, verdict
 from quantreg.testing.vllm_run import RunResult
-from quantreg.vllm_limits import cpu_mxfp4_kernel
+from quantreg.vllm_limits import vllm_cpu_mxfp4_kernel
 
 TOKENS = [[5, 6, 7], [8, 9, 10]]
 
@@ -64,7 +64,7 @@ def test_each_host_kind_gets_its_branch(kind: str, monkeypatch: pytest.MonkeyPat
         monkeypatch.setenv(name, value)
     if not host.host_facts().is_x86:
         pytest.skip("host kinds are x86 kinds")
-    use_mxfp4, note = own_method_plan(cpu_mxfp4_kernel())
+    use_mxfp4, note = own_method_plan(vllm_cpu_mxfp4_kernel())
     assert use_mxfp4 is (kind == "amx")
     if kind == "amx":
         assert note.startswith("vLLM's own MXFP4 kernel on the MXFP4 checkpoint: this host can run it")

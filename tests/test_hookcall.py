@@ -48,14 +48,14 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 import quantreg
-from quantreg import Key, Registry, hookcall
+from quantreg import Key, Registry, hookcall, hookspecs
 from quantreg.findings import Finding
 from quantreg.mode import decide_mode
 from quantreg.plugins import PluginFailure, Plugins
 from quantreg.problems import Problem, QuantregError
 from quantreg.vllm_limits import VllmLimitation, vllm_backend_note
 
-HOOKS = hookcall.hook_names()
+HOOKS = hookspecs.hook_names()
 
 
 class Halt(BaseException):
@@ -69,7 +69,7 @@ RAISES: list[Callable[[], BaseException]] = [lambda: ValueError("v"), lambda: Sy
 
 def good_item(hook: str, i: int) -> Any:
     """A valid item for ``hook``'s register(), built from the declared type."""
-    hint = hookcall.registered_type(hook)
+    hint = hookspecs.registered_type(hook)
     examples: dict[Any, Any] = {
         quantreg.Method: quantreg.Method(name=f"hc_m{i}", target="qrt_x:Y"),
         VllmLimitation: VllmLimitation(reason=f"r{i}", device="npu"),
@@ -102,7 +102,7 @@ def test_the_grammar_knows_every_declared_hook() -> None:
     assert set(HOOKS) >= {"register_methods", "register_tables", "register_quant_config_keepers",
                           "doctor_findings", "register_vllm_limitations"}
     for hook in HOOKS:
-        assert hookcall.value_problem(good_item(hook, 0), hookcall.registered_type(hook)) is None, hook
+        assert hookcall.value_problem(good_item(hook, 0), hookspecs.registered_type(hook)) is None, hook
 
 
 Misbehaviour = tuple[str, int]
@@ -137,7 +137,7 @@ def make_plugin(hook: str, script: list[Misbehaviour]) -> tuple[object, int, int
         elif kind == "good":
             actions.append(lambda register, n=n: register(good_item(hook, n)))
             kept += 1
-    params = ", ".join(hookcall.hook_argnames(hook))
+    params = ", ".join(hookspecs.hook_argnames(hook))
     namespace: dict[str, Any] = {"actions": actions, "quantreg": quantreg}
     exec(textwrap_hook(hook, params), namespace)  # a hook with the declared signature, as a plugin writes it
     return type("P", (), {hook: staticmethod(namespace[hook])})(), faults, kept
@@ -161,7 +161,7 @@ def test_every_hook_contains_every_misbehaviour(hook: str, scripts: list[list[Mi
     before = len(pl.failures)
     items = pl.call_each(hook, registry=registry, device="cpu")  # never raises, SystemExit included
     failures = pl.failures[before:]
-    hint = hookcall.registered_type(hook)
+    hint = hookspecs.registered_type(hook)
     for name in expected_faults:
         assert sum(f.plugin == name for f in failures) == expected_faults[name], (name, failures)
         mine = [item for plugin, item in items if plugin == name]
@@ -175,7 +175,7 @@ def callable_fields() -> list[tuple[type, str]]:
     """Every field, of every type a hook registers, whose annotation admits a callable (plugin code)."""
     found = []
     for hook in HOOKS:
-        hint = hookcall.registered_type(hook)
+        hint = hookspecs.registered_type(hook)
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             for name, field_hint in typing.get_type_hints(hint).items():
                 if hookcall.conforms(lambda: None, field_hint) and name != "plugin":
@@ -226,8 +226,7 @@ def test_the_issue_examples_are_faults_not_tracebacks() -> None:
             register(Finding("info", "m", key=5))  # type: ignore[arg-type]
 
     registry = Registry.build(env={"QUANTREG_CACHE_DIR": "off"}, entry_points=False, plugins=[("bad", Bad())])
-    from quantreg.findings import collect_findings
-    from quantreg.vllm_limits import plugin_limitations
+    from quantreg.loading import collect_findings, plugin_limitations
 
     found, faults = plugin_limitations(registry.plugins)
     assert found == [] and faults == ["plugin 'bad', hook 'register_vllm_limitations': VllmLimitation.device must "
@@ -239,9 +238,7 @@ def test_the_issue_examples_are_faults_not_tracebacks() -> None:
 
 def test_a_blocking_call_is_named_while_it_blocks_and_bounded(caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantreg import plugins
-
-    monkeypatch.setattr(plugins, "SLOW_SECONDS", 0.05)
+    monkeypatch.setattr(hookcall, "SLOW_SECONDS", 0.05)
     with caplog.at_level("WARNING", logger="vllm.quantreg"):
         started = time.monotonic()
         result, error = hookcall.call("checking 'applies' of plugin 'slowpoke'", lambda: time.sleep(5), timeout=0.3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantreg import host
+from quantreg import host, settings
 
 AMX_CPUINFO = ("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
                "flags\t\t: fpu avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8\n"
@@ -39,9 +39,9 @@ def test_override_edits_or_replaces_the_real_flags() -> None:
 def test_an_empty_override_is_unset_not_a_host_without_flags(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``export QUANTREG_HOST_CPU_FLAGS=`` (clearing it) made doctor report a simulated host of kind
     "other" with no flags, passing over every method that needs AVX2: empty means unset, as elsewhere."""
-    monkeypatch.delenv(host.FLAGS_ENV, raising=False)
+    monkeypatch.delenv(settings.HOST_CPU_FLAGS, raising=False)
     real = host.host_facts()
-    monkeypatch.setenv(host.FLAGS_ENV, value)
+    monkeypatch.setenv(settings.HOST_CPU_FLAGS, value)
     facts = host.host_facts()
     assert not facts.simulated and facts.cpu_flags == real.cpu_flags and facts.kind == real.kind
 
@@ -60,7 +60,7 @@ def test_simulate_makes_quantreg_believe_the_other_kind(kind: str, monkeypatch: 
 
 
 def test_real_facts_are_not_simulated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(host.FLAGS_ENV, raising=False)
+    monkeypatch.delenv(settings.HOST_CPU_FLAGS, raising=False)
     facts = host.host_facts()
     assert not facts.simulated and facts.cores >= 1
     assert facts.as_json()["kind"] == facts.kind
@@ -73,7 +73,7 @@ def test_the_vllm_kernel_verdict_follows_the_host_kind(kind: str, monkeypatch: p
 
     for name, value in host.simulate(kind).items():
         monkeypatch.setenv(name, value)
-    verdict = vllm_limits.cpu_mxfp4_kernel()
+    verdict = vllm_limits.vllm_cpu_mxfp4_kernel()
     if not host.host_facts().is_x86:
         assert not verdict.runs and "x86-only" in verdict.reason
         return
@@ -90,5 +90,5 @@ def test_the_kernel_verdict_on_a_host_that_is_not_x86() -> None:
     from quantreg import vllm_limits
 
     arm = host.HostFacts(machine="aarch64", cpu_flags=frozenset({"asimd"}))
-    verdict = vllm_limits.cpu_mxfp4_kernel(arm)
+    verdict = vllm_limits.vllm_cpu_mxfp4_kernel(arm)
     assert not verdict.runs and verdict.reason == "the kernel is x86-only and this host is aarch64"

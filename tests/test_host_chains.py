@@ -14,10 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from core_support import QUANTREG, write
+from core_support import QUANTREG, REFERENCE, REFERENCE_RUNS, write
 
-from quantreg import Key, Method, Registry, audit
-from quantreg.host import FLAGS_ENV, HostFacts, simulate
+from quantreg import Key, Method, Registry, audit, settings
+from quantreg.host import HostFacts, simulate
 from quantreg.methods import check_method, host_shortfall
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -41,7 +41,7 @@ CHAIN_TABLE = """
 def registry_on(kind: str, table: Path, monkeypatch: pytest.MonkeyPatch, extra: str = "") -> Registry:
     env = simulate(kind)
     if extra:
-        env[FLAGS_ENV] += "," + extra
+        env[settings.HOST_CPU_FLAGS] += "," + extra
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     return Registry.build(config=[table])
@@ -54,15 +54,16 @@ def test_without_amx_vllm_and_a_method_missing_a_flag_are_passed_over(tmp_path: 
     registry = registry_on("avx2", table, monkeypatch)
     assert not registry.faults, registry.faults
     decision = registry.resolve(GPT_OSS_CPU)
-    assert decision.method == "mxfp4_reference" and decision.fallback is None
+    assert decision.method == REFERENCE and (decision.fallback is None) == REFERENCE_RUNS
     vllm, needs, ref = decision.chain
     assert not vllm.available and vllm.reason.startswith("vLLM's own method cannot run here: ")
     assert "needs an x86 CPU with AMX" in vllm.reason
     assert not needs.available
     assert needs.reason.startswith("needs cpu flag qrt_flag, this host has an avx2 CPU (flags: avx2, fma)")
-    assert needs.reason.endswith(f"flags simulated by {FLAGS_ENV}")
-    assert ref.available
-    assert [s.method for s in decision.passed_over] == ["vllm", "needs_qrt_flag"]
+    assert needs.reason.endswith(f"flags simulated by {settings.HOST_CPU_FLAGS}")
+    assert ref.available == REFERENCE_RUNS
+    assert [s.method for s in decision.passed_over] == ["vllm", "needs_qrt_flag"] + (
+        [] if REFERENCE_RUNS else ["mxfp4_reference"])
     text = decision.render()
     assert "  no  vllm: passed over: vLLM's own method cannot run here: " in text
     assert "  no  needs_qrt_flag: passed over: needs cpu flag qrt_flag" in text
@@ -173,7 +174,7 @@ def test_explain_in_a_child_on_both_host_kinds(kind: str, tmp_path: Path) -> Non
     data = json.loads(out.stdout)
     assert data["host"]["kind"] == kind
     if kind == "avx2":
-        assert data["method"] == "mxfp4_reference"
+        assert data["method"] == REFERENCE
         assert data["chain"][0]["reason"].startswith("vLLM's own method cannot run here")
     else:
         assert data["method"] == "vllm" and data["vllm_limitation"] is None
@@ -188,11 +189,12 @@ def test_doctor_shows_the_host_and_what_its_chains_pass_over(tmp_path: Path) -> 
     data = json.loads(out.stdout)
     assert data["host"]["kind"] == "avx2" and data["host"]["simulated"] is True
     [entry] = [e for e in data["passed_over"] if e["key"] == str(GPT_OSS_CPU)]
-    assert entry["method"] == "mxfp4_reference" and entry["rule"] == f"{table}:9"
-    assert [s["method"] for s in entry["passed_over"]] == ["vllm", "needs_qrt_flag"]
+    assert entry["method"] == REFERENCE and entry["rule"] == f"{table}:9"
+    assert [s["method"] for s in entry["passed_over"]][:2] == ["vllm", "needs_qrt_flag"]
     text = child("doctor", "--config", str(table), kind="avx2").stdout
-    assert f"host:      avx2 CPU, {os.cpu_count()} cores, flags avx2, fma (simulated by {FLAGS_ENV})" in text
-    assert f"chain:     {GPT_OSS_CPU} -> mxfp4_reference [{table}:9]" in text
+    flags = settings.HOST_CPU_FLAGS
+    assert f"host:      avx2 CPU, {os.cpu_count()} cores, flags avx2, fma (simulated by {flags})" in text
+    assert f"chain:     {GPT_OSS_CPU} -> {REFERENCE} [{table}:9]" in text
     assert "  needs_qrt_flag: passed over: needs cpu flag qrt_flag" in text
 
 
@@ -206,7 +208,7 @@ def test_plan_warns_which_chain_entries_this_host_passes_over(tmp_path: Path) ->
     table = write(tmp_path / "user.yaml", CHAIN_TABLE)
     out = child("plan", str(model), "--device", "cpu", "--no-vllm", "--json", "--config", str(table), kind="avx2")
     cpu = json.loads(out.stdout)["devices"]["cpu"]
-    assert cpu["method"] == "mxfp4_reference"
+    assert cpu["method"] == REFERENCE
     [warning] = [w for w in cpu["warnings"] if w.startswith("chain: ")]
     assert warning.startswith("chain: vllm: passed over: vLLM's own method cannot run here: ")
     assert "; needs_qrt_flag: passed over: needs cpu flag qrt_flag" in warning

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from quantreg import audit, jsonread, plan
+from quantreg import audit, jsonread, plan, settings
 from quantreg.vllm import multinode
 
 FUZZ = hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -187,7 +187,7 @@ def test_a_bad_piece_of_a_shipment_is_dropped_alone() -> None:
 
 
 def test_a_bad_shipment_warns_once_and_the_process_keeps_deciding(caplog: pytest.LogCaptureFixture) -> None:
-    env = {multinode.TABLES_ENV: _encoded(b'{"v": 1, "fingerprint": "f", "strict": false, "pid": 1e400, '
+    env = {settings.TABLES: _encoded(b'{"v": 1, "fingerprint": "f", "strict": false, "pid": 1e400, '
                                           b'"tables": []}')}
     with caplog.at_level("WARNING", logger="vllm.quantreg"):
         for _ in range(3):

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from core_support import PluginSite, add, register_child, run_quantreg, write
 
-from quantreg import Registry
+from quantreg import Registry, settings
 from quantreg.mode import decide_mode
 from quantreg.vllm import multinode, startup
 
@@ -41,16 +41,16 @@ def test_a_worker_is_strict_when_its_driver_shipped_strict(table: Any, clean_env
     driver_env = {"QUANTREG_CONFIG": str(user)}
     driver = Registry.build(env=driver_env, entry_points=False)
     assert driver.strict
-    driver_env[multinode.FINGERPRINT_ENV] = driver.fingerprint()
+    driver_env[settings.FINGERPRINT] = driver.fingerprint()
     shipment = multinode.publish(driver, driver_env)
     assert shipment is not None and shipment.strict
     worker = Registry.build(env={}, entry_points=False)
     assert not worker.mode().strict  # its own tables and environment say lenient
-    monkeypatch.setenv(multinode.TABLES_ENV, driver_env[multinode.TABLES_ENV])
+    monkeypatch.setenv(settings.TABLES, driver_env[settings.TABLES])
     mode = startup.mode_of(worker, None)
     assert mode.strict and SHIPPED in mode.because
     assert startup.mode_of(None, None).strict  # no registry at all: the shipment still counts
-    monkeypatch.delenv(multinode.TABLES_ENV)
+    monkeypatch.delenv(settings.TABLES)
     assert not startup.mode_of(worker, None).strict
 
 

@@ -4,7 +4,7 @@
 The table is checked against the code (an AST walk: no ``QUANTREG_`` name spelt outside
 quantreg/settings.py) and the docs (every name in docs/operating.md); the run settings through
 the real parser and, once, through vLLM's real ``load_general_plugins()`` in a spawned
-``EngineCore`` child (the probe of tests/test_startup.py).
+``EngineCore`` child (the probe of tests/test_vllm_startup.py).
 
 Also here (issue 24 class 5): the timeout and MXFP4-compile settings, from test_containment_plugins.py
 (issue 12, plugin and start-up classes) (class 8).
@@ -93,9 +93,8 @@ def test_unknown_quantreg_names_are_not_errors_and_unknown_reads_are() -> None:
 
 
 def test_multinode_ships_every_setting_by_prefix() -> None:
-    from quantreg.vllm import multinode
 
-    assert all(name.startswith(multinode.PREFIX) for name in settings.shipped_names())
+    assert all(name.startswith(settings.PREFIX) for name in settings.shipped_names())
     assert set(settings.shipped_names()) == set(settings.BY_NAME)
 
 

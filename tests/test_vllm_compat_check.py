@@ -20,7 +20,7 @@ from types import ModuleType
 
 import pytest
 
-from quantreg.vllm.versions import installed_version
+from quantreg.environment import installed_vllm_version
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "vllm_compat_check.py"
@@ -65,7 +65,7 @@ def test_installed_vllm_has_every_required_symbol() -> None:
     assert str(statuses[SEAM]["where"]).startswith("vllm/model_executor/layers/fused_moe/routed_experts.py:")
     assert len(report.symbols) == len(check.SYMBOLS)
     # the version read from the dist-info beside the package is the one importlib.metadata reports
-    assert report.version is not None and report.version == installed_version()
+    assert report.version is not None and report.version == installed_vllm_version()
     for override in report.overrides:  # whatever this release has, each names a real class and line
         assert override["where"].startswith("vllm/") and override["class"]
 

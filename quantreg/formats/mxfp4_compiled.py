@@ -30,8 +30,6 @@ from .. import settings
 
 logger = logging.getLogger(__name__)
 
-ENV = settings.MXFP4_COMPILE
-MODES = settings.MXFP4_COMPILE_MODES
 CHUNK_ROWS = 1 << 18
 """Blocks per kernel call: a static shape (one compilation), 4 MiB of packed bytes."""
 AUTO_MIN_ROWS = 1 << 22
@@ -47,9 +45,10 @@ _disabled: str | None = None  # why compiling is off for the rest of the process
 
 def mode() -> str:
     """The value of ``QUANTREG_MXFP4_COMPILE``, checked."""
-    value, message = settings.parsed(ENV)
+    value, message = settings.parsed(settings.MXFP4_COMPILE)
     if message is not None:
-        raise ValueError(f"{ENV}={settings.raw(ENV)!r}: expected one of {', '.join(MODES)}")
+        name = settings.MXFP4_COMPILE
+        raise ValueError(f"{name}={settings.raw(name)!r}: expected one of {', '.join(settings.MXFP4_COMPILE_MODES)}")
     return str(value)
 
 

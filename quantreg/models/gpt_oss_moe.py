@@ -25,6 +25,7 @@ Importing this module imports torch; ``import quantreg`` does not.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -75,18 +76,38 @@ def moe_f64(
     if x.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} and topk_weights "
                          f"{tuple(topk_weights.shape)} must be [T, H], [T, k], [T, k]")
-    num_local = w13.shape[0]
+    return moe_f64_by_expert(x, topk_ids, topk_weights, w13.shape[0], lambda e: (w13[e], w2[e]),
+                             w13_bias, w2_bias, experts_min=experts_min, alpha=alpha, limit=limit)
+
+
+def moe_f64_by_expert(
+    x: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    num_local: int,
+    expert: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    *,
+    experts_min: int = 0,
+    alpha: float = DEFAULT_ALPHA,
+    limit: float = DEFAULT_LIMIT,
+) -> torch.Tensor:
+    """:func:`moe_f64` with each local expert's ``(w13, w2)`` asked of ``expert(e)``, only for experts
+    some token is routed to: ``against: float64`` inside vLLM decodes MXFP4 experts one at a time
+    (a whole 120B layer in float64 would not fit), and this stays the one float64 MoE block."""
     xd = x.double()
-    out = torch.zeros(xd.shape, dtype=torch.float64, device=x.device)
+    out = torch.zeros(xd.shape[0], xd.shape[1], dtype=torch.float64, device=x.device)
     local = topk_ids.long() - experts_min
     for e in range(num_local):
         tokens, slots = (local == e).nonzero(as_tuple=True)
         if tokens.numel() == 0:
             continue
-        h = xd[tokens] @ w13[e].double().T
+        w13, w2 = expert(e)
+        h = xd[tokens] @ w13.double().T
         if w13_bias is not None:
             h = h + w13_bias[e].double()
-        y = swiglu_oai(h, alpha, limit) @ w2[e].double().T
+        y = swiglu_oai(h, alpha, limit) @ w2.double().T
         if w2_bias is not None:
             y = y + w2_bias[e].double()
         out.index_add_(0, tokens, y * topk_weights[tokens, slots].double().unsqueeze(1))

@@ -40,7 +40,6 @@ from typing import Any
 from .. import jsonread, settings
 from .located import MAX_BYTES, MAX_DEPTH, ReadRefused, from_json, read_regular_file, to_json
 
-ENV = settings.CACHE_DIR
 FORMAT = b"quantreg-located-json-2\0"  # bump when to_json or the parser's results change meaning
 MAX_ENTRY_BYTES = 8 * MAX_BYTES
 """Largest entry read or written: the located JSON of a table is a few times its text."""
@@ -50,8 +49,8 @@ ENTRY_DEPTH = 4 * MAX_DEPTH + 8
 
 def directory() -> Path | None:
     """The cache directory, or ``None`` when caching is off."""
-    if settings.raw(ENV) is not None:
-        configured = settings.value(ENV)
+    if settings.raw(settings.CACHE_DIR) is not None:
+        configured = settings.value(settings.CACHE_DIR)
         return None if configured is None else Path(configured)
     base = os.environ.get("XDG_CACHE_HOME")
     if not base:

@@ -1,6 +1,6 @@
 """JSON Schema of a version-1 table, built from the loader's own constants.
 
-Editors use it for completion and early errors; ``tests/test_schema.py`` checks that it
+Editors use it for completion and early errors; ``tests/test_table_schema.py`` checks that it
 accepts and rejects the same documents as :mod:`quantreg.table.file` for everything a schema can
 express (method names and ambiguities depend on installed plugins, so only the loader sees them).
 """

@@ -27,12 +27,11 @@ from .. import settings
 from ..host import host_facts, simulate
 
 #: Set (to ``1``) in a child's environment by :func:`without_amx_env`; read by the sitecustomize.
-HIDE_AMX_ENV = settings.HIDE_AMX
 
 SITECUSTOMIZE = f'''"""quantreg.testing.host_kind: this process (and the vLLM workers it starts) sees no AMX."""
 import os
 
-if os.environ.get("{HIDE_AMX_ENV}") == "1":
+if os.environ.get("{settings.HIDE_AMX}") == "1":
     import torch  # vLLM imports it anyway; patched before vLLM asks
 
     def _no_amx() -> bool:
@@ -65,12 +64,12 @@ def without_amx_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     old = env.get("PYTHONPATH", "")
     path = str(_sitecustomize_dir())
-    return {HIDE_AMX_ENV: "1", "PYTHONPATH": path + (os.pathsep + old if old else ""), **simulate("avx2")}
+    return {settings.HIDE_AMX: "1", "PYTHONPATH": path + (os.pathsep + old if old else ""), **simulate("avx2")}
 
 
 def amx_hidden() -> bool:
     """Whether this process was started by :func:`without_amx_env`."""
-    return os.environ.get(HIDE_AMX_ENV) == "1"
+    return os.environ.get(settings.HIDE_AMX) == "1"
 
 
 def real_amx() -> bool:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..vllm.versions import installed_version, no_mxfp4_backend_message
+from ..environment import installed_vllm_version
+from ..vllm.versions import no_mxfp4_backend_message
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +60,7 @@ VLLM_UNQUANTIZED_METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fuse
 #: The log line the installed vLLM dies with when no MXFP4 MoE backend fits the machine (e.g. a
 #: CPU without AMX, where its only CPU kernel declines); its wording changed in 0.31, so it is
 #: taken from the one place that knows vLLM versions (read from metadata: no vLLM import).
-VLLM_NO_MXFP4_BACKEND = no_mxfp4_backend_message(installed_version())
+VLLM_NO_MXFP4_BACKEND = no_mxfp4_backend_message(installed_vllm_version())
 
 RESULT_NAME = "result.json"
 MOE_OUTPUTS_NAME = "moe_outputs.pt"

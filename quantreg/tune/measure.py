@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -89,22 +88,13 @@ def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
     names = {"w13_weight": "gate_up_proj_blocks", "w13_weight_scale": "gate_up_proj_scales",
              "w13_bias": "gate_up_proj_bias", "w2_weight": "down_proj_blocks", "w2_weight_scale": "down_proj_scales",
              "w2_bias": "down_proj_bias"}
-    from ..files import ReadRefused, inside, read_regular, require_regular
+    from ..files import ReadRefused, inside, require_regular
+    from ..plan import checkpoint_index
 
-    index = root / "model.safetensors.index.json"
-    shown = printable(str(index))
-    if os.path.lexists(index):  # bounded, regular files only, finite JSON (quantreg.files / quantreg.jsonread)
-        from ..jsonread import loads
-        from ..plan import MAX_INDEX
-
-        try:
-            data = loads(read_regular(index, MAX_INDEX, expected="a JSON file"))
-        except (ReadRefused, ValueError) as exc:
-            raise LookupError(f"{shown}: {printable(str(exc))}") from None
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise LookupError(f"{shown}: key 'weight_map': expected an object of tensor name -> shard file name")
-    else:
+    weight_map, problems = checkpoint_index(root)  # the one reader of the index (plan's too)
+    if problems:
+        raise LookupError(problems[0])
+    if weight_map is None:
         weight_map = {prefix + n: "model.safetensors" for n in names.values()}
     found: dict[str, torch.Tensor] = {}
     for ours, theirs in names.items():

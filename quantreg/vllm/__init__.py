@@ -24,13 +24,12 @@ from .seam import MODULE, Seam, report_faults
 
 logger = logging.getLogger("vllm.quantreg")
 
-FINGERPRINT_ENV = settings.FINGERPRINT
 
 _seam = Seam()
 _hook = PostImportHook(MODULE, _seam.patch_module)
 _keepers = QuantConfigGuard()
 _registered = False
-_table_fingerprint = PublishedFingerprint(FINGERPRINT_ENV, "effective table", "its parent process",
+_table_fingerprint = PublishedFingerprint(settings.FINGERPRINT, "effective table", "its parent process",
                                          "a table file or plugin changed")
 
 
@@ -81,11 +80,8 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
     run = startup.startup_settings(caller)
     base = get_registry()
     built.append(base)
-    registry = base
-    if run is not None and run.config:
-        registry = multinode.build(config=run.config)
-        set_registry(registry)
-        built[0] = registry
+    registry, _ = startup.registry_for_run(run)
+    built[0] = registry
     strict = startup.mode_of(registry, run).strict
     report_problems(run, strict=strict)
     report_faults(registry, strict=strict)

@@ -65,7 +65,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 from .. import jsonread, settings
-from ..loading import CONFIG_ENV, config_paths
+from ..loading import config_paths
 from ..problems import Problem, printable
 from ..registry import Registry, set_registry
 from ..table.file import TableFile
@@ -76,10 +76,7 @@ logger = logging.getLogger("vllm.quantreg")
 #: vLLM's knob for extra variable-name prefixes its Ray executor copies to workers.
 RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
 #: The prefix every quantreg setting shares.
-PREFIX = settings.PREFIX
 #: The shipped user tables (see the module docstring for the format).
-TABLES_ENV = settings.TABLES
-FINGERPRINT_ENV = settings.FINGERPRINT
 #: Largest encoded ``QUANTREG_TABLES`` value that carries table text. Linux refuses a single
 #: environment string over 128 KiB at exec (MAX_ARG_STRLEN); half of that leaves headroom.
 MAX_SHIPPED = 64 << 10
@@ -196,7 +193,7 @@ def _encoded_within_limit(shipment: Shipment) -> str:
         return encoded
     logger.warning("quantreg: the user tables are %d bytes encoded, more than the %d that can travel in %s; "
                    "only their paths and digests are shipped, so every node needs the files themselves",
-                   len(encoded), MAX_SHIPPED, TABLES_ENV)
+                   len(encoded), MAX_SHIPPED, settings.TABLES)
     return dataclasses.replace(shipment, tables=tuple(dataclasses.replace(t, text=None)
                                                       for t in shipment.tables)).encode()
 
@@ -213,9 +210,9 @@ def extend_ray_prefixes(env: MutableMapping[str, str]) -> bool:
     """
     current = env.get(RAY_PREFIXES_ENV, "")
     entries = [e.strip() for e in current.split(",") if e.strip()]
-    if any(PREFIX.startswith(e) for e in entries):  # already copied (e.g. the operator listed "QUANTREG_")
+    if any(settings.PREFIX.startswith(e) for e in entries):  # already copied (e.g. the operator listed "QUANTREG_")
         return False
-    env[RAY_PREFIXES_ENV] = ",".join([*entries, PREFIX])
+    env[RAY_PREFIXES_ENV] = ",".join([*entries, settings.PREFIX])
     return True
 
 
@@ -231,12 +228,13 @@ def publish(registry: Registry, env: MutableMapping[str, str] | None = None) -> 
     before = env.get(RAY_PREFIXES_ENV)
     if extend_ray_prefixes(env) and own:
         _changed.setdefault(RAY_PREFIXES_ENV, before)
-    if settings.raw(TABLES_ENV, env) is not None or settings.raw(FINGERPRINT_ENV, env) != registry.fingerprint():
+    if (settings.raw(settings.TABLES, env) is not None
+            or settings.raw(settings.FINGERPRINT, env) != registry.fingerprint()):
         return None
     shipment = shipment_for(registry, env)
-    env[TABLES_ENV] = _encoded_within_limit(shipment)
+    env[settings.TABLES] = _encoded_within_limit(shipment)
     if own:
-        _changed.setdefault(TABLES_ENV, None)
+        _changed.setdefault(settings.TABLES, None)
     return shipment
 
 
@@ -253,16 +251,16 @@ def withdraw() -> None:
 def received(env: Mapping[str, str] | None = None) -> Shipment | None:
     """The shipment this process received, or ``None``; a malformed one is reported once and ignored."""
     env = os.environ if env is None else env
-    value = settings.raw(TABLES_ENV, env)
+    value = settings.raw(settings.TABLES, env)
     if not value:
         return None
     try:
         shipment = Shipment.decode(value)
     except ValueError as exc:
-        _note_once(f"quantreg: ignoring {TABLES_ENV}: {exc}")
+        _note_once(f"quantreg: ignoring {settings.TABLES}: {exc}")
         return None
     if shipment.notes:
-        _note_once(f"quantreg: {TABLES_ENV} (pid {shipment.pid}): " + "; ".join(shipment.notes)
+        _note_once(f"quantreg: {settings.TABLES} (pid {shipment.pid}): " + "; ".join(shipment.notes)
                    + "; the rest is used, and the fingerprint check compares what this process decides")
     return shipment
 
@@ -303,7 +301,7 @@ def build(config: Sequence[str | os.PathLike[str]] = (), env: Mapping[str, str] 
         if table.text is None:
             logger.warning("quantreg: the driver's table %s (sha256 %s) is not on this node (pid %d) and its text "
                            "did not arrive (too large to ship, or dropped on arrival: see %s above); this process "
-                           "decides without it", printable(table.path), table.sha256[:16], os.getpid(), TABLES_ENV)
+                           "decides without it", printable(table.path), table.sha256[:16], os.getpid(), settings.TABLES)
     if shipment is None or not usable:
         return Registry.build(config=config, env=env)
     with tempfile.TemporaryDirectory(prefix="quantreg-shipped-") as tmp:
@@ -314,9 +312,9 @@ def build(config: Sequence[str | os.PathLike[str]] = (), env: Mapping[str, str] 
             renames[table.path] = str(local)
             logger.info("quantreg: table %s is not readable on this node (pid %d); deciding from the copy the "
                         "driver (pid %d) shipped in %s (sha256 %s)", table.path, os.getpid(), shipment.pid,
-                        TABLES_ENV, table.sha256[:16])
+                        settings.TABLES, table.sha256[:16])
         paths = [renames.get(p, p) for p in config_paths(env)]
-        local_env = {**env, CONFIG_ENV: os.pathsep.join(paths)}
+        local_env = {**env, settings.CONFIG: os.pathsep.join(paths)}
         built = Registry.build(config=config, env=local_env)
         # Registry.build read everything it needs; the files may go. Rules keep the driver's names.
         return renamed(built, {v: k for k, v in renames.items()}, env)
@@ -364,10 +362,10 @@ def export_lines(registry: Registry, env: Mapping[str, str] | None = None) -> li
     """Shell ``export`` lines that give another node this node's tables and fingerprint."""
     env = os.environ if env is None else env
     shipment = shipment_for(registry, env)
-    lines = [f"export {FINGERPRINT_ENV}={shlex.quote(shipment.fingerprint)}",
-             f"export {TABLES_ENV}={shlex.quote(_encoded_within_limit(shipment))}"]
+    lines = [f"export {settings.FINGERPRINT}={shlex.quote(shipment.fingerprint)}",
+             f"export {settings.TABLES}={shlex.quote(_encoded_within_limit(shipment))}"]
     if config_paths(env):
-        lines.insert(0, f"export {CONFIG_ENV}={shlex.quote(env.get(CONFIG_ENV, ''))}")
+        lines.insert(0, f"export {settings.CONFIG}={shlex.quote(env.get(settings.CONFIG, ''))}")
     return lines
 
 

@@ -198,6 +198,7 @@ class QuantConfigGuard:
 
 def collect_keepers(registry: Registry) -> list[QuantConfigKeeper]:
     """Every valid keeper the plugins register; bad ones are logged (and recorded as plugin failures)."""
+    from ..hookcall import remade
     from ..plugins import PluginFailure
 
     keepers: list[QuantConfigKeeper] = []
@@ -211,7 +212,7 @@ def collect_keepers(registry: Registry) -> list[QuantConfigKeeper]:
             registry.plugins.failures.append(PluginFailure(plugin, HOOK, problem))
             logger.warning("quantreg: plugin '%s', hook '%s': %s (ignored)", plugin, HOOK, problem)
             continue
-        keepers.append(QuantConfigKeeper(**{**item.__dict__, "plugin": plugin}))
+        keepers.append(remade(QuantConfigKeeper, item, plugin=plugin))
     for failure in registry.plugins.failures[before:]:  # what the one caller refused: raised, wrong type
         if failure.hook == HOOK:
             logger.warning("quantreg: %s (ignored)", failure)

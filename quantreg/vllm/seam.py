@@ -24,14 +24,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..environment import ENVIRONMENT
+from .. import settings
 from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
 from ..plugins import PluginFailure
 from ..problems import Problem, QuantregError, describe, printable
-from ..registry import Registry, get_registry, set_registry
-from . import multinode, startup
+from ..registry import Registry, get_registry
+from . import startup
 from .context import RunSettings, layer_key, report_problems, run_settings
 
 if TYPE_CHECKING:
@@ -131,13 +131,8 @@ class Seam:
         run asked for strict later) become the error too.
         """
         settings = run_settings()
-        rebuilt = False
         with self.lock:
-            registry = get_registry()
-            if settings.config and settings != self.settings:
-                registry = multinode.build(config=settings.config)
-                set_registry(registry)
-                rebuilt = True
+            registry, rebuilt = startup.registry_for_run(settings, self.settings)
             self.settings = settings
         mode = startup.mode_of(registry, settings)
         report_problems(settings, strict=mode.strict)
@@ -242,6 +237,6 @@ def consequence(fault: Problem | PluginFailure) -> str:
     """What a lenient start-up does about ``fault``, for its warning line."""
     if isinstance(fault, PluginFailure):
         return "left out; the other plugins and tables stay in force"
-    if fault.path == ENVIRONMENT:
+    if fault.path == settings.ENVIRONMENT:
         return "the default is used"
     return "this file is left out whole; the other tables stay in force"

@@ -61,7 +61,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm.quantreg")
 
-RUN_FINGERPRINT_ENV = settings.RUN_FINGERPRINT
 #: The name of the local that holds the config in ``EngineCore.__init__`` and ``init_worker``.
 VLLM_CONFIG_LOCAL = "vllm_config"
 #: Frames searched above ``register()``: load_general_plugins, then its caller (plus decorators).
@@ -72,7 +71,7 @@ MAX_DEPTH = 6
 CHILD_PREFIXES = ("EngineCore", "VllmWorker", "Worker")
 STRICT_PREFIX = "quantreg (strict): "
 
-_run_fingerprint = PublishedFingerprint(RUN_FINGERPRINT_ENV, "table with the run's additional_config",
+_run_fingerprint = PublishedFingerprint(settings.RUN_FINGERPRINT, "table with the run's additional_config",
                                        "the process that read it first", "a table file changed")
 
 
@@ -124,6 +123,25 @@ def mode_of(registry: Registry | None, settings: RunSettings | None) -> Mode:
         return registry.mode(run, shipped) if registry is not None else decide_mode(os.environ, (), run, shipped)
     except Exception:
         return decide_mode(os.environ, ())
+
+
+def registry_for_run(run: RunSettings | None, built_for: RunSettings | None = None) -> tuple[Registry, bool]:
+    """The registry this run decides with, and whether it was rebuilt now: the process registry, or
+    (when the run names ``additional_config`` tables it was not built for) one rebuilt with them
+    (:func:`.multinode.build`, so a worker reads the driver's shipped bytes) and installed.
+
+    Why one function: ``register()`` (at plugin load) and the seam (at the first layer, when the
+    run's config is known) each built "the registry for this run" with their own code.
+    """
+    from ..registry import get_registry, set_registry
+    from . import multinode
+
+    registry = get_registry()
+    if run is None or not run.config or run == built_for:
+        return registry, False
+    registry = multinode.build(config=run.config)
+    set_registry(registry)
+    return registry, True
 
 
 def strict_now() -> bool:

@@ -505,33 +505,22 @@ class Float64Reference:
         """The float64 MoE block (:func:`quantreg.models.gpt_oss_moe.moe_f64`), decoding routed experts only."""
         from ..formats.mxfp4 import dequantize_mxfp4_f64
         from ..models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
-        from ..models.gpt_oss_moe import swiglu_oai
+        from ..models.gpt_oss_moe import moe_f64_by_expert
 
         p = layer._parameters
         alpha = float(layer.swiglu_alpha) if getattr(layer, "swiglu_alpha", None) is not None else DEFAULT_ALPHA
         limit = float(layer.swiglu_limit) if getattr(layer, "swiglu_limit", None) is not None else DEFAULT_LIMIT
-        xd = x.reshape(-1, x.shape[-1]).double()
-        ids = topk_ids.reshape(xd.shape[0], -1).long()
-        weights = topk_weights.reshape(ids.shape).double()
+        xd = x.reshape(-1, x.shape[-1])
+        ids = topk_ids.reshape(xd.shape[0], -1)
         num_local = int(p["w13_weight"].shape[0])
-        local = ids - int(layer.moe_config.ep_rank) * num_local
-        hidden = int(p["w2_weight"].shape[1])
-        out = torch.zeros(xd.shape[0], hidden, dtype=torch.float64, device=x.device)
-        b13, b2 = p.get("w13_bias"), p.get("w2_bias")
-        for e in torch.unique(local).tolist():
-            if not 0 <= e < num_local:
-                continue
-            tokens, slots = (local == e).nonzero(as_tuple=True)
-            w13 = dequantize_mxfp4_f64(p["w13_weight"][e], p["w13_weight_scale"][e])
-            w2 = dequantize_mxfp4_f64(p["w2_weight"][e], p["w2_weight_scale"][e])
-            h = xd[tokens] @ w13.T
-            if b13 is not None:
-                h = h + b13[e].double()
-            y = swiglu_oai(h, alpha, limit) @ w2.T
-            if b2 is not None:
-                y = y + b2[e].double()
-            out.index_add_(0, tokens, y * weights[tokens, slots].unsqueeze(1))
-        return out
+
+        def expert(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return (dequantize_mxfp4_f64(p["w13_weight"][e], p["w13_weight_scale"][e]),
+                    dequantize_mxfp4_f64(p["w2_weight"][e], p["w2_weight_scale"][e]))
+
+        return moe_f64_by_expert(xd, ids, topk_weights.reshape(ids.shape), num_local, expert, p.get("w13_bias"),
+                                 p.get("w2_bias"), experts_min=int(layer.moe_config.ep_rank) * num_local,
+                                 alpha=alpha, limit=limit)
 
 
 def build_against(spec: VerifySpec, decision: Decision, prefix: str, layer: Any, moe_config: Any) -> Any:

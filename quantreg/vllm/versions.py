@@ -8,7 +8,7 @@ returns the message; ``doctor`` and the start-up log print it.
 
 Pure Python on purpose: ``register()`` runs in every vLLM process before any model code, and
 reading a version must not cost a vLLM import (3-4 s) or need ``packaging``. The installed
-version comes from distribution metadata (``installed_version``), never from ``import vllm``.
+version comes from distribution metadata (``installed_vllm_version``), never from ``import vllm``.
 
 Version-gated helpers, when a release needs one, go here and are named by the release that
 needs them (``..._v0_28``), so the call sites in seam.py/context.py stay version-free and a
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..environment import vllm_distribution
+from ..environment import installed_vllm_version
 from ..version_spec import release, satisfies
 
 logger = logging.getLogger("vllm.quantreg")
@@ -53,20 +53,13 @@ def check_tested(version: str | None, tested: str = TESTED) -> str | None:
             "but check `quantreg doctor` and run scripts/compat.sh or scripts/vllm_compat_check.py for this release")
 
 
-def installed_version() -> str | None:
-    """The installed vLLM's version from distribution metadata (no vLLM import), or ``None``:
-    :func:`quantreg.environment.vllm_distribution`, the one lookup (doctor and probes use it too)."""
-    found = vllm_distribution()
-    return found[1] if found is not None else None
-
-
 def warn_if_untested(version: str | None = None) -> str | None:
     """Log ``check_tested``'s message once per process as a WARNING; return it (``None`` inside the range).
 
     For the start-up log: ``register()`` runs in every vLLM process, and each should say it
-    once, not once per layer. ``version`` defaults to :func:`installed_version`.
+    once, not once per layer. ``version`` defaults to :func:`installed_vllm_version`.
     """
-    message = check_tested(installed_version() if version is None else version)
+    message = check_tested(installed_vllm_version() if version is None else version)
     if message is not None and message not in _warned:
         _warned.add(message)
         logger.warning("%s", message)
@@ -113,6 +106,6 @@ def moe_factory_v0_26(layer_module: object) -> Any:
         if callable(factory):
             return factory
     raise RuntimeError(
-        f"quantreg.testing: vLLM {installed_version() or '(unknown version)'} has neither {MOE_FACTORY} nor "
+        f"quantreg.testing: vLLM {installed_vllm_version() or '(unknown version)'} has neither {MOE_FACTORY} nor "
         f"{MOE_FACTORY_V0_26} in {getattr(layer_module, '__name__', 'fused_moe.layer')}; the kit builds MoE "
         f"layers with one of them (vLLM 0.26-0.32); the seam and register() do not need it")

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from quantreg.methods import BuildContext
+from quantreg import BuildContext
 from quantreg.vllm.moe_method import init_without_backend, upstream_mxfp4_method
 from quantreg.vllm.routing import InMethodRouting, local_expert_ids
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from quantreg.methods import BuildContext
+from quantreg import BuildContext
 from quantreg.vllm import routing as shared
 
 UNKNOWN_MODEL = "unknown"

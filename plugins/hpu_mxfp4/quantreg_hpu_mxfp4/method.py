@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from quantreg import BuildContext
 from quantreg.formats.mxfp4 import dequantize_mxfp4
-from quantreg.methods import BuildContext
 from quantreg.vllm.moe_method import init_without_backend, upstream_mxfp4_method
 from quantreg.vllm.routing import InMethodRouting
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import quantreg
-from quantreg import QuantConfigKeeper
+
+from .keeper import KEEPER
 
 PACKAGE = "quantreg_hpu_mxfp4"
 
@@ -23,20 +24,6 @@ OPTIONS = ("alpha", "limit", "routing")
 #: ... and those only the bf16 (dequantising) method accepts.
 SLICING_OPTIONS = ("max_experts_per_slice",)
 SLICING_METHODS = ("hpu_mxfp4_dequant",)
-
-
-VLLM_GAUDI_MODULE = "vllm_gaudi.models.gptoss_mxfp4"
-KEEPER = QuantConfigKeeper(
-    name="vllm_gaudi_gpt_oss_mxfp4",
-    quant_method="mxfp4",
-    quant_format="gpt_oss_mxfp4",
-    model_type="gpt_oss",
-    module=VLLM_GAUDI_MODULE,
-    target=f"{PACKAGE}.vllm_gaudi:keep_native",
-    description="vllm-gaudi strips GPT-OSS MXFP4 quant configs (and dequantises in load_weights) unless "
-                "HPU_MXFP4_NATIVE=1; a table choosing a quantreg method for the key keeps them",
-)
-"""vllm-gaudi's GPT-OSS MXFP4 switch follows the table (see :mod:`quantreg_hpu_mxfp4.vllm_gaudi`)."""
 
 
 def rules_path() -> Path:
@@ -88,12 +75,10 @@ def register_quant_config_keepers(register: Callable[[Any], None]) -> None:
 
 @quantreg.hookimpl
 def doctor_findings(register: Callable[[quantreg.Finding], None], resolve: Callable[[quantreg.Key], quantreg.Decision],
-                    device: str | None) -> None:
+                    device: str) -> None:
     """What vllm-gaudi will do to each GPT-OSS key on this host (``plan``, ``explain``, ``doctor`` and the
     start-up line all print it: quantreg asks this hook, it never re-derives it)."""
-    from quantreg.environment import guess_device
-
     from .vllm_gaudi import findings
 
-    for finding in findings(resolve, device or guess_device()):
+    for finding in findings(resolve, device):
         register(finding)

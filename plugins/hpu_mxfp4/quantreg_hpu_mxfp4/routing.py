@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from quantreg.methods import BuildContext
+from quantreg import BuildContext
 from quantreg.vllm import routing as shared
 from quantreg.vllm.context import UNKNOWN_MODEL, current_model_type
 from quantreg.vllm.routing import unsupported_routing as unsupported_routing  # this plugin's name for it

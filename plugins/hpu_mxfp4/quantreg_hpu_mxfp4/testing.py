@@ -202,7 +202,7 @@ class Experts:
 
     @property
     def num_experts(self) -> int:
-        return self.w13.shape[0]
+        return int(self.w13.shape[0])
 
     def lists(self) -> dict[str, tuple[torch.Tensor, ...]]:
         out = {
@@ -294,7 +294,7 @@ def moe_config(*, num_global: int, num_local: int, top_k: int, hidden: int, inte
     )
 
 
-class FakeLayer(torch.nn.Module):
+class FakeLayer(torch.nn.Module):  # type: ignore[misc]  # torch is not followed (pyproject: follow_imports=skip)
     """The attributes vLLM's ``RoutedExperts`` gives a quant method, parameters made by the method.
 
     With ``experts``, they are loaded and ``process_weights_after_loading`` runs; with ``None``

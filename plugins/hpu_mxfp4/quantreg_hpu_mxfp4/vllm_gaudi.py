@@ -28,16 +28,14 @@ from typing import Any
 
 from quantreg import Decision, Finding, Key, keeps_quant_config
 
-from . import plugin
+from .keeper import VLLM_GAUDI_MODULE
 
 VLLM_GAUDI = "vllm_gaudi"
-MODULE = plugin.VLLM_GAUDI_MODULE
+MODULE = VLLM_GAUDI_MODULE
 SWITCH = "HPU_MXFP4_NATIVE"
 QUANT_FORMAT = "gpt_oss_mxfp4"
 MODEL_TYPE = "gpt_oss"
 
-# The keeper itself is declared in :mod:`.plugin` (strings only, so ``register()`` imports nothing more).
-KEEPER = plugin.KEEPER
 
 
 class TableSwitch:

@@ -159,9 +159,10 @@ def factory_has(name: str) -> bool:
 
 
 def _vllm_before(*wanted: int) -> bool:
-    from quantreg.vllm.versions import installed_version, release
+    from quantreg.environment import installed_vllm_version
+    from quantreg.vllm.versions import release
 
-    found = release(installed_version() or "")
+    found = release(installed_vllm_version() or "")
     return found is not None and found < wanted
 
 

@@ -99,7 +99,7 @@ def test_a_broken_match_is_not_also_a_float64_problem() -> None:
 
 # -- the schema and the loader agree ------------------------------------------------------------
 # no integral floats (2.0): JSON Schema counts them as integers, the loader wants an integer literal
-# (the known difference test_schema.py documents for priority)
+# (the known difference test_table_schema.py documents for priority)
 values = st.one_of(st.none(), st.booleans(), st.integers(-2, 3),
                    st.sampled_from([0.02, -0.5, 1.5, "x", [], [1], [0, 2], [1, 1], [-1], ["a"], [True]]))
 verifies = st.one_of(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from core_support import REFERENCE
 
 from quantreg.registry import Registry
 from quantreg.vllm import multinode
@@ -131,7 +132,7 @@ def test_worker_on_another_node_decides_from_the_shipped_table(driver: dict[str,
     assert worker["pid"] != driver["pid"]
     assert worker["fingerprint"] == driver["fingerprint"]
     assert logged_fingerprints(log) == {worker["pid"]: driver["fingerprint"]}  # the same start-up line
-    assert worker["method"] == "mxfp4_reference" and worker["source"] == f"{driver['table']}:4"
+    assert worker["method"] == REFERENCE and worker["source"] == f"{driver['table']}:4"
     assert worker["strict"] is True  # the shipped table's own setting
     assert f"table {driver['table']} is not readable on this node" in log and MISMATCH not in log
     assert "no such file" not in log
@@ -216,7 +217,7 @@ def test_headless_node_from_exported_lines(tmp_path: Path) -> None:
     assert exports["QUANTREG_FINGERPRINT"] == head.stdout.strip()
     table.unlink()
     worker, log = run_node(node_env(exports))
-    assert worker["fingerprint"] == exports["QUANTREG_FINGERPRINT"] and worker["method"] == "mxfp4_reference"
+    assert worker["fingerprint"] == exports["QUANTREG_FINGERPRINT"] and worker["method"] == REFERENCE
     assert MISMATCH not in log
 
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 from core_support import HOST_KINDS, HostKind
 
-from quantreg.testing.host_kind import HIDE_AMX_ENV, SITECUSTOMIZE, needs_real_amx, without_amx_env
+from quantreg import settings
+from quantreg.testing.host_kind import SITECUSTOMIZE, needs_real_amx, without_amx_env
 
 CHILD = """
 import json, torch
@@ -47,7 +48,7 @@ def test_child_without_amx_sees_none_in_torch_and_in_quantreg(host_kind: HostKin
 def test_without_amx_env_keeps_the_callers_pythonpath(tmp_path: os.PathLike[str]) -> None:
     env = without_amx_env({"PYTHONPATH": "/somewhere/else"})
     first, rest = env["PYTHONPATH"].split(os.pathsep, 1)
-    assert rest == "/somewhere/else" and env[HIDE_AMX_ENV] == "1"
+    assert rest == "/somewhere/else" and env[settings.HIDE_AMX] == "1"
     with open(os.path.join(first, "sitecustomize.py")) as f:
         assert f.read() == SITECUSTOMIZE
 
@@ -61,4 +62,4 @@ def test_vllm_env_gives_each_branch_or_skips_naming_the_hardware(host_kind: Host
         return
     env = host_kind.vllm_env(kind, {"A": "1"})
     assert env["A"] == "1"
-    assert (HIDE_AMX_ENV in env) == (kind == "avx2" and host_kind.real_amx)  # hidden only where there is AMX
+    assert (settings.HIDE_AMX in env) == (kind == "avx2" and host_kind.real_amx)  # hidden only where there is AMX

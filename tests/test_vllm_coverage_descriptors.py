@@ -3,7 +3,7 @@
 A ``_get_quant_method`` that is a staticmethod, a classmethod or a callable object on the class
 is legal Python; quantreg must pass it through as Python would bind it, with one WARNING per
 (class, key), and never break the layer. Real ``RoutedExperts`` subclasses in real layers built
-by vLLM's ``FusedMoEFactory`` (the harness and fixtures of tests/test_seam_coverage.py).
+by vLLM's ``FusedMoEFactory`` (the harness and fixtures of tests/test_vllm_coverage.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_seam_coverage import KEY, TO_REFERENCE, harness, install, method_name, needs_vllm, records, uninstall
+from test_vllm_coverage import KEY, TO_REFERENCE, harness, install, method_name, needs_vllm, records, uninstall
 
 __all__ = ["harness", "records", "uninstall"]  # the fixtures, used by name
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from quantreg import settings
 from quantreg.formats import mxfp4_compiled
 from quantreg.formats.mxfp4 import dequantize_mxfp4, dequantize_mxfp4_f64
 
@@ -43,13 +44,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def eager(blocks: torch.Tensor, scales: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> torch.Tensor:
     with monkeypatch.context() as m:
-        m.setenv(mxfp4_compiled.ENV, "0")
+        m.setenv(settings.MXFP4_COMPILE, "0")
         return dequantize_mxfp4(blocks, scales)
 
 
 def test_compiled_kernel_matches_float64_and_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     blocks, scales = big_blocks(tail=4099)
-    monkeypatch.setenv(mxfp4_compiled.ENV, "1")
+    monkeypatch.setenv(settings.MXFP4_COMPILE, "1")
     monkeypatch.setattr(mxfp4_compiled, "_disabled", None)
     compiled = dequantize_mxfp4(blocks, scales)
     assert mxfp4_compiled._kernel is not None and mxfp4_compiled._disabled is None  # it really ran
@@ -72,7 +73,7 @@ def test_wrong_kernel_output_is_caught_and_eager_takes_over(monkeypatch: pytest.
         calls.append(tuple(packed.shape))
         out32.fill_(0x3F80)
 
-    monkeypatch.setenv(mxfp4_compiled.ENV, "1")
+    monkeypatch.setenv(settings.MXFP4_COMPILE, "1")
     monkeypatch.setattr(mxfp4_compiled, "_disabled", None)
     monkeypatch.setattr(mxfp4_compiled, "_kernel", miscompiled)
     with caplog.at_level("WARNING", logger="quantreg.formats.mxfp4_compiled"):
@@ -89,20 +90,20 @@ def test_small_tensors_and_mode_0_stay_eager(monkeypatch: pytest.MonkeyPatch) ->
     packed, scales = torch.zeros((big, 16), dtype=torch.uint8), torch.zeros(big, dtype=torch.uint8)
     out = torch.empty((big, 32), dtype=torch.bfloat16)
     monkeypatch.setattr(mxfp4_compiled, "_disabled", None)
-    monkeypatch.setenv(mxfp4_compiled.ENV, "auto")
+    monkeypatch.setenv(settings.MXFP4_COMPILE, "auto")
     assert mxfp4_compiled.wanted(packed, scales, out)
     assert not mxfp4_compiled.wanted(packed[:CHUNK], scales[:CHUNK], out[:CHUNK])  # small: compiling would not pay
     assert not mxfp4_compiled.wanted(packed[:, ::2], scales, out)  # strided inputs would recompile
     assert not mxfp4_compiled.wanted(packed[:big // 2], scales[::2], out[:big // 2])
-    monkeypatch.setenv(mxfp4_compiled.ENV, "1")
+    monkeypatch.setenv(settings.MXFP4_COMPILE, "1")
     assert mxfp4_compiled.wanted(packed[:CHUNK], scales[:CHUNK], out[:CHUNK])
     assert not mxfp4_compiled.wanted(packed[:CHUNK - 1], scales[:CHUNK - 1], out[:CHUNK - 1])
-    monkeypatch.setenv(mxfp4_compiled.ENV, "0")
+    monkeypatch.setenv(settings.MXFP4_COMPILE, "0")
     assert not mxfp4_compiled.wanted(packed, scales, out)
 
 
 def test_bad_mode_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(mxfp4_compiled.ENV, "yes")
+    monkeypatch.setenv(settings.MXFP4_COMPILE, "yes")
     with pytest.raises(ValueError, match=r"QUANTREG_MXFP4_COMPILE='yes': expected one of auto, 0, 1"):
         dequantize_mxfp4(torch.zeros((2, 16), dtype=torch.uint8), torch.zeros(2, dtype=torch.uint8))
 
@@ -113,7 +114,7 @@ def test_no_working_cxx_compiler_falls_back_with_one_warning(tmp_path: Path) -> 
         import logging, sys, torch
         logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(message)s")
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_mxfp4_compiled import big_blocks
+        from test_formats_mxfp4_compiled import big_blocks
         from quantreg.formats import mxfp4_compiled
         from quantreg.formats.mxfp4 import dequantize_mxfp4, dequantize_mxfp4_f64
         blocks, scales = big_blocks(tail=3)
@@ -126,7 +127,7 @@ def test_no_working_cxx_compiler_falls_back_with_one_warning(tmp_path: Path) -> 
         print("DISABLED:", mxfp4_compiled._disabled)
     """)
     env = {**os.environ, "CXX": "/bin/false", "CC": "/bin/false",
-           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), mxfp4_compiled.ENV: "1"}
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), settings.MXFP4_COMPILE: "1"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stdout.splitlines() if "falls back to eager" in line]

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from core_support import run_cli, write
 
+from quantreg import settings
 from quantreg.table import cache as tablecache
 from quantreg.table.file import Layer, parse_table, read_table
 from quantreg.table.located import LocatedDict, LocatedList, from_json, to_json
@@ -71,7 +72,7 @@ def test_corrupt_json_forms_are_refused(bad: Any) -> None:
 
 
 def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     path = write(tmp_path / "plugin.yaml", VALID)
     first, problems, _ = read_table(path, Layer.PLUGIN)
     entries = list((tmp_path / "cache" / "tables").glob("*.json"))
@@ -89,7 +90,7 @@ def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: py
 
 
 def test_problems_keep_their_lines_through_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     text = "version: 1\nrules:\n  - match: {quant_format: mxfp4}\n    methodz: [vllm]\n"
     path = write(tmp_path / "plugin.yaml", text)
     _, fresh, _ = read_table(path, Layer.PLUGIN)
@@ -99,7 +100,7 @@ def test_problems_keep_their_lines_through_the_cache(tmp_path: Path, monkeypatch
 
 
 def test_operator_tables_and_broken_files_are_never_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     user = write(tmp_path / "user.yaml", DOC)
     for layer in (Layer.USER, Layer.RUN):
         read_table(user, layer)
@@ -112,7 +113,7 @@ def test_operator_tables_and_broken_files_are_never_cached(tmp_path: Path, monke
 def test_corrupt_or_unwritable_cache_never_fails_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "default.yaml", VALID)
     expected, _, _ = read_table(path, Layer.DEFAULT)  # cache elsewhere (the default location or off)
-    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     entry = tablecache.entry_path(path.read_text())
     assert entry is not None
     entry.parent.mkdir(parents=True)
@@ -122,10 +123,10 @@ def test_corrupt_or_unwritable_cache_never_fails_a_load(tmp_path: Path, monkeypa
     rewritten = tablecache.read_entry(entry)
     assert rewritten is not None and rewritten["d"] == 1  # rewritten whole, with its checksum
     blocker = write(tmp_path / "not-a-dir", "")
-    monkeypatch.setenv(tablecache.ENV, str(blocker))  # the cache "directory" is a file: cannot write
+    monkeypatch.setenv(settings.CACHE_DIR, str(blocker))  # the cache "directory" is a file: cannot write
     table, problems, _ = read_table(path, Layer.DEFAULT)
     assert table == expected and problems == []
-    monkeypatch.setenv(tablecache.ENV, "off")
+    monkeypatch.setenv(settings.CACHE_DIR, "off")
     assert tablecache.directory() is None and tablecache.entry_path("x") is None
 
 
@@ -138,7 +139,7 @@ def test_warm_cache_means_no_yaml_import_at_registration(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
 
     def run(cache: str) -> tuple[str, list[str]]:
-        proc = subprocess.run([sys.executable, "-c", probe], env={**env, tablecache.ENV: cache},
+        proc = subprocess.run([sys.executable, "-c", probe], env={**env, settings.CACHE_DIR: cache},
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         yaml_imported, *counts = proc.stdout.split()
@@ -160,7 +161,7 @@ def test_warm_cache_means_no_yaml_import_at_registration(tmp_path: Path) -> None
 def test_a_fifo_at_the_cache_entry_path_does_not_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantreg.table import cache as tablecache
 
-    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n"
     entry = tablecache.entry_path(text)
     assert entry is not None
@@ -175,11 +176,11 @@ def _default_entry(cache: Path) -> Path:
     from quantreg.builtin import default_table_path
     from quantreg.table import cache as tablecache
 
-    os.environ[tablecache.ENV] = str(cache)
+    os.environ[settings.CACHE_DIR] = str(cache)
     try:
         entry = tablecache.entry_path(Path(default_table_path()).read_text(encoding="utf-8"))
     finally:
-        del os.environ[tablecache.ENV]
+        del os.environ[settings.CACHE_DIR]
     assert entry is not None
     return entry
 
@@ -198,7 +199,7 @@ def test_an_entry_corrupted_into_other_valid_json_is_not_trusted(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from quantreg.table import cache as tablecache
 
-    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     path = tmp_path / "plugin.yaml"
     path.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: vllm\n")
     fresh, _, _ = read_table(path, Layer.PLUGIN)
@@ -219,7 +220,7 @@ def test_an_entry_corrupted_into_other_valid_json_is_not_trusted(tmp_path: Path,
 def test_bypass_never_reads_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from quantreg.table import cache as tablecache
 
-    monkeypatch.setenv(tablecache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     path = tmp_path / "plugin.yaml"
     path.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: vllm\n")
     read_table(path, Layer.PLUGIN)
