@@ -156,16 +156,17 @@ def write_tiny_gpt_oss(
     4 experts, hidden = intermediate = 128). Returns the directory as a :class:`~pathlib.Path`
     (created if missing).
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..writing import make_directory, replace_file
+
+    out = make_directory(directory)
     config = tiny_gpt_oss_config(mxfp4=mxfp4, **sizes)
     vocab = int(config["vocab_size"])
     tensors = tiny_gpt_oss_tensors(config, seed=seed)
     if not mxfp4:
         tensors = dequantize_experts(tensors)
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    replace_file(out / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     # The real generation_config minus do_sample: vLLM folds generation_config into its
     # default sampling params, and a random model should decode greedily unless asked.
     generation = {
@@ -174,8 +175,9 @@ def write_tiny_gpt_oss(
         "pad_token_id": vocab - 2,
         "transformers_version": "4.55.0.dev0",
     }
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / SAFETENSORS_NAME), metadata={"format": "pt"})
+    replace_file(out / "generation_config.json", json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    replace_file(out / SAFETENSORS_NAME,
+                 save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"}))
     return out
 
 

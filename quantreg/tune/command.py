@@ -14,22 +14,22 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, TextIO
 
 from ..envelope import envelope
 from ..environment import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
+from ..files import WriteRefused
 from ..host import host_facts, memory_available
 from ..keys import Key
 from ..plan import quant_format_of, read_checkpoint
 from ..problems import describe, printable, problem_json
 from ..registry import Registry
 from ..table.verify import FLOAT64_FORMATS
+from ..writing import file_target_problem
 from .rank import PHASE_WEIGHTS, TOKENS, ranked
 from .table import phase_text, render, rule_for, write_atomically
 
@@ -91,20 +91,15 @@ def memory_needed(experts: int, hidden: int, intermediate: int, top_k: int = 0) 
 def out_problem(out: str | None) -> str | None:
     """Why ``--out`` cannot receive the table (checked before measuring), else ``None``.
 
-    ``-`` is stdout. A directory, or a parent that is not an existing directory, is refused
-    with the flag named; an existing symlink is replaced, never followed (an atomic rename).
+    ``-`` is stdout. The one writer's check (:func:`quantreg.writing.file_target_problem`): a
+    directory, a device node, a FIFO or a socket is refused (never replaced), as is a parent that
+    is not an existing writable directory; an existing symlink is replaced, never followed.
     """
     if out == "-":
         return None
-    target = Path(out or DEFAULT_OUT)
-    if target.is_dir() and not target.is_symlink():
-        return f"--out {printable(str(target))}: is a directory; expected a file name for the table"
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        return f"--out {printable(str(target))}: its directory {printable(str(parent))} does not exist"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"--out {printable(str(target))}: its directory {printable(str(parent))} is not writable"
-    return None
+    target = DEFAULT_OUT if out is None else out
+    problem = file_target_problem(target, replace_symlink=True)
+    return None if problem is None else f"--out {printable(target)}: {problem}"
 
 
 def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None, as_json: bool = False,
@@ -169,10 +164,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     text = render([rule]) if rule is not None else None
     if text is not None and out != "-":
         try:
-            target = str(write_atomically(out or DEFAULT_OUT, text))
-        except OSError as exc:  # the directory vanished or became read-only while measuring
-            return fail(f"--out {printable(out or DEFAULT_OUT)}: cannot write: "
-                        f"{printable(exc.strerror or describe(exc))}", key="--out")
+            target = str(write_atomically(DEFAULT_OUT if out is None else out, text))
+        except WriteRefused as exc:  # the directory vanished, became read-only, or a FIFO appeared meanwhile
+            return fail(f"--out {printable(DEFAULT_OUT if out is None else out)}: {exc}", key="--out")
     elif text is not None and not as_json:  # --out -: the table is stdout (with --json the answer's "table")
         sys.stdout.write(text)
     elapsed = time.monotonic() - began

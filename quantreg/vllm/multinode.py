@@ -70,6 +70,7 @@ from ..problems import Problem, printable
 from ..registry import Registry, set_registry
 from ..table.file import TableFile
 from ..table.located import MAX_BYTES, ReadRefused, read_regular_file
+from ..writing import write_new
 
 logger = logging.getLogger("vllm.quantreg")
 
@@ -310,7 +311,7 @@ def build(config: Sequence[str | os.PathLike[str]] = (), env: Mapping[str, str] 
         renames: dict[str, str] = {}
         for i, table in enumerate(usable):
             local = Path(tmp) / f"{i}-{Path(table.path).name or 'table.yaml'}"
-            local.write_text(table.text or "", encoding="utf-8")
+            write_new(local, table.text or "")
             renames[table.path] = str(local)
             logger.info("quantreg: table %s is not readable on this node (pid %d); deciding from the copy the "
                         "driver (pid %d) shipped in %s (sha256 %s)", table.path, os.getpid(), shipment.pid,
