@@ -93,12 +93,12 @@ def new_plugin_command(name: str, directory: str | None, *, as_json: bool = Fals
     target = Path(names(name)["__DIST__"]) if directory is None and not problem else Path(directory or "")
     shown = printable(str(target) if directory is None else directory) or "''"
     if problem is None:  # the one writer's check: new or empty directory, never a device, FIFO or symlink
-        refused = dir_target_problem(str(target) if directory is None else directory)
+        refused = dir_target_problem(str(target) if directory is None else directory, has_force=False)
         problem = None if refused is None else f"{shown}: {refused}"
     files = render(name) if problem is None else {}
     if problem is None:
         try:
-            replace_directory(target, functools.partial(_fill, files))
+            replace_directory(target, functools.partial(_fill, files), has_force=False)
         except WriteRefused as exc:  # /proc/x, /sys/x, a dangling symlink, a read-only parent...
             problem = f"{shown}: {exc}"
     if problem:

@@ -79,6 +79,13 @@ def _parent_problem(target: Path, create_parents: bool) -> str | None:
         return f"{printable(str(probe))} is not a directory"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"its directory {printable(str(probe))} is not writable"
+    try:  # access() says yes to root on /proc and /sys: create (and remove) one file to be sure, before any work
+        fd, name = tempfile.mkstemp(prefix=".quantreg-probe.", dir=probe)
+    except (OSError, ValueError) as exc:
+        return f"no file can be created in {printable(str(probe))}: {_reason(exc)}"
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
     return None
 
 
@@ -112,13 +119,14 @@ def file_target_problem(path: str | os.PathLike[str], *, replace_symlink: bool =
     return _parent_problem(target, create_parents=False)
 
 
-def dir_target_problem(path: str | os.PathLike[str], *, force: bool = False, replace_symlink: bool = False
-                       ) -> str | None:
+def dir_target_problem(path: str | os.PathLike[str], *, force: bool = False, replace_symlink: bool = False,
+                       has_force: bool = True) -> str | None:
     """Why ``path`` cannot become a directory the command fills (``None``: it can).
 
     New, or an existing empty directory; a non-empty one only with ``force``; a symlink only with
     ``replace_symlink`` (and ``force`` when it names anything). Missing parents are created later,
-    so only the nearest existing ancestor must be a writable directory.
+    so only the nearest existing ancestor must be a writable directory. ``has_force``: the command
+    has a ``--force`` to suggest.
     """
     target = _named(path)
     if isinstance(target, str):
@@ -139,7 +147,8 @@ def dir_target_problem(path: str | os.PathLike[str], *, force: bool = False, rep
             except OSError as exc:
                 return f"cannot be listed: {_reason(exc)}"
             if not empty and not force:
-                return "is not empty; pass --force to replace its contents (nothing was written)"
+                hint = "pass --force to replace its contents" if has_force else "choose a new or empty directory"
+                return f"is not empty; {hint} (nothing was written)"
     return _parent_problem(target, create_parents=True)
 
 
@@ -231,7 +240,7 @@ def remove_tree(path: str | os.PathLike[str]) -> None:
 
 
 def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], object], *, force: bool = False,
-                      replace_symlink: bool = False) -> Path:
+                      replace_symlink: bool = False, has_force: bool = True) -> Path:
     """Make ``path`` a directory holding what ``fill(fresh)`` writes, in one rename.
 
     ``fill`` writes into a new temporary directory beside the target (nothing in it can be a
@@ -239,7 +248,7 @@ def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], objec
     one renamed into place and the old one removed. Any failure removes the temporary directory
     and leaves the target as it was.
     """
-    problem = dir_target_problem(path, force=force, replace_symlink=replace_symlink)
+    problem = dir_target_problem(path, force=force, replace_symlink=replace_symlink, has_force=has_force)
     if problem is not None:
         raise WriteRefused(problem)
     target = Path(os.path.abspath(os.fspath(path)))
@@ -252,7 +261,7 @@ def replace_directory(path: str | os.PathLike[str], fill: Callable[[Path], objec
         raise
     try:
         fill(fresh)
-        again = dir_target_problem(target, force=force, replace_symlink=replace_symlink)
+        again = dir_target_problem(target, force=force, replace_symlink=replace_symlink, has_force=has_force)
         if again is not None:
             raise WriteRefused(again)
         aside = None

@@ -144,7 +144,8 @@ def test_no_write_outside_the_one_writer() -> None:
 # --- the writer itself, over every kind of target -------------------------------------------------------------
 
 KINDS = ("missing", "regular", "empty-dir", "full-dir", "fifo", "socket", "chardev", "symlink-file",
-         "symlink-dir", "symlink-dangling", "symlink-dev", "parent-missing", "parent-is-file", "empty-name")
+         "symlink-dir", "symlink-dangling", "symlink-dev", "parent-missing", "parent-is-file", "empty-name", "proc",
+         "sys")
 
 
 @contextlib.contextmanager
@@ -174,6 +175,8 @@ def _target(base: Path, kind: str) -> Iterator[str]:
         elif kind == "symlink-dir":
             dest.mkdir()
         target.symlink_to(dest)
+    elif kind in ("proc", "sys"):  # file systems that take no new files, whatever access() says to root
+        target = Path(f"/{kind}/quantreg-test-target")
     elif kind == "parent-missing":
         target = base / "no" / "such" / "target"
     elif kind == "parent-is-file":
@@ -254,7 +257,8 @@ def test_replace_directory_is_all_or_nothing(tmp_path_factory: pytest.TempPathFa
             assert kind in ("missing", "empty-dir", "parent-missing") or (force and kind == "full-dir")
             assert sorted(p.name for p in Path(target).iterdir()) == ["a.txt"]
         assert _dev_null_intact()
-        if kind in ("fifo", "socket", "chardev", "regular", "symlink-dangling", "empty-name", "parent-is-file"):
+        if kind in ("fifo", "socket", "chardev", "regular", "symlink-dangling", "empty-name", "parent-is-file", "proc",
+                    "sys"):
             assert problem is not None
 
 
@@ -272,7 +276,8 @@ WRITERS: dict[str, Callable[[str, Path], list[str]] | None] = {
 }
 
 #: Targets every writing command must refuse (demo --keep adds to an existing directory, so a full one is fine).
-REFUSED = ("fifo", "socket", "chardev", "symlink-dangling", "symlink-dev", "parent-is-file", "empty-name")
+REFUSED = ("fifo", "socket", "chardev", "symlink-dangling", "symlink-dev", "parent-is-file", "empty-name", "proc",
+           "sys")
 #: Documented exceptions: `tune --out` replaces a symlink (the link, never what it names: docs/tune.md).
 REPLACES_SYMLINKS = {"tune"}
 

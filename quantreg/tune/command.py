@@ -88,6 +88,49 @@ def memory_needed(experts: int, hidden: int, intermediate: int, top_k: int = 0) 
     return MEMORY_COPIES * experts * per_expert
 
 
+def shape_problem(experts: int, hidden: int, intermediate: int, top_k: int) -> str | None:
+    """Why config.json's expert shape cannot be measured (``None``: it can), said with the values.
+
+    Why here: the float64 reference routes ``top_k`` of ``experts`` and decodes blocks of 32
+    values; a checkpoint that breaks either used to end in a traceback from torch.
+    """
+    if experts < 1:
+        return f"num_local_experts is {experts}; expected at least 1"
+    if not 1 <= top_k <= experts:
+        return f"num_experts_per_tok is {top_k}; expected 1 to num_local_experts ({experts})"
+    for name, value in (("hidden_size", hidden), ("intermediate_size", intermediate)):
+        if value < 32 or value % 32:
+            return f"{name} is {value}; expected a positive multiple of 32 (MXFP4 blocks hold 32 values)"
+    return None
+
+
+def experts_problem(experts: Any, shape: Any) -> str | None:
+    """Why the experts read from the checkpoint do not fit ``shape`` (``None``: they do), with dtypes and shapes.
+
+    MXFP4 blocks and scales are uint8 ``[E, 2I, H/2]`` / ``[E, 2I, H/32]`` (w13) and ``[E, H, I/2]`` /
+    ``[E, H, I/32]`` (w2); biases floating ``[E, 2I]`` / ``[E, H]``. float32 blocks, or blocks short
+    for their scales, made the float64 reference fail with a torch traceback.
+    """
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    expected = {"w13_weight": (e, 2 * i, h // 2), "w13_weight_scale": (e, 2 * i, h // 32),
+                "w2_weight": (e, h, i // 2), "w2_weight_scale": (e, h, i // 32),
+                "w13_bias": (e, 2 * i), "w2_bias": (e, h)}
+    for name, want in expected.items():
+        tensor = getattr(experts, name, None)
+        if tensor is None:
+            continue
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        is_bias = name.endswith("_bias")
+        if not is_bias and dtype != "uint8":
+            return f"{name} is {dtype}; expected uint8 (packed MXFP4 blocks and E8M0 scales)"
+        if is_bias and not tensor.is_floating_point():
+            return f"{name} is {dtype}; expected a floating-point bias"
+        if tuple(tensor.shape) != want:
+            return (f"{name} has shape {list(tensor.shape)}; expected {list(want)} for {e} experts, hidden {h}, "
+                    f"intermediate {i}")
+    return None
+
+
 def out_problem(out: str | None) -> str | None:
     """Why ``--out`` cannot receive the table (checked before measuring), else ``None``.
 
@@ -122,8 +165,10 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     quant_format, _ = quant_format_of(ck)
     key = Key(quant_format, ck.model_type, device)
     ex = ck.experts
-    if not ck.moe_layers:
-        return fail(f"{model_dir}: no MoE layers (nothing for quantreg to decide)", path=model_dir)
+    if not ck.moe_layers:  # plan's located problems (an absurd num_local_experts...) say why, when it has them
+        if ck.problems:
+            return fail("; ".join(ck.problems), path=f"{model_dir}/config.json")
+        return fail(f"{printable(model_dir)}: no MoE layers (nothing for quantreg to decide)", path=model_dir)
     if quant_format not in FLOAT64_FORMATS:
         return fail(f"key {key}: tune measures {', '.join(FLOAT64_FORMATS)} layers only (the formats with a "
                     "float64 reference and a harness layer); nothing written", path=model_dir)
@@ -132,6 +177,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     except (TypeError, ValueError, KeyError):
         return fail(f"{model_dir}/config.json: expert count, hidden/intermediate size or experts per token "
                     "missing", path=f"{model_dir}/config.json")
+    bad_shape = shape_problem(*shape)
+    if bad_shape is not None:  # before torch: the float64 reference would fail on it outside any containment
+        return fail(f"{printable(model_dir)}/config.json: {bad_shape}", path=f"{model_dir}/config.json")
     need, free = memory_needed(*shape), memory_available()
     if free is not None and need > free:
         return fail(f"{printable(model_dir)}/config.json: a layer of {shape[0]} experts at hidden {shape[1]}, "
@@ -150,8 +198,19 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     except Exception as exc:  # malformed data (safetensors' own errors included) is a located line, never a traceback
         return fail(f"{printable(model_dir)}: cannot read layer {ck.moe_layers[0]}'s experts: "
                     f"{printable(describe(exc))}", path=model_dir)
-    results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
-                              deadline=began + budget, progress=progress)
+    bad_experts = experts_problem(experts, layer_shape)
+    if bad_experts is not None:
+        return fail(f"{printable(model_dir)}: layer {ck.moe_layers[0]}'s experts: {bad_experts}; nothing measured",
+                    path=model_dir)
+    try:
+        results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
+                                  deadline=began + budget, progress=progress)
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # the float64 reference and the inputs are tune's own: a fault there is a located line
+        progress.done()
+        return fail(f"{printable(model_dir)}: measuring layer {ck.moe_layers[0]} failed: "
+                    f"{printable(describe(exc, located=True))}; nothing written", path=model_dir)
     progress.done()
     evidence: dict[str, Any] = {
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
