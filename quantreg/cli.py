@@ -107,9 +107,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     registry = _registry(args)
     rows = [p.__dict__ for p in registry.plugin_infos]
     failures = [str(f) for f in registry.failures]
-    lines = [f"  {p['status']:<8} {p['name']}  ({p['distribution']} {p['version']}) {p['reason']}".rstrip()
+    lines = [printable(f"  {p['status']:<8} {p['name']}  ({p['distribution']} {p['version']}) {p['reason']}").rstrip()
              for p in rows]
-    lines += [f"  fault    {f}" for f in failures]
+    lines += [f"  fault    {printable(f)}" for f in failures]
     return _answer(args, registry, {"plugins": rows, "faults": failures}, ["plugins:", *lines])
 
 
@@ -267,7 +267,7 @@ def _doctor(args: argparse.Namespace) -> int:
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
     lines += [f"device:    {device or 'unknown'} ({how})", f"vLLM hook: {'ok' if hook_ok else 'NO'} ({hook_reason})",
               "plugins:"]
-    lines += [f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}".rstrip()
+    lines += [printable(f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}").rstrip()
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += left_out_lines(left_out(registry, args.config))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from . import settings
 from .environment import ENVIRONMENT
-from .problems import Problem
+from .problems import Problem, printable
 from .table.file import Layer, TableHeader
 
 STRICT_ENV = settings.STRICT
@@ -60,7 +60,7 @@ def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_stri
     ask for it. The one place strictness is decided: callers pass what they know, never OR it in."""
     because: list[str] = []
     if env_strict(env):
-        because.append(f"{STRICT_ENV}={(settings.raw(STRICT_ENV, env) or '').strip()[:40]}")
+        because.append(f"{STRICT_ENV}={printable((settings.raw(STRICT_ENV, env) or '').strip()[:40])}")
     because += [f"strict: true in {h.path}" for h in headers if h.layer >= Layer.USER and h.strict is True]
     if run_strict:
         because.append('vLLM additional_config {"quantreg": {"strict": true}}')

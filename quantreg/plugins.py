@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import sys
 import threading
@@ -34,9 +33,9 @@ from . import builtin, hookspecs, settings
 from .environment import dist_directory, dist_name_version, dist_version
 from .files import ReadRefused, read_regular
 from .hookspecs import PROJECT
-from .problems import describe, printable
+from .problems import describe, printable, quantreg_logger
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 ENTRY_POINT_GROUP = "quantreg"
 ALLOW_ENV = settings.PLUGINS
@@ -342,7 +341,8 @@ def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
         if dist is None:
             return "?", "?"
         name, version = dist_name_version(dist)
-        return str(name or "?"), str(version or "?")
+        # METADATA is outside text: a Name holding a newline forged a line in `quantreg plugins`
+        return printable(str(name or "?")), printable(str(version or "?"))
     except Exception:  # broken METADATA must not stop discovery of the other plugins
         return "?", "?"
 

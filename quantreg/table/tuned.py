@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..methods import valid_name
-from ..problems import did_you_mean, type_name
+from ..problems import did_you_mean, printable, type_name
 
 TUNED_KEYS = ("at", "host", "vllm", "torch", "phase_weights", "tolerance", "budget_s", "rounds", "shape", "results")
 RESULT_KEYS = ("method", "ok", "error", "ms", "score_ms", "rel_error")
@@ -73,7 +73,7 @@ class TunedEvidence:
         refused = [r for r in self.results if not r.ok]
         if refused:
             text += "; refused: " + "; ".join(f"{r.method} ({r.error or 'failed'})" for r in refused)
-        return text
+        return printable(text)  # every field here came from a table: one line, whatever a value holds
 
 
 def _ms(value: float | None) -> str:

@@ -55,7 +55,6 @@ import binascii
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import shlex
 import sys
@@ -66,13 +65,13 @@ from pathlib import Path
 
 from .. import jsonread, settings
 from ..loading import CONFIG_ENV, config_paths
-from ..problems import Problem, printable
+from ..problems import Problem, printable, quantreg_logger
 from ..registry import Registry, set_registry
 from ..table.file import TableFile
 from ..table.located import MAX_BYTES, ReadRefused, read_regular_file
 from ..writing import write_new
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 #: vLLM's knob for extra variable-name prefixes its Ray executor copies to workers.
 RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"

@@ -17,13 +17,13 @@ release leaving the tested range deletes exactly one function.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..environment import vllm_distribution
+from ..problems import quantreg_logger
 from ..version_spec import release, satisfies
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 #: the tested range, as a PEP 440 specifier set restricted to ``>=, >, <=, <, ==, !=``
 TESTED = ">=0.28,<0.33"
