@@ -145,8 +145,8 @@ def _real() -> tuple[frozenset[str], str, str]:
 def host_facts() -> HostFacts:
     """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
     flags, vendor, model = _real()
-    spec = settings.raw(FLAGS_ENV)
-    simulated = bool(spec and spec.strip())  # empty, as elsewhere, means unset (`export X=` must not mean "no flags")
+    spec = settings.value(FLAGS_ENV)  # empty means unset; "," names no flag: a settings problem, the real flags kept
+    simulated = bool(spec and spec.replace(",", " ").split())
     if simulated and spec is not None:
         flags = apply_override(flags, spec)
     return HostFacts(machine=platform.machine(), cpu_flags=flags, vendor=vendor, model_name=model,

