@@ -122,3 +122,26 @@ def test_the_kit_tells_silu_from_swiglu_oai() -> None:
         out = silu.to(case.x.dtype)
         assert "SiLU-and-mul, not SwiGLU-OAI" in explain(out, case, DEFAULT_TOLERANCE)
         assert "SiLU" not in explain(swiglu.to(case.x.dtype), case, DEFAULT_TOLERANCE)
+
+
+def test_nothing_reaches_the_cpu_ops_but_the_shim() -> None:
+    """Every call into vLLM's CPU MoE ops goes through quantreg/vllm/cpu_ops.py (so the activation is passed)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for base in ("quantreg", "bench", "plugins"):
+        for path in sorted((root / base).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel == "quantreg/vllm/cpu_ops.py" or "/tests/" in rel:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                if any(n in cpu_ops.MODULES for n in names):
+                    found.append(f"{rel}:{node.lineno}")
+    assert found == [], f"import vLLM's CPU ops through quantreg.vllm.cpu_ops: {found}"
