@@ -104,9 +104,10 @@ class Bf16Baselines:
     """The bf16 comparisons on one layer: ``mxfp4_reference`` and vLLM's bf16 CPU MoE kernel."""
 
     def __init__(self, layer: dict[str, torch.Tensor]) -> None:
-        from vllm._custom_ops import cpu_prepack_moe_weight
-
         from quantreg.formats.mxfp4 import dequantize_mxfp4
+        from quantreg.vllm.cpu_ops import cpu_op
+
+        cpu_prepack_moe_weight = cpu_op("cpu_prepack_moe_weight")  # vllm._custom_ops (0.32) or vllm._cpu_ops (0.34)
 
         self.layer = layer
         self.isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
@@ -128,11 +129,11 @@ class Bf16Baselines:
                              torch.ones(e, 1))
 
     def vllm_bf16(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        from vllm._custom_ops import cpu_fused_moe
+        from quantreg.vllm.cpu_ops import cpu_fused_moe
 
         out = torch.empty_like(x)
         cpu_fused_moe(out, x, self.w13, self.w2, self.layer["w13_bias"], self.layer["w2_bias"], weights,
-                      ids, "swigluoai", self.isa)
+                      ids, activation="swigluoai", isa=self.isa)
         return out
 
     def mxfp4_reference(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

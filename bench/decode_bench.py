@@ -80,7 +80,9 @@ def tokens(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
 
 
 def run(quick: bool) -> list[Metric]:
-    import vllm._custom_ops  # noqa: F401 - registers torch.ops._C (vLLM's CPU kernels)
+    from quantreg.vllm.cpu_ops import load
+
+    load()  # registers torch.ops._C (vLLM's CPU kernels): vllm._custom_ops, or vllm._cpu_ops from 0.34
     from quantreg_hpu_mxfp4.hpu_op import ExpertWeights, MoeOp, reference_ops  # type: ignore[import-untyped]
 
     w13, s13 = random_mxfp4((E, 2 * INTER, HIDDEN), seed=30)

@@ -21,7 +21,6 @@ This module imports neither vLLM nor torch.
 
 from __future__ import annotations
 
-import logging
 import math
 import multiprocessing
 import os
@@ -35,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 from . import jsonread, settings
 from .files import ReadRefused, WriteRefused, append_regular, read_regular
 from .host import host_facts
-from .problems import printable
+from .problems import printable, quantreg_logger
 
 if TYPE_CHECKING:
     from .decision import Decision
 
-logger = logging.getLogger("vllm.quantreg.audit")
+logger = quantreg_logger("vllm.quantreg.audit")
 
 #: Fields every line carries, in this order (scripts may rely on them).
 FIELDS = ("time", "pid", "role", "key", "method", "rule", "layers", "strict", "fingerprint", "fallback", "host")

@@ -63,13 +63,14 @@ def _registry(args: argparse.Namespace) -> Registry:
 
 
 def _answer(args: argparse.Namespace, registry: Registry, data: dict[str, Any], lines: list[str],
-            decision: Decision | None = None, left_out_shown: bool = False) -> int:
+            decision: Decision | None = None, left_out_shown: bool = False, problems: Sequence[object] = ()) -> int:
     """Print ``data`` (with the envelope) or ``lines`` (with left-out files), then the start-up verdict.
 
     Exit 1 when strict mode is in force and vLLM would refuse to start, 0 otherwise: the CLI
     must not answer "fine" where vLLM with the same environment stops.
     """
     wrapped = {**data, **envelope(None, registry, args.config, decision)}
+    wrapped["problems"] += [problem_json(p) for p in problems]  # the command's own (doctor --decisions...)
     refusal = wrapped["vllm_would_refuse"]
     if wrapped["left_out"] and not args.json and not left_out_shown:
         lines = [*lines, "left out (every rule of these files is ignored):", *left_out_lines(wrapped["left_out"])]
@@ -106,9 +107,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     registry = _registry(args)
     rows = [p.__dict__ for p in registry.plugin_infos]
     failures = [str(f) for f in registry.failures]
-    lines = [f"  {p['status']:<8} {p['name']}  ({p['distribution']} {p['version']}) {p['reason']}".rstrip()
+    lines = [printable(f"  {p['status']:<8} {p['name']}  ({p['distribution']} {p['version']}) {p['reason']}").rstrip()
              for p in rows]
-    lines += [f"  fault    {f}" for f in failures]
+    lines += [f"  fault    {printable(f)}" for f in failures]
     return _answer(args, registry, {"plugins": rows, "faults": failures}, ["plugins:", *lines])
 
 
@@ -266,7 +267,7 @@ def _doctor(args: argparse.Namespace) -> int:
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
     lines += [f"device:    {device or 'unknown'} ({how})", f"vLLM hook: {'ok' if hook_ok else 'NO'} ({hook_reason})",
               "plugins:"]
-    lines += [f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}".rstrip()
+    lines += [printable(f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}").rstrip()
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += left_out_lines(left_out(registry, args.config))
@@ -286,7 +287,8 @@ def _doctor(args: argparse.Namespace) -> int:
     lines += [f"info: {f}" for f in findings if f.level == "info"]
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
-    return max(status, _answer(args, registry, data, lines, left_out_shown=True))
+    own = data.get("decisions", {}).get("problems", []) if status else []
+    return max(status, _answer(args, registry, data, lines, left_out_shown=True, problems=own))
 
 
 def _passed_over(registry: Registry) -> list[dict[str, Any]]:
@@ -530,9 +532,42 @@ def _missing_stack(args: argparse.Namespace, exc: ModuleNotFoundError) -> int:
     return 2
 
 
+def _asks_json(words: Sequence[str]) -> bool:
+    """``--json`` or a prefix argparse expands to it (``--js``, ``--jso``): usage errors answer in JSON too."""
+    return any(isinstance(w, str) and len(w) >= 3 and "--json".startswith(w) for w in words)
+
+
+def _printer_tolerant() -> None:
+    """stdout/stderr escape what they cannot encode instead of raising (the printer itself never tracebacks).
+
+    Why: a non-UTF-8 file name (surrogate-escaped by Python) in an argument or a path reached
+    ``print`` on a strict UTF-8 (or ASCII) stdout and ended in ``UnicodeEncodeError``. Every
+    string of outside origin is escaped by :func:`quantreg.problems.printable` first; this is the
+    backstop for the ones a future change forgets.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):
+                reconfigure(errors="backslashreplace")
+
+
+def _internal_error(args: argparse.Namespace, exc: BaseException) -> int:
+    """The last boundary: an exception no command turned into a located line becomes one (exit 2), never a
+    traceback, and the envelope under ``--json``."""
+    from .problems import describe
+
+    problem = f"internal error: {describe(exc, located=True)} (please report it)"
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, **envelope([problem_json(problem, key=args.command)])}, indent=2))
+    print(f"quantreg {args.command}: {printable(problem)}", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _printer_tolerant()
     words = list(sys.argv[1:] if argv is None else argv)
-    _Parser.json_errors = "--json" in words
+    _Parser.json_errors = _asks_json(words)
     try:
         args = build_parser().parse_args(words)
     except BrokenPipeError:  # the reader of a usage error went away: still a usage error
@@ -551,12 +586,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: int = args.func(args)
     except ModuleNotFoundError as exc:  # a command that needs torch/vLLM on a host without them: one line
         if (exc.name or "").partition(".")[0] not in OPTIONAL_STACK:
-            raise
+            return _internal_error(args, exc)
         return _missing_stack(args, exc)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # the one boundary: a located line, not a traceback
+        return _internal_error(args, exc)
     return result
 
 

@@ -12,12 +12,12 @@ naming it, and the other plugins' findings are kept. This module holds the value
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .keys import Key
+from .problems import quantreg_logger
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -30,7 +30,7 @@ registry (the registry calls the hooks), so handing plugins the registry would m
 API depend on everything above it; a plugin needs only the answers.
 """
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 HOOK = "doctor_findings"
 LEVELS = ("info", "warning", "error")

@@ -144,8 +144,9 @@ def _real() -> tuple[frozenset[str], str, str]:
 def host_facts() -> HostFacts:
     """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
     flags, vendor, model = _real()
-    spec = settings.raw(settings.HOST_CPU_FLAGS)
-    simulated = bool(spec and spec.strip())  # empty, as elsewhere, means unset (`export X=` must not mean "no flags")
+    # empty means unset; "," names no flag: a settings problem, the real flags kept
+    spec = settings.value(settings.HOST_CPU_FLAGS)
+    simulated = bool(spec and spec.replace(",", " ").split())
     if simulated and spec is not None:
         flags = apply_override(flags, spec)
     return HostFacts(machine=platform.machine(), cpu_flags=flags, vendor=vendor, model_name=model,

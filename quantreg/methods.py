@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from . import settings
 from .environment import installed_vllm_version, module_available, probe_timeout
 from .keys import WILDCARD, Key
+from .problems import printable
 from .version_spec import check_specifier, satisfies
 
 if TYPE_CHECKING:  # quantreg.host is read when a method's availability is asked, not at start-up
@@ -323,7 +324,9 @@ def run_probe(probe: Probe | str, timeout: float) -> Availability:
     def probe_call() -> Availability:
         fn = load_object(probe) if isinstance(probe, str) else probe
         ok, reason = fn()
-        return Availability(bool(ok), str(reason))
+        # a probe's reason is outside text (plugin #2 quotes its build-failure file): escaped once, here,
+        # so list, explain, doctor and vLLM's log all show one line
+        return Availability(bool(ok), printable(str(reason)))
 
     shown = probe if isinstance(probe, str) else getattr(probe, "__qualname__", "probe")
     result, error = call(f"running probe {shown!r}", probe_call, timeout=min(max(timeout, 0.0), threading.TIMEOUT_MAX))

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from . import settings
-from .problems import Problem
+from .problems import Problem, printable
 from .table.file import Layer, TableHeader
 
 
@@ -55,7 +55,7 @@ def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_stri
     ask for it. The one place strictness is decided: callers pass what they know, never OR it in."""
     because: list[str] = []
     if env_strict(env):
-        because.append(f"{settings.STRICT}={(settings.raw(settings.STRICT, env) or '').strip()[:40]}")
+        because.append(f"{settings.STRICT}={printable((settings.raw(settings.STRICT, env) or '').strip()[:40])}")
     because += [f"strict: true in {h.path}" for h in headers if h.layer >= Layer.USER and h.strict is True]
     if run_strict:
         because.append('vLLM additional_config {"quantreg": {"strict": true}}')

@@ -14,6 +14,7 @@ that exists and is not empty (never write over someone's files).
 
 from __future__ import annotations
 
+import functools
 import json
 import keyword
 import re
@@ -23,7 +24,9 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from .envelope import envelope
-from .problems import problem_json
+from .files import WriteRefused
+from .problems import printable, problem_json
+from .writing import dir_target_problem, make_directory, replace_directory, write_new
 
 NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 TEMPLATE = "plugin_template"
@@ -76,24 +79,34 @@ def render(name: str) -> dict[str, str]:
     return rendered
 
 
+def _fill(files: dict[str, str], root: Path) -> None:
+    """Write the rendered files into ``root`` (a fresh directory: each file is new)."""
+    for relative, text in files.items():
+        path = root / relative
+        make_directory(path.parent)
+        write_new(path, text)
+
+
 def new_plugin_command(name: str, directory: str | None, *, as_json: bool = False) -> int:
     """Write the plugin; one ``quantreg new-plugin: ...`` line and exit 1 when it cannot."""
     problem = name_problem(name)
-    target = Path(directory) if directory else Path(names(name)["__DIST__"]) if not problem else Path()
-    if problem is None and target.exists() and (not target.is_dir() or any(target.iterdir())):
-        kind = "is not a directory" if not target.is_dir() else "is not empty"
-        problem = f"{target} {kind}: choose a new or empty directory (nothing was written)"
+    target = Path(names(name)["__DIST__"]) if directory is None and not problem else Path(directory or "")
+    shown = printable(str(target) if directory is None else directory) or "''"
+    if problem is None:  # the one writer's check: new or empty directory, never a device, FIFO or symlink
+        refused = dir_target_problem(str(target) if directory is None else directory, has_force=False)
+        problem = None if refused is None else f"{shown}: {refused}"
+    files = render(name) if problem is None else {}
+    if problem is None:
+        try:
+            replace_directory(target, functools.partial(_fill, files), has_force=False)
+        except WriteRefused as exc:  # /proc/x, /sys/x, a dangling symlink, a read-only parent...
+            problem = f"{shown}: {exc}"
     if problem:
         if as_json:  # --json answers in JSON on failure too (the envelope; the problem names the directory)
             where = None if name_problem(name) else str(target)
             print(json.dumps({"ok": False, **envelope([problem_json(problem, path=where)])}, indent=2))
         print(f"quantreg new-plugin: {problem}", file=sys.stderr)
         return 1
-    files = render(name)
-    for relative, text in files.items():
-        path = target / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
     subs = names(name)
     if as_json:
         print(json.dumps({"directory": str(target.resolve()), "distribution": subs["__DIST__"],
@@ -101,6 +114,6 @@ def new_plugin_command(name: str, directory: str | None, *, as_json: bool = Fals
                           "files": sorted(files), **envelope([])}, indent=2))
     else:
         print(f"wrote plugin {subs['__DIST__']} (method {name}, class {subs['__PACKAGE__']}.method:"
-              f"{subs['__CLASS__']}) to {target}\nnext:\n  pip install -e '{target}[test]'\n  quantreg list\n"
+              f"{subs['__CLASS__']}) to {shown}\nnext:\n  pip install -e '{shown}[test]'\n  quantreg list\n"
               f"  quantreg validate {target / subs['__PACKAGE__'] / 'rules.yaml'}\n  quantreg check-method {name}")
     return 0

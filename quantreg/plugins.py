@@ -15,7 +15,6 @@ in a device runtime while it is stuck).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,9 +29,9 @@ from .environment import dist_directory, dist_name_version, dist_version
 from .files import ReadRefused, read_regular
 from .hookcall import FIELDS_CHECKED_BY, call, value_problem
 from .hookspecs import PROJECT
-from .problems import describe, printable
+from .problems import describe, printable, quantreg_logger
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 ENTRY_POINT_GROUP = "quantreg"
 
@@ -249,7 +248,8 @@ def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
         if dist is None:
             return "?", "?"
         name, version = dist_name_version(dist)
-        return str(name or "?"), str(version or "?")
+        # METADATA is outside text: a Name holding a newline forged a line in `quantreg plugins`
+        return printable(str(name or "?")), printable(str(version or "?"))
     except Exception:  # broken METADATA must not stop discovery of the other plugins
         return "?", "?"
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,7 +20,7 @@ from .loading import all_limitations, collect_findings, load
 from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
-from .problems import Problem
+from .problems import Problem, quantreg_logger
 from .table.file import Rule, TableFile, TableHeader, rule_json
 
 if TYPE_CHECKING:
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from .findings import Finding
     from .vllm_limits import VllmLimitation
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 Fault = Problem | PluginFailure
 """Anything that went wrong while loading: a located table problem or a plugin failure."""

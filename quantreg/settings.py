@@ -64,6 +64,16 @@ def parse_text(raw: str, default: Any) -> Parsed:
     return raw, None
 
 
+def parse_flags(raw: str, default: Any) -> Parsed:
+    """``QUANTREG_HOST_CPU_FLAGS``: empty is unset; text with no flag in it (``","``) is a problem, never "no flags"."""
+    if not raw.strip():
+        return default, None
+    if not raw.replace(",", " ").split():
+        return default, (f"expected CPU flags (a list such as 'avx2,fma', or +flag/-flag edits), got "
+                         f"{raw[:40]!r}, which names none; ignored: this host's real flags are used")
+    return raw, None
+
+
 def parse_paths(raw: str, default: Any) -> Parsed:
     return tuple(p for p in raw.split(os.pathsep) if p.strip()), None
 
@@ -142,7 +152,7 @@ SETTINGS: tuple[Setting, ...] = (
                                                         "plugin is dropped with a warning."),
     Setting(MXFP4_COMPILE, parse_compile, "auto", "auto/0/1: whether the MXFP4 reference method uses its "
                                                   "torch.compile'd kernel (auto: where it pays off)."),
-    Setting(HOST_CPU_FLAGS, parse_text, None, "Test seam: replace (a list) or edit (+flag/-flag) the CPU flags "
+    Setting(HOST_CPU_FLAGS, parse_flags, None, "Test seam: replace (a list) or edit (+flag/-flag) the CPU flags "
                                               "quantreg reads from /proc/cpuinfo."),
     Setting(FINGERPRINT, parse_text, None, "Set by the first vLLM process: its table fingerprint, which later "
                                            "processes compare with their own."),

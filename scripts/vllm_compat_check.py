@@ -60,6 +60,8 @@ class Symbol:
     alternatives: other names quantreg accepts for the same thing (an older release's name, e.g. 0.26's
     ``FusedMoE`` before the ``FusedMoEFactory`` rename): found under one of them, the symbol is present
     (and its signature checked there), reported with the name it was found under.
+    modules: other modules quantreg looks in for it, in order after ``module`` (0.34 moved the CPU MoE ops
+    from ``vllm._custom_ops`` to ``vllm._cpu_ops``; quantreg/vllm/cpu_ops.py takes either).
     """
 
     kind: str
@@ -73,6 +75,7 @@ class Symbol:
     accepts_kwargs: bool = False
     optional: bool = False
     alternatives: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
 
 
 # The one table. Order: the seam, the key and settings, plugin #1's base classes, the kit's harness, the demo runner.
@@ -147,6 +150,20 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("name", "vllm.model_executor.model_loader.weight_utils", "default_weight_loader", H,
            params=("param", "loaded_weight")),
     Symbol("name", "vllm", "LLM", R),
+    # vLLM's CPU MoE ops, through quantreg/vllm/cpu_ops.py (bench/ and the shim's callers): 0.34 moved them
+    # from vllm._custom_ops to vllm._cpu_ops; fused_experts_cpu's act_method (CPUActMethod) since 0.33.
+    Symbol("name", "vllm._cpu_ops", "fused_experts_cpu", f"{Q}/cpu_ops.py", modules=("vllm._custom_ops",),
+           params=("out", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "moe_comp_method", "w1_scale",
+                   "w2_scale", "w1_zero", "w2_zero", "block_size"), keywords=("alpha", "limit"), optional=True),
+    Symbol("name", "vllm._cpu_ops", "CPUActMethod", f"{Q}/cpu_ops.py (0.33+: passed as act_method)",
+           modules=("vllm._custom_ops",), optional=True),
+    Symbol("name", "vllm._cpu_ops", "CPUQuantMethod", f"{Q}/cpu_ops.py", modules=("vllm._custom_ops",),
+           optional=True),
+    Symbol("name", "vllm._cpu_ops", "cpu_fused_moe", f"{Q}/cpu_ops.py, bench/cpu_mxfp4_bench.py",
+           modules=("vllm._custom_ops",), params=("out", "input", "w13", "w2", "w13_bias", "w2_bias",
+                                                  "topk_weights", "topk_ids", "act", "isa"), optional=True),
+    Symbol("name", "vllm._cpu_ops", "cpu_prepack_moe_weight", "bench/cpu_mxfp4_bench.py",
+           modules=("vllm._custom_ops",), params=("weight", "isa"), optional=True),
     Symbol("name", "vllm", "SamplingParams", R),
     Symbol("name", "vllm.inputs", "TokensPrompt", R),
 )
@@ -450,7 +467,18 @@ def check_symbol(resolver: Resolver, symbol: Symbol) -> dict[str, object]:
         entry.update(status=status, detail=detail, where=where)
         return entry
 
+    owner = symbol.name.partition(".")[0]
+    for module in symbol.modules:  # an older (or newer) home of the same name, when the first has none
+        if resolver.src.module_file(symbol.module) is not None and resolver.find(symbol.module, owner) is not None:
+            break
+        if resolver.src.module_file(module) is not None and resolver.find(module, owner) is not None:
+            entry["found_in"] = module
+            symbol = Symbol(**{**symbol.__dict__, "module": module, "modules": ()})
+            break
     rel = resolver.src.module_file(symbol.module)
+    homes = [m for m in symbol.modules if resolver.src.module_file(m) is not None]
+    if rel is None and homes:
+        return result("missing", f"{homes[0]} defines no {owner} (and there is no module {symbol.module})")
     if rel is None:
         return result("missing", f"no module {symbol.module}")
     if symbol.kind == "module":

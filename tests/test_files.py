@@ -29,17 +29,18 @@ PACKAGE = ROOT / "quantreg"
 ALLOWED = {
     ("quantreg/files.py", "read_regular"): "the one reader",
     ("quantreg/files.py", "append_regular"): "the one appender",
-    ("quantreg/table/cache.py", "_store"): "writes its own entry with O_EXCL (never opens what is there)",
-    ("quantreg/testing/vllm_run.py", "run_vllm"): "the kit's own log/request files in its temporary work dir",
+    ("quantreg/testing/vllm_run.py", "run_vllm"): "the kit's own log file in its temporary work dir (reads it back)",
     ("quantreg/testing/vllm_run.py", "group_alive"): "/proc/<pid>/stat of a child it started",
     ("quantreg/testing/vllm_run.py", "_read_result"): "the result file its own child wrote",
     ("quantreg/testing/vllm_child.py", "main"): "the request file its parent wrote",
     ("quantreg/newplugin.py", "render"): "its own packaged template files (quantreg/plugin_template/)",
     ("quantreg/testing/host_kind.py", "_sitecustomize_dir"): "the sitecustomize.py it wrote into its own temp dir",
     ("quantreg/testing/serving.py", "log"): "the log file of a test server it started",
-    ("quantreg/testing/serving.py", "start_server"): "creates that log file in the test's own directory",
-    ("quantreg/tune/table.py", "write_atomically"): "writes (never reads) the table the user named: a new temp "
-                                                      "file beside it, fsync, os.replace",
+    # the one writer (quantreg/writing.py, class 12): opens only to create or replace, never reads
+    ("quantreg/writing.py", "_fsync_dir"): "the target's directory, to fsync a rename",
+    ("quantreg/writing.py", "replace_file"): "its own new temporary file (mkstemp) beside the target",
+    ("quantreg/writing.py", "write_new"): "a new file (O_EXCL | O_NOFOLLOW)",
+    ("quantreg/writing.py", "open_log"): "a child's log file, refused unless regular (O_NOFOLLOW, fstat)",
 }
 READERS = {"open", "read_text", "read_bytes", "fdopen"}
 #: Libraries that open a path themselves (memory-map or read it): each use is allowed below, and the

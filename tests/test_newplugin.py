@@ -112,7 +112,7 @@ def test_a_non_empty_directory_is_refused_in_one_line(tmp_path: Path) -> None:
     (target / "notes.txt").write_text("mine")
     proc = quantreg("new-plugin", "demo_x", str(target), cwd=tmp_path)
     assert proc.returncode == 1 and not proc.stdout
-    assert proc.stderr == f"quantreg new-plugin: {target} is not empty: choose a new or empty directory " \
+    assert proc.stderr == f"quantreg new-plugin: {target}: is not empty; choose a new or empty directory " \
                           "(nothing was written)\n"
     assert sorted(p.name for p in target.iterdir()) == ["notes.txt"]
     empty = tmp_path / "empty"

@@ -30,21 +30,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from .. import settings
 from ..envelope import envelope
 from ..environment import guess_device
+from ..files import WriteRefused
 from ..keys import Key
 from ..problems import printable, problem_json
 from ..registry import Registry
 from ..testing.vllm_run import DEMO_PROMPTS, RunResult, run_vllm
 from ..vllm_limits import KernelVerdict, vllm_cpu_mxfp4_kernel
+from ..writing import dir_target_problem, fresh_directory, make_directory, replace_file
 
 DEMO_TABLE = """\
 # quantreg demo table: route GPT-OSS MXFP4 to the Gaudi kernel, or to its CPU reference.
@@ -149,13 +148,16 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
         print(f"quantreg demo: {problem}", file=sys.stderr)
         return code
 
-    if keep and os.path.lexists(keep) and not os.path.isdir(keep):
-        return stop(f"--keep {printable(keep)}: not a directory; expected a new or existing directory",
-                    path=keep, code=2)
+    if keep is not None:  # the one writer's check, before torch: an existing directory is kept and added to
+        refused = dir_target_problem(keep, force=True)
+        if refused is not None:
+            return stop(f"--keep {printable(keep) or repr(keep)}: {refused}", path=keep, code=2)
     from ..tiny.checkpoint import write_tiny_gpt_oss  # torch (after the checks of what was asked)
 
-    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="quantreg-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work = make_directory(keep) if keep else fresh_directory("quantreg-demo-")
+    except WriteRefused as exc:
+        return stop(f"--keep {exc}", path=keep, code=2)
 
     def say(text: str = "") -> None:
         out.append(text)
@@ -164,7 +166,7 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
 
     model = write_tiny_gpt_oss(work / "tiny-gpt-oss-mxfp4")
     table = work / "demo-table.yaml"
-    table.write_text(DEMO_TABLE, encoding="utf-8")
+    replace_file(table, DEMO_TABLE)
     say(f"checkpoint: {model}  (GPT-OSS, MXFP4 experts, 2 MoE layers, 4 experts, top-2)")
     key = Key("gpt_oss_mxfp4", "gpt_oss", guess_device())
 

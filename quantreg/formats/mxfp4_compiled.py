@@ -20,15 +20,15 @@ tensor holds at least one chunk; for tests and benchmarks).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 
 import torch
 
 from .. import settings
+from ..problems import quantreg_logger
 
-logger = logging.getLogger(__name__)
+logger = quantreg_logger(__name__)
 
 CHUNK_ROWS = 1 << 18
 """Blocks per kernel call: a static shape (one compilation), 4 MiB of packed bytes."""

@@ -54,6 +54,21 @@ def swiglu_oai(h: torch.Tensor, alpha: float = DEFAULT_ALPHA, limit: float = DEF
     return (up + 1) * gate * torch.sigmoid(alpha * gate)
 
 
+def silu_and_mul(h: torch.Tensor) -> torch.Tensor:
+    """SiLU-and-mul over the same interleaved pre-activations (``silu(gate) * up``, no alpha, clamp or +1).
+
+    Not GPT-OSS's activation: it is what vLLM's ``fused_experts_cpu`` computes with its default
+    ``act_method`` (SiLU) since 0.33, so a kernel or oracle called with the defaults computes this
+    without an error. The kit's diagnosis names it (:mod:`quantreg.testing.diagnose`).
+    """
+    gate, up = h[..., 0::2], h[..., 1::2]
+    return up * gate * torch.sigmoid(gate)
+
+
+#: Activations the reference computes: GPT-OSS's (``swigluoai``) and the default others fall back to.
+ACTIVATIONS = ("swigluoai", "silu")
+
+
 def moe_f64(
     x: torch.Tensor,
     topk_ids: torch.Tensor,
@@ -66,18 +81,25 @@ def moe_f64(
     experts_min: int = 0,
     alpha: float = DEFAULT_ALPHA,
     limit: float = DEFAULT_LIMIT,
+    activation: str = "swigluoai",
 ) -> torch.Tensor:
     """The GPT-OSS MoE block in float64 from dense expert weights; returns ``[T, H]`` float64.
+
+    ``activation``: ``swigluoai`` (GPT-OSS, the default) or ``silu`` (:func:`silu_and_mul`, what a
+    kernel called with vLLM's default ``act_method`` computes: the kit's diagnosis compares with it).
 
     ``w13`` ``[E_local, 2I, H]`` and ``w2`` ``[E_local, H, I]`` are the local experts, global ids
     ``experts_min ..``; ``topk_ids`` hold global ids and ids outside the local range are skipped.
     Biases (``[E_local, 2I]``, ``[E_local, H]``) may be ``None`` (zero).
     """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}: expected one of {', '.join(ACTIVATIONS)}")
     if x.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"x {tuple(x.shape)}, topk_ids {tuple(topk_ids.shape)} and topk_weights "
                          f"{tuple(topk_weights.shape)} must be [T, H], [T, k], [T, k]")
     return moe_f64_by_expert(x, topk_ids, topk_weights, w13.shape[0], lambda e: (w13[e], w2[e]),
-                             w13_bias, w2_bias, experts_min=experts_min, alpha=alpha, limit=limit)
+                             w13_bias, w2_bias, experts_min=experts_min, alpha=alpha, limit=limit,
+                             activation=activation)
 
 
 def moe_f64_by_expert(
@@ -92,6 +114,7 @@ def moe_f64_by_expert(
     experts_min: int = 0,
     alpha: float = DEFAULT_ALPHA,
     limit: float = DEFAULT_LIMIT,
+    activation: str = "swigluoai",
 ) -> torch.Tensor:
     """:func:`moe_f64` with each local expert's ``(w13, w2)`` asked of ``expert(e)``, only for experts
     some token is routed to: ``against: float64`` inside vLLM decodes MXFP4 experts one at a time
@@ -107,7 +130,8 @@ def moe_f64_by_expert(
         h = xd[tokens] @ w13.double().T
         if w13_bias is not None:
             h = h + w13_bias[e].double()
-        y = swiglu_oai(h, alpha, limit) @ w2.double().T
+        act = swiglu_oai(h, alpha, limit) if activation == "swigluoai" else silu_and_mul(h)
+        y = act @ w2.double().T
         if w2_bias is not None:
             y = y + w2_bias[e].double()
         out.index_add_(0, tokens, y * topk_weights[tokens, slots].double().unsqueeze(1))
@@ -169,11 +193,12 @@ class GptOssMxfp4Experts:
         experts_min: int = 0,
         alpha: float = DEFAULT_ALPHA,
         limit: float = DEFAULT_LIMIT,
+        activation: str = "swigluoai",
     ) -> torch.Tensor:
         """:func:`moe_f64` with these experts as global experts ``experts_min ..``."""
         w13, w2 = self.dense_f64()
         return moe_f64(x, topk_ids, topk_weights, w13, w2, self.w13_bias, self.w2_bias,
-                       experts_min=experts_min, alpha=alpha, limit=limit)
+                       experts_min=experts_min, alpha=alpha, limit=limit, activation=activation)
 
 
 def random_gpt_oss_mxfp4_experts(

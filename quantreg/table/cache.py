@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import jsonread, settings
+from ..files import WriteRefused
+from ..writing import make_directory, replace_file
 from .located import MAX_BYTES, MAX_DEPTH, ReadRefused, from_json, read_regular_file, to_json
 
 FORMAT = b"quantreg-located-json-2\0"  # bump when to_json or the parser's results change meaning
@@ -143,21 +145,11 @@ def encode_entry(name: str, data: Any) -> bytes:
 
 def _store(path: Path, doc: Any) -> None:
     """Write atomically (temporary file, then rename), so a reader never sees half an entry."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    created = False
     try:
         data = encode_entry(path.name, to_json(doc))
         if len(data) > MAX_ENTRY_BYTES:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: never open (and block on) something already there, e.g. a FIFO left at this name
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-        created = True
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(temporary, path)
-        created = False
-    except (OSError, TypeError, ValueError, RecursionError):  # read-only home, full disk...: no cache
-        if created:
-            with contextlib.suppress(OSError, ValueError):
-                temporary.unlink(missing_ok=True)
+        make_directory(path.parent)
+        replace_file(path, data)  # the one writer: never over a FIFO or device left at this name
+    except (WriteRefused, OSError, TypeError, ValueError, RecursionError):  # read-only home, full disk...: no cache
+        pass

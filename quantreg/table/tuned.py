@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..methods import valid_name
-from ..problems import did_you_mean, type_name
+from ..problems import did_you_mean, printable, type_name
 
 TUNED_KEYS = ("at", "host", "vllm", "torch", "phase_weights", "tolerance", "budget_s", "rounds", "shape", "results")
 RESULT_KEYS = ("method", "ok", "error", "ms", "score_ms", "rel_error")
@@ -73,7 +73,7 @@ class TunedEvidence:
         refused = [r for r in self.results if not r.ok]
         if refused:
             text += "; refused: " + "; ".join(f"{r.method} ({r.error or 'failed'})" for r in refused)
-        return text
+        return printable(text)  # every field here came from a table: one line, whatever a value holds
 
 
 def _ms(value: float | None) -> str:
@@ -90,7 +90,7 @@ def _token_key(key: object) -> int | None:
     """``1`` or ``"1"`` -> 1; anything else -> None."""
     if isinstance(key, int) and not isinstance(key, bool) and key > 0:
         return key
-    if isinstance(key, str) and key.isdigit() and int(key) > 0:
+    if isinstance(key, str) and key.isascii() and key.isdigit() and int(key) > 0:  # "²" passes isdigit, not int()
         return int(key)
     return None
 
@@ -119,7 +119,9 @@ def parse_tuned(raw: Any, where: str, line: int, fail: Fail) -> TunedEvidence | 
         if k in raw and not isinstance(raw[k], dict):
             bad(k, f"expected a mapping, got {type_name(raw[k])}")
     if "rounds" in raw and (isinstance(raw["rounds"], bool) or not isinstance(raw["rounds"], int) or raw["rounds"] < 0):
-        bad("rounds", f"expected a whole number >= 0, got {type_name(raw['rounds'])}")
+        got = raw["rounds"]
+        shown = f"{type_name(got)} {got!r}" if isinstance(got, (int, float, str)) else type_name(got)
+        bad("rounds", f"expected a whole number >= 0, got {printable(shown)[:80]}")
     for k in ("tolerance", "budget_s"):
         if k in raw and not (_is_number(raw[k]) and raw[k] > 0):
             bad(k, f"expected a positive number, got {type_name(raw[k])} {raw[k]!r}"[:200])

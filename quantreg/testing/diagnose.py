@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -56,16 +57,18 @@ class Case:
 
     def reference(self, experts: GptOssMxfp4Experts | None = None, *, topk_ids: torch.Tensor | None = None,
                   topk_weights: torch.Tensor | None = None, experts_min: int | None = None,
-                  limit: float | None = None) -> torch.Tensor:
+                  limit: float | None = None, activation: str | None = None) -> torch.Tensor:
         ex = experts if experts is not None else self.local
-        kwargs = {} if limit is None else {"limit": limit}
+        kwargs: dict[str, Any] = {} if limit is None else {"limit": limit}
+        if activation is not None:
+            kwargs["activation"] = activation
         return routed_reference(ex, self.x, self.topk_ids if topk_ids is None else topk_ids,
                                 self.topk_weights if topk_weights is None else topk_weights,
                                 self.experts_min if experts_min is None else experts_min, **kwargs)
 
 
 def routed_reference(experts: GptOssMxfp4Experts, x: torch.Tensor, topk_ids: torch.Tensor,
-                     topk_weights: torch.Tensor, experts_min: int, **kwargs: float) -> torch.Tensor:
+                     topk_weights: torch.Tensor, experts_min: int, **kwargs: Any) -> torch.Tensor:
     """The float64 reference, decoding only the routed experts, one at a time.
 
     Why: at real shapes a float64 copy of every expert is gigabytes (GPT-OSS-20B's layer: 6.4 GB);
@@ -148,6 +151,10 @@ def _no_clamp(c: Case) -> torch.Tensor:
     return c.reference(limit=float("inf"))
 
 
+def _silu(c: Case) -> torch.Tensor:
+    return c.reference(activation="silu")
+
+
 def _not_renormalised(c: Case) -> torch.Tensor:
     probs = torch.softmax(c.router_logits.double(), dim=-1)
     return c.reference(topk_weights=probs.gather(1, c.topk_ids.long()))
@@ -196,6 +203,10 @@ MISTAKES: tuple[tuple[str, str, Variant], ...] = (
      "w2_bias[e] is part of the expert's output and is scaled by the routing weight with it", _unweighted_w2_bias),
     ("it ignores the w13 bias",
      "w13_bias[e] is added to the gate/up pre-activations before SwiGLU", _no_w13_bias),
+    ("it computes SiLU-and-mul, not SwiGLU-OAI (vLLM's fused_experts_cpu computes SiLU unless act_method "
+     "says otherwise, since 0.33)",
+     "GPT-OSS's activation is (clamp(u, -7, 7) + 1) * g * sigmoid(1.702 * g), g = clamp(gate, max=7); pass "
+     "SwiGLU-OAI explicitly (quantreg.vllm.cpu_ops)", _silu),
     ("it does not clamp in SwiGLU",
      "gate = clamp(g, max=limit), up = clamp(u, -limit, limit) with limit 7.0", _no_clamp),
     ("its routing weights are not renormalised over the chosen experts",

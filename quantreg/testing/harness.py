@@ -31,10 +31,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +46,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from ..models.gpt_oss import tiny_gpt_oss_config
 from ..models.gpt_oss_moe import GptOssMxfp4Experts
 from ..vllm.versions import moe_factory_v0_26
+from ..writing import fresh_directory, remove_tree, write_new
 from .shapes import DEFAULT_SHAPE, MoeShape
 
 MethodFactory = Callable[[Any], Any]
@@ -187,14 +185,14 @@ class VllmMoeHarness:
 
     def __init__(self, device: str = "cpu") -> None:
         self.device = device
-        self._dir = Path(tempfile.mkdtemp(prefix="quantreg-testing-"))
-        (self._dir / "config.json").write_text(json.dumps(TINY_GPT_OSS_CONFIG))
+        self._dir = fresh_directory("quantreg-testing-")
+        write_new(self._dir / "config.json", json.dumps(TINY_GPT_OSS_CONFIG))
         self.config = VllmConfig(model_config=ModelConfig(model=str(self._dir), skip_tokenizer_init=True,
                                                           dtype="bfloat16"))
         self._ids = itertools.count()
 
     def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)
+        remove_tree(self._dir)
 
     def __enter__(self) -> VllmMoeHarness:
         return self

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .. import settings
 from ..host import host_facts, simulate
+from ..writing import make_directory, replace_file
 
 #: Set (to ``1``) in a child's environment by :func:`without_amx_env`; read by the sitecustomize.
 
@@ -48,10 +49,8 @@ def _sitecustomize_dir() -> Path:
     path = Path(tempfile.gettempdir()) / f"quantreg-hide-amx-{os.getuid() if hasattr(os, 'getuid') else 0}"
     target = path / "sitecustomize.py"
     if not target.exists() or target.read_text() != SITECUSTOMIZE:
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = path / f".sitecustomize.{os.getpid()}.tmp"
-        tmp.write_text(SITECUSTOMIZE)
-        tmp.replace(target)
+        make_directory(path)
+        replace_file(target, SITECUSTOMIZE)
     return path
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import settings
+from ..writing import open_log
 from .vllm_run import group_alive
 
 #: Bounded wait for /health; healthy in 32-53 s on a quiet machine (QUANTREG_SERVE_TIMEOUT overrides).
@@ -117,7 +118,7 @@ def start_server(model: Path, workdir: Path, extra_args: Sequence[str] = (),
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "256",
            "--enforce-eager", *extra_args]
-    with log_path.open("wb") as log_file:
+    with open_log(log_path) as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                 env=child_env, cwd=workdir, start_new_session=True)
     server = Server(proc, port, str(model), log_path)

@@ -13,6 +13,7 @@ the parent side neither.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import settings
+from ..writing import replace_file
 from . import vllm_probes
 from .vllm_run import LLM_KWARGS
 
@@ -92,7 +94,9 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
                 partial(vllm_probes.probe_moe_layers, tokens=request["probe_tokens"], seed=request["probe_seed"])
             )
             tensors = {name: torch.tensor(values, dtype=torch.float32) for name, values in probes[0].items()}
-            torch.save(tensors, request["moe_outputs_path"])
+            buffer = io.BytesIO()
+            torch.save(tensors, buffer)
+            replace_file(request["moe_outputs_path"], buffer.getvalue())
             result["moe_outputs_path"] = request["moe_outputs_path"]
             timings["probe"] = time.monotonic() - t3
 
@@ -109,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     request = json.loads(args.request.read_text())
     result = _child(request)
-    Path(request["result_path"]).write_text(json.dumps(result))
+    replace_file(request["result_path"], json.dumps(result))
     if result.get("error"):
         print(result["error"], file=sys.stderr, flush=True)
         return 1

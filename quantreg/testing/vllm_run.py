@@ -22,7 +22,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..environment import installed_vllm_version
 from ..vllm.versions import no_mxfp4_backend_message
+from ..writing import fresh_directory, make_directory, open_log, replace_file
 
 if TYPE_CHECKING:
     import torch
@@ -201,8 +201,7 @@ def run_vllm(
     the ``.pt`` stays loadable). Raises :class:`RunnerTimeout` if the run exceeds ``timeout``;
     any other failure is reported in the returned :class:`RunResult`, not raised.
     """
-    work = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="quantreg-vllm-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = make_directory(workdir) if workdir is not None else fresh_directory("quantreg-vllm-")
     request = {
         "model": str(Path(model_dir).resolve()),
         "prompts": [[int(t) for t in p] for p in prompts],
@@ -218,7 +217,7 @@ def run_vllm(
         "moe_outputs_path": str(work / MOE_OUTPUTS_NAME),
     }
     request_path = work / "request.json"
-    request_path.write_text(json.dumps(request, indent=2))
+    replace_file(request_path, json.dumps(request, indent=2))
     result_path = work / RESULT_NAME
     result_path.unlink(missing_ok=True)
 
@@ -235,7 +234,7 @@ def run_vllm(
     # Output goes to a file, not a pipe: vLLM's engine/worker processes inherit it, and a pipe
     # would keep a reader waiting on any straggler. A new session makes the child the
     # leader of a process group holding those processes, so they can be ended (only they).
-    with log_path.open("wb") as log_file:
+    with open_log(log_path) as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "quantreg.testing.vllm_child", str(request_path)],
             stdin=subprocess.DEVNULL,

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -191,17 +191,19 @@ def write_tiny_gpt_oss(
     4 experts, hidden = intermediate = 128; :data:`~quantreg.models.gpt_oss.GPT_OSS_20B` is the real
     size). ``sharded=True`` streams: one ``model-0000K-of-0000N.safetensors`` per group of
     :func:`gpt_oss_tensor_groups` (the head, then each layer) plus ``model.safetensors.index.json``,
-    the layout of the published checkpoints, so peak memory is one layer (~0.5 GB at 20B width),
-    not the file size; otherwise one ``model.safetensors``. ``progress`` gets one line per group
-    written. Returns the directory as a :class:`~pathlib.Path` (created if missing).
+    the layout of the published checkpoints, so peak memory is about twice one shard (a shard's
+    tensors and its serialised bytes, ~4.7 GB for the 20B head shard), not the file size;
+    otherwise one ``model.safetensors``. ``progress`` gets one line per group written.
+    Returns the directory as a :class:`~pathlib.Path` (created if missing).
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..writing import make_directory, replace_file
+
+    out = make_directory(directory)
     config = tiny_gpt_oss_config(mxfp4=mxfp4, **sizes)
     vocab = int(config["vocab_size"])
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    replace_file(out / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     # The real generation_config minus do_sample: vLLM folds generation_config into its
     # default sampling params, and a random model should decode greedily unless asked.
     generation = {
@@ -210,14 +212,14 @@ def write_tiny_gpt_oss(
         "pad_token_id": vocab - 2,
         "transformers_version": "4.55.0.dev0",
     }
-    (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
+    replace_file(out / "generation_config.json", json.dumps(generation, indent=2, sort_keys=True) + "\n")
     groups = gpt_oss_tensor_groups(config, seed=seed)
     if not sharded:
         tensors = {name: value for _, group in groups for name, value in group.items()}
         if not mxfp4:
             tensors = dequantize_experts(tensors)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / SAFETENSORS_NAME),
-                  metadata={"format": "pt"})
+        replace_file(out / SAFETENSORS_NAME,
+                     save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt"}))
         return out
     count = 1 + int(config["num_hidden_layers"])
     weight_map: dict[str, str] = {}
@@ -226,7 +228,7 @@ def write_tiny_gpt_oss(
         if not mxfp4:
             group = dequantize_experts(group)
         shard = f"model-{index:05d}-of-{count:05d}.safetensors"
-        save_file({k: v.contiguous() for k, v in group.items()}, str(out / shard), metadata={"format": "pt"})
+        replace_file(out / shard, save({k: v.contiguous() for k, v in group.items()}, metadata={"format": "pt"}))
         size = sum(v.numel() * v.element_size() for v in group.values())
         total += size
         weight_map.update(dict.fromkeys(group, shard))
@@ -234,7 +236,7 @@ def write_tiny_gpt_oss(
         if progress is not None:
             progress(f"[{index}/{count}] {label}: {shard} ({size / 1e9:.2f} GB, {total / 1e9:.2f} GB so far)")
     index_json = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / INDEX_NAME).write_text(json.dumps(index_json, indent=2) + "\n")
+    replace_file(out / INDEX_NAME, json.dumps(index_json, indent=2) + "\n")
     return out
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..envelope import envelope
-from ..models.gpt_oss import CHAT_VOCAB
+from ..files import WriteRefused
 from ..problems import printable, problem_json
+from ..writing import dir_target_problem, replace_directory
 
 #: Where the checkpoint writer lives today (another branch may move it; only this line changes).
 CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
@@ -70,54 +71,22 @@ def serve_hint(directory: Path, bf16: bool) -> str:
     return "\n".join(lines)
 
 
-class TargetRefused(Exception):
-    """``tiny-model DIR`` will not write there: the message says why and what to do."""
-
-
-def _prepare(target: Path, force: bool) -> None:
-    """Refuse what must not be overwritten: an existing file, a non-empty directory without ``--force``."""
-    if target.is_symlink() and not target.is_dir():
-        raise TargetRefused(f"{printable(str(target))} is a symlink to a file; expected a new or empty directory")
-    if target.exists() and not target.is_dir():
-        raise TargetRefused(f"{printable(str(target))} is an existing file; expected a new or empty directory")
-    if target.is_dir() and any(target.iterdir()) and not force:
-        raise TargetRefused(f"{printable(str(target))} is not empty; pass --force to replace its contents "
-                            "(nothing was written)")
-
-
 def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool = False, shape: str = "tiny",
                      layers: int | None = None, seed: int = 0,
                      progress: Callable[[str], None] | None = None) -> Path:
     """Write the model into a fresh temporary directory beside ``directory``, then rename it into place.
 
     Why: a symlinked ``config.json`` inside ``directory`` used to be written through, and an
-    existing checkpoint was overwritten file by file. The temporary directory is new (nothing in
-    it can be a planted symlink); the rename is atomic; with ``--force`` the old directory (or the
-    symlink naming it) is moved aside and removed without following links out of it.
+    existing checkpoint was overwritten file by file. The one writer
+    (:func:`quantreg.writing.replace_directory`) refuses an existing file, device, FIFO or socket,
+    an empty name and a non-empty directory without ``--force`` before torch is imported; with
+    ``--force`` the old directory (or a symlink naming one) is moved aside and removed without
+    following links out of it. Raises :class:`quantreg.files.WriteRefused` with the reason.
     """
-    import os
-    import shutil
-    import tempfile
-
-    target = Path(os.path.abspath(directory))  # "." or "dir/" name their directory, not an empty name
-    _prepare(target, force)
-    parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    fresh = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
-    try:
-        write_tiny_model(fresh, bf16=bf16, shape=shape, layers=layers, seed=seed, progress=progress)
-        _prepare(target, force)  # again: something may have appeared meanwhile
-        aside = None
-        if target.is_symlink() or target.exists():
-            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=parent))
-            os.rename(target, aside / "old")
-        os.rename(fresh, target)
-        if aside is not None:
-            shutil.rmtree(aside)  # rmtree never follows symlinks
-    except BaseException:
-        shutil.rmtree(fresh, ignore_errors=True)
-        raise
-    return target
+    return replace_directory(
+        directory,
+        lambda fresh: write_tiny_model(fresh, bf16=bf16, shape=shape, layers=layers, seed=seed, progress=progress),
+        force=force, replace_symlink=True)
 
 
 def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = False, force: bool = False,
@@ -138,14 +107,18 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
             print(json.dumps({"directory": printable(directory), **envelope([problem_json(message)])}, indent=2))
         print(f"quantreg tiny-model: {message}", file=sys.stderr)
         return 2
+    problem = dir_target_problem(directory, force=force, replace_symlink=True)
     try:
+        if problem is not None:  # before torch is imported
+            raise WriteRefused(problem)
         out = write_atomically(directory, bf16=bf16, force=force, shape=shape, layers=layers, seed=seed,
                                progress=None if as_json else progress).resolve()
-    except TargetRefused as exc:
+    except WriteRefused as exc:
         if as_json:
             print(json.dumps({"directory": printable(directory),
-                              **envelope([problem_json(str(exc), path=directory)])}, indent=2))
-        print(f"quantreg tiny-model: {exc}", file=sys.stderr)
+                              **envelope([problem_json(f"{printable(directory)}: {exc}", path=directory)])},
+                             indent=2))
+        print(f"quantreg tiny-model: {printable(directory)}: {exc}", file=sys.stderr)
         return 2
     files = sorted(p.name for p in out.iterdir())
     if as_json:

@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import jsonread
 from ..files import read_regular
+from ..writing import make_directory, replace_file
 
 #: Special tokens, last three ids of the vocabulary, in id order (bos, pad, eos).
 BOS, PAD, EOS = "<|startoftext|>", "<|endoftext|>", "<|return|>"
@@ -118,9 +119,9 @@ def write_tokenizer(directory: str | Path, vocab_size: int | None = None, *, mod
     if vocab_size is None:
         config = jsonread.loads(read_regular(out / "config.json", 1 << 20, expected="a JSON file"))
         vocab_size = int(config["vocab_size"])
-    out.mkdir(parents=True, exist_ok=True)
+    make_directory(out)
     tok = build_tokenizer(vocab_size)
-    tok.save(str(out / "tokenizer.json"))
+    replace_file(out / "tokenizer.json", tok.to_str(pretty=True))
     ids = {s: tok.token_to_id(s) for s in SPECIALS}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -139,7 +140,7 @@ def write_tokenizer(directory: str | Path, vocab_size: int | None = None, *, mod
             for s, i in ids.items()
         },
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(
-        json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
+    replace_file(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+    replace_file(out / "special_tokens_map.json",
+                 json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
     return out

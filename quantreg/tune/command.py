@@ -14,22 +14,22 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, TextIO
 
 from ..envelope import envelope
 from ..environment import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
+from ..files import WriteRefused
 from ..host import host_facts, memory_available
 from ..keys import Key
 from ..plan import quant_format_of, read_checkpoint
 from ..problems import describe, printable, problem_json
 from ..registry import Registry
 from ..table.verify import FLOAT64_FORMATS
+from ..writing import file_target_problem
 from .rank import PHASE_WEIGHTS, TOKENS, ranked
 from .table import phase_text, render, rule_for, write_atomically
 
@@ -88,23 +88,61 @@ def memory_needed(experts: int, hidden: int, intermediate: int, top_k: int = 0) 
     return MEMORY_COPIES * experts * per_expert
 
 
+def shape_problem(experts: int, hidden: int, intermediate: int, top_k: int) -> str | None:
+    """Why config.json's expert shape cannot be measured (``None``: it can), said with the values.
+
+    Why here: the float64 reference routes ``top_k`` of ``experts`` and decodes blocks of 32
+    values; a checkpoint that breaks either used to end in a traceback from torch.
+    """
+    if experts < 1:
+        return f"num_local_experts is {experts}; expected at least 1"
+    if not 1 <= top_k <= experts:
+        return f"num_experts_per_tok is {top_k}; expected 1 to num_local_experts ({experts})"
+    for name, value in (("hidden_size", hidden), ("intermediate_size", intermediate)):
+        if value < 32 or value % 32:
+            return f"{name} is {value}; expected a positive multiple of 32 (MXFP4 blocks hold 32 values)"
+    return None
+
+
+def experts_problem(experts: Any, shape: Any) -> str | None:
+    """Why the experts read from the checkpoint do not fit ``shape`` (``None``: they do), with dtypes and shapes.
+
+    MXFP4 blocks and scales are uint8 ``[E, 2I, H/2]`` / ``[E, 2I, H/32]`` (w13) and ``[E, H, I/2]`` /
+    ``[E, H, I/32]`` (w2); biases floating ``[E, 2I]`` / ``[E, H]``. float32 blocks, or blocks short
+    for their scales, made the float64 reference fail with a torch traceback.
+    """
+    e, h, i = shape.experts, shape.hidden, shape.intermediate
+    expected = {"w13_weight": (e, 2 * i, h // 2), "w13_weight_scale": (e, 2 * i, h // 32),
+                "w2_weight": (e, h, i // 2), "w2_weight_scale": (e, h, i // 32),
+                "w13_bias": (e, 2 * i), "w2_bias": (e, h)}
+    for name, want in expected.items():
+        tensor = getattr(experts, name, None)
+        if tensor is None:
+            continue
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        is_bias = name.endswith("_bias")
+        if not is_bias and dtype != "uint8":
+            return f"{name} is {dtype}; expected uint8 (packed MXFP4 blocks and E8M0 scales)"
+        if is_bias and not tensor.is_floating_point():
+            return f"{name} is {dtype}; expected a floating-point bias"
+        if tuple(tensor.shape) != want:
+            return (f"{name} has shape {list(tensor.shape)}; expected {list(want)} for {e} experts, hidden {h}, "
+                    f"intermediate {i}")
+    return None
+
+
 def out_problem(out: str | None) -> str | None:
     """Why ``--out`` cannot receive the table (checked before measuring), else ``None``.
 
-    ``-`` is stdout. A directory, or a parent that is not an existing directory, is refused
-    with the flag named; an existing symlink is replaced, never followed (an atomic rename).
+    ``-`` is stdout. The one writer's check (:func:`quantreg.writing.file_target_problem`): a
+    directory, a device node, a FIFO or a socket is refused (never replaced), as is a parent that
+    is not an existing writable directory; an existing symlink is replaced, never followed.
     """
     if out == "-":
         return None
-    target = Path(out or DEFAULT_OUT)
-    if target.is_dir() and not target.is_symlink():
-        return f"--out {printable(str(target))}: is a directory; expected a file name for the table"
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        return f"--out {printable(str(target))}: its directory {printable(str(parent))} does not exist"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"--out {printable(str(target))}: its directory {printable(str(parent))} is not writable"
-    return None
+    target = DEFAULT_OUT if out is None else out
+    problem = file_target_problem(target, replace_symlink=True)
+    return None if problem is None else f"--out {printable(target)}: {problem}"
 
 
 def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None, as_json: bool = False,
@@ -127,8 +165,10 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     quant_format, _ = quant_format_of(ck)
     key = Key(quant_format, ck.model_type, device)
     ex = ck.experts
-    if not ck.moe_layers:
-        return fail(f"{model_dir}: no MoE layers (nothing for quantreg to decide)", path=model_dir)
+    if not ck.moe_layers:  # plan's located problems (an absurd num_local_experts...) say why, when it has them
+        if ck.problems:
+            return fail("; ".join(ck.problems), path=f"{model_dir}/config.json")
+        return fail(f"{printable(model_dir)}: no MoE layers (nothing for quantreg to decide)", path=model_dir)
     if quant_format not in FLOAT64_FORMATS:
         return fail(f"key {key}: tune measures {', '.join(FLOAT64_FORMATS)} layers only (the formats with a "
                     "float64 reference and a harness layer); nothing written", path=model_dir)
@@ -137,6 +177,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     except (TypeError, ValueError, KeyError):
         return fail(f"{model_dir}/config.json: expert count, hidden/intermediate size or experts per token "
                     "missing", path=f"{model_dir}/config.json")
+    bad_shape = shape_problem(*shape)
+    if bad_shape is not None:  # before torch: the float64 reference would fail on it outside any containment
+        return fail(f"{printable(model_dir)}/config.json: {bad_shape}", path=f"{model_dir}/config.json")
     need, free = memory_needed(*shape), memory_available()
     if free is not None and need > free:
         return fail(f"{printable(model_dir)}/config.json: a layer of {shape[0]} experts at hidden {shape[1]}, "
@@ -155,8 +198,19 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     except Exception as exc:  # malformed data (safetensors' own errors included) is a located line, never a traceback
         return fail(f"{printable(model_dir)}: cannot read layer {ck.moe_layers[0]}'s experts: "
                     f"{printable(describe(exc))}", path=model_dir)
-    results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
-                              deadline=began + budget, progress=progress)
+    bad_experts = experts_problem(experts, layer_shape)
+    if bad_experts is not None:
+        return fail(f"{printable(model_dir)}: layer {ck.moe_layers[0]}'s experts: {bad_experts}; nothing measured",
+                    path=model_dir)
+    try:
+        results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
+                                  deadline=began + budget, progress=progress)
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # the float64 reference and the inputs are tune's own: a fault there is a located line
+        progress.done()
+        return fail(f"{printable(model_dir)}: measuring layer {ck.moe_layers[0]} failed: "
+                    f"{printable(describe(exc, located=True))}; nothing written", path=model_dir)
     progress.done()
     evidence: dict[str, Any] = {
         "at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -169,10 +223,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     text = render([rule]) if rule is not None else None
     if text is not None and out != "-":
         try:
-            target = str(write_atomically(out or DEFAULT_OUT, text))
-        except OSError as exc:  # the directory vanished or became read-only while measuring
-            return fail(f"--out {printable(out or DEFAULT_OUT)}: cannot write: "
-                        f"{printable(exc.strerror or describe(exc))}", key="--out")
+            target = str(write_atomically(DEFAULT_OUT if out is None else out, text))
+        except WriteRefused as exc:  # the directory vanished, became read-only, or a FIFO appeared meanwhile
+            return fail(f"--out {printable(DEFAULT_OUT if out is None else out)}: {exc}", key="--out")
     elif text is not None and not as_json:  # --out -: the table is stdout (with --json the answer's "table")
         sys.stdout.write(text)
     elapsed = time.monotonic() - began

@@ -8,9 +8,7 @@ file in the target's directory (same file system), is flushed and fsynced, then
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import yaml
 
 from ..keys import Key
+from ..writing import replace_file
 from .rank import PHASE_WEIGHTS, Result, chain, ranked
 
 HEADER = """\
@@ -58,24 +57,9 @@ def render(rules: Sequence[Mapping[str, Any]], weights: Mapping[int, float] = PH
 
 
 def write_atomically(path: str | os.PathLike[str], text: str) -> Path:
-    """Replace ``path`` with ``text`` in one step (temp file in the same directory, fsync, ``os.replace``)."""
-    target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:  # KeyboardInterrupt included: no partial table, no stray temp file
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # the rename itself durable where the platform allows it
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return target
+    """Replace ``path`` with ``text`` in one step through the one writer (:func:`quantreg.writing.replace_file`).
+
+    A symlink at ``path`` is replaced, never followed; a device, FIFO, socket or directory is
+    refused (:class:`quantreg.files.WriteRefused`), never replaced.
+    """
+    return replace_file(path, text, replace_symlink=True)

@@ -7,13 +7,12 @@ patched when vLLM itself imports it.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from types import FrameType
 
 from .. import settings
-from ..problems import QuantregError, describe, printable
+from ..problems import QuantregError, describe, printable, quantreg_logger
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup, versions
 from .context import report_problems
@@ -22,7 +21,7 @@ from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
 from .seam import MODULE, Seam, report_faults
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 
 _seam = Seam()

@@ -6,16 +6,15 @@ the platform), so a key means exactly what vLLM means by it.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from .. import settings
 from ..keys import Key
-from ..problems import Problem, QuantregError, printable, type_name
+from ..problems import Problem, QuantregError, printable, quantreg_logger, type_name
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 UNQUANTIZED = "unquantized"
 ADDITIONAL_CONFIG_KEY = "quantreg"

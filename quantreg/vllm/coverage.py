@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..keys import Key
-from ..problems import QuantregError
+from ..problems import QuantregError, quantreg_logger
 from .context import layer_key
 
 if TYPE_CHECKING:
@@ -70,7 +69,7 @@ class Seam(Protocol):
 
     def registry_for_run(self) -> tuple[Registry, Mode]: ...
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 METHOD = "_get_quant_method"
 MARK = "__quantreg_original__"

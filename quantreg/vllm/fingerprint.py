@@ -11,13 +11,12 @@ here once.
 
 from __future__ import annotations
 
-import logging
 import os
 
 from .. import settings
-from ..problems import QuantregError, printable
+from ..problems import QuantregError, printable, quantreg_logger
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 
 class PublishedFingerprint:

@@ -55,7 +55,6 @@ import binascii
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import shlex
 import sys
@@ -66,12 +65,13 @@ from pathlib import Path
 
 from .. import jsonread, settings
 from ..loading import config_paths
-from ..problems import Problem, printable
+from ..problems import Problem, printable, quantreg_logger
 from ..registry import Registry, set_registry
 from ..table.file import TableFile
 from ..table.located import MAX_BYTES, ReadRefused, read_regular_file
+from ..writing import write_new
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 #: vLLM's knob for extra variable-name prefixes its Ray executor copies to workers.
 RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
@@ -308,7 +308,7 @@ def build(config: Sequence[str | os.PathLike[str]] = (), env: Mapping[str, str] 
         renames: dict[str, str] = {}
         for i, table in enumerate(usable):
             local = Path(tmp) / f"{i}-{Path(table.path).name or 'table.yaml'}"
-            local.write_text(table.text or "", encoding="utf-8")
+            write_new(local, table.text or "")
             renames[table.path] = str(local)
             logger.info("quantreg: table %s is not readable on this node (pid %d); deciding from the copy the "
                         "driver (pid %d) shipped in %s (sha256 %s)", table.path, os.getpid(), shipment.pid,

@@ -45,7 +45,6 @@ Limitation: the quant config is fixed while ``ModelConfig`` is built, before the
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -54,11 +53,11 @@ from typing import Any
 from ..keepers import QuantConfigKeeper, keeper_problem, keeps_quant_config
 from ..keys import Key
 from ..methods import load_object
-from ..problems import printable
+from ..problems import printable, quantreg_logger
 from ..registry import Registry, get_registry
 from .importhook import PostImportHook
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 HOOK = "register_quant_config_keepers"
 CONVERTOR_MODULE = "vllm.transformers_utils.model_arch_config_convertor"

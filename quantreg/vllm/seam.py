@@ -18,7 +18,6 @@ routed too, or named in one WARNING per class and key that quantreg could not de
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -29,7 +28,7 @@ from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
 from ..plugins import PluginFailure
-from ..problems import Problem, QuantregError, describe, printable
+from ..problems import Problem, QuantregError, describe, printable, quantreg_logger
 from ..registry import Registry, get_registry
 from . import startup
 from .context import RunSettings, layer_key, report_problems, run_settings
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     from ..decision import Decision
     from .coverage import Coverage
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 MODULE = "vllm.model_executor.layers.fused_moe.routed_experts"
 CLASS = "RoutedExperts"

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import settings
 from ..mode import Mode, decide_mode
-from ..problems import QuantregError
+from ..problems import QuantregError, quantreg_logger
 from ..registry import Registry
 from ..table.file import Layer
 from .context import ADDITIONAL_CONFIG_KEY, RunSettings, _current_vllm_config, parse_run_settings
@@ -59,7 +59,7 @@ from .fingerprint import PublishedFingerprint
 if TYPE_CHECKING:
     from ..decision import Decision
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 #: The name of the local that holds the config in ``EngineCore.__init__`` and ``init_worker``.
 VLLM_CONFIG_LOCAL = "vllm_config"

@@ -51,11 +51,11 @@ from ..error_measure import relative_error
 from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
-from ..problems import QuantregError, printable
+from ..problems import QuantregError, printable, quantreg_logger
 from ..registry import get_registry
 from ..table.verify import FLOAT64, VerifySpec, layer_index
 
-logger = logging.getLogger("vllm.quantreg.verify")
+logger = quantreg_logger("vllm.quantreg.verify")
 
 
 def _audit_line(record: Mapping[str, Any]) -> None:

