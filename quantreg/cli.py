@@ -135,7 +135,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     decision = ans.decision
     lines = [decision.render(), *(f"{f.level:<8} {f}" for f in ans.findings)]
     if ans.vllm_limitation:  # "vLLM's own method will fail for this key here": last, where the eye lands
-        lines.append(f"warning  {ans.vllm_limitation}")
+        said = [n for n in ans.notes if n.startswith("vLLM's own method will fail")]  # each reason once
+        lines.append(f"warning  {said[-1] if said else ans.vllm_limitation}")
     named = _key_warnings(registry, decision.key)
     for warning in named:
         print(f"warning: {warning}", file=sys.stderr)
@@ -270,7 +271,8 @@ def _doctor(args: argparse.Namespace) -> int:
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += left_out_lines(left_out(registry, args.config))
-    lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}"
+    advice = "" if kernel.runs else f". {registry.serving_advice(Key('gpt_oss_mxfp4', 'gpt_oss', 'cpu'))}"
+    lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}{advice}"
               + ("; amd-quark is installed, so vLLM's emulation backend can serve MXFP4" if kernel.emulation else "")]
     lines += [f"fingerprint: {data['fingerprint']} ({FINGERPRINT_COVERS})", f"mode: {mode}"]
     if vllm and not untested:
