@@ -175,8 +175,7 @@ class Registry:
                     "(quantreg list shows the registered ones) or serve a bf16 checkpoint")
         name, where = alternatives[0]
         others = ", ".join(n for n, _ in alternatives[1:])
-        return (f"Installed here: '{name}' serves it ({where})" + (f"; also {others}" if others else "")
-                + f"; route the key to it: method: {name}")
+        return f"Installed here: '{name}' serves it ({where})" + (f"; also {others}" if others else "")
 
     def resolve(self, key: Key | tuple[str, str, str]) -> Decision:
         key = Key(*key)
