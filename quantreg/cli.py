@@ -419,6 +419,10 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+#: Commands that import vLLM in this process and print an answer: vLLM's log kept out (``--verbose``: in).
+VLLM_QUIETED = frozenset({"plan", "tune", "check-method"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     json_flag = _Parser(add_help=False)
     json_flag.add_argument("--json", action="store_true", help="machine-readable output")
@@ -435,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
         parent = json_flag if name in NO_TABLES else common
         p = sub.add_parser(name, parents=[parent], help=help, description=help, **extra)
         p.set_defaults(func=func, **({"config": []} if name in NO_TABLES else {}))
+        if name in VLLM_QUIETED:
+            p.add_argument("--verbose", action="store_true", help="show vLLM's own log (its warnings) too")
         return p
 
     p = add("list", cmd_list, "registered methods and whether they can run here")
@@ -544,6 +550,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"ok": False, **envelope([problem])}, indent=2))
         print(missing, file=sys.stderr)
         return 2
+    if args.command in VLLM_QUIETED and not getattr(args, "verbose", False):
+        # vLLM's own log noise (Triton's "Disabling Triton" warning at import, ...) is not this
+        # command's answer: only vLLM's errors pass, unless --verbose or the user set the level.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        if os.environ["VLLM_LOGGING_LEVEL"] == "ERROR":  # messages logged before vLLM configures its logger
+            import logging
+
+            logging.getLogger("vllm").setLevel(logging.ERROR)
+            logging.getLogger("vllm.quantreg").setLevel(logging.WARNING)  # quantreg's own warnings stay
     try:
         result: int = args.func(args)
     except ModuleNotFoundError as exc:  # a command that needs torch/vLLM on a host without them: one line
