@@ -67,7 +67,7 @@ Prefill: the int8 kernel is compute-bound at many tokens per expert (weights dec
 least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: (expert,
 256-row tile) jobs decode their tile to bf16 -- exactly, every MXFP4 value is a bf16 -- into a
 scratch tensor that lives for the job only (weights stay packed,
-resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``at::mm``
+resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``torch.mm``
 (``torch.mm`` called back from the C library: oneDNN, AMX where present, AVX-512 BF16 / AVX2
 otherwise; tiles of :data:`GEMM_ROWS` rows decoded in parallel), W13 then activation (kept in bf16)
 then W2; weighting and the per-token sum are shared with the int8 path. Its error is that of a
@@ -96,7 +96,7 @@ PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
 PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
-# Tokens routed to one expert from which it takes the prefill path (bf16 tiles + at::mm) instead
+# Tokens routed to one expert from which it takes the prefill path (bf16 tiles + torch.mm) instead
 # of the Q8 GEMV, per activation precision. Measured with the 16-row kernel (GPT-OSS-20B layer,
 # 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, interleaved): GEMM / GEMV
 # time under q8x2 (token tiles of 8, load ~2.5) 1.78 at c=16, 1.27 at 32, 1.04 at 48, 0.86 at 64,
