@@ -200,6 +200,11 @@ def _validate(args: argparse.Namespace) -> int:
         checked = [t.path for t in registry.tables]
     faults = [str(p) for p in problems]
     warnings = _match_warnings(registry, tables)
+    if not faults:  # which installed plugin rules these tables take keys from (or give them to), once
+        with _plugin_output_to_stderr():
+            together = Registry.build(config=[*args.config, *args.files]) if args.files else registry
+        names = [str(f) for f in (args.files or [t.path for t in tables])]
+        warnings += [c for c in together.collisions() if any(n in c for n in names)]
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
@@ -243,6 +248,7 @@ def _doctor(args: argparse.Namespace) -> int:
     warnings += [untested] if untested else []
     shadow = environment.shadowing_copy()
     warnings += [shadow] if shadow else []
+    warnings += registry.collisions()  # a rule taking keys another plugin's packaged rule would decide
     data: dict[str, Any] = {
         "versions": {n: environment.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
         | {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None},

@@ -135,6 +135,36 @@ class Registry:
             self._vllm_availability[key] = found
         return found
 
+    def collisions(self) -> list[str]:
+        """One line per pair where a rule takes keys that another plugin's packaged rule would decide.
+
+        Why: a plugin's rules ship with the plugin; when a second plugin (or the user's table) has a
+        rule for an overlapping key, one of them silently decides. Said once per pair, naming both
+        rules and which wins (precedence: layer, then specificity, then priority). Pairs inside one
+        file are the table's own business (``validate`` reports ambiguous ones).
+        """
+        from .decision import why_lost
+
+        lines: list[str] = []
+        packaged = [r for t in self.tables if t.layer == Layer.PLUGIN for r in t.rules]
+        others = [r for t in self.tables if t.layer >= Layer.PLUGIN for r in t.rules]
+        seen: set[tuple[str, str]] = set()
+        for b in packaged:
+            for a in others:
+                if a is b or a.path == b.path or not a.match.overlaps(b.match):
+                    continue
+                pair = tuple(sorted((a.location, b.location)))
+                if pair in seen:
+                    continue
+                seen.add(pair)  # type: ignore[arg-type]
+                if a.rank == b.rank:
+                    continue  # an exact tie: reported as ambiguous by the table checks
+                win, lose = (a, b) if a.rank > b.rank else (b, a)
+                lines.append(f"rule {win.location} [{win.layer}] ({', '.join(win.methods)}) takes keys matching "
+                             f"{win.match} from rule {lose.location} [{lose.layer}] ({', '.join(lose.methods)}), "
+                             f"which loses: {why_lost(lose, win)}")
+        return lines
+
     def serving_alternatives(self, key: Key) -> list[tuple[str, str]]:
         """Installed methods that can serve ``key`` on this host, best first, each with the rule that names it.
 
