@@ -556,15 +556,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"ok": False, **envelope([problem])}, indent=2))
         print(missing, file=sys.stderr)
         return 2
-    if args.command in VLLM_QUIETED and not getattr(args, "verbose", False):
-        # vLLM's own log noise (Triton's "Disabling Triton" warning at import, ...) is not this
-        # command's answer: only vLLM's errors pass, unless --verbose or the user set the level.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        if os.environ["VLLM_LOGGING_LEVEL"] == "ERROR":  # messages logged before vLLM configures its logger
-            import logging
+    with _quiet_vllm_log(args.command in VLLM_QUIETED and not getattr(args, "verbose", False)):
+        return _run(args)
 
-            logging.getLogger("vllm").setLevel(logging.ERROR)
-            logging.getLogger("vllm.quantreg").setLevel(logging.WARNING)  # quantreg's own warnings stay
+
+@contextlib.contextmanager
+def _quiet_vllm_log(quiet: bool) -> Iterator[None]:
+    """vLLM's own log noise (Triton's "Disabling Triton" warning at import, ...) is not this command's
+    answer: only vLLM's errors pass, unless ``--verbose`` or the user set ``VLLM_LOGGING_LEVEL``.
+    Scoped to the command: the variable and the logger levels are put back afterwards."""
+    import logging
+
+    if not quiet or "VLLM_LOGGING_LEVEL" in os.environ:
+        yield
+        return
+    loggers = {name: logging.getLogger(name) for name in ("vllm", "vllm.quantreg")}
+    levels = {name: lg.level for name, lg in loggers.items()}
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+    loggers["vllm"].setLevel(logging.ERROR)  # messages logged before vLLM configures its logger
+    loggers["vllm.quantreg"].setLevel(logging.WARNING)  # quantreg's own warnings stay
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_LOGGING_LEVEL", None)
+        for name, lg in loggers.items():
+            lg.setLevel(levels[name])
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         result: int = args.func(args)
     except ModuleNotFoundError as exc:  # a command that needs torch/vLLM on a host without them: one line
