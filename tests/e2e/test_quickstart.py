@@ -203,5 +203,11 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     # fingerprint every server process logged (one copy of quantreg, fingerprints of content)
     doctor = subprocess.run([str(venv / "bin" / "quantreg"), "doctor", "--json"], cwd=work, capture_output=True,
                             text=True, env=env, timeout=300)
+    # docs/operating.md: EngineCore and every Worker log "registry loaded", the API server process none;
+    # the README shows the decision line with vLLM's "(Worker pid=...)" prefix (TP=1: no _TP0 suffix)
+    loaded = re.findall(r"^\((\w+) pid=\d+\).*quantreg: registry loaded", server_log, re.M)
+    assert "EngineCore" in loaded and "Worker" in loaded and "APIServer" not in loaded, loaded
+    assert re.search(rf"^\(Worker pid=\d+\) .*quantreg: \(gpt_oss_mxfp4, gpt_oss, cpu\) -> {expected} \[",
+                     server_log, re.M), server_log[-3000:]
     served = set(re.findall(r"quantreg: registry loaded, .* fingerprint (\w+) \(pid \d+\)", server_log))
     assert served == {json.loads(doctor.stdout)["fingerprint"]}, (served, doctor.stdout[-2000:])
