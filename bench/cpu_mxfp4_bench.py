@@ -5,7 +5,8 @@ experts (H = I = 2880, top-4, SwiGLU-OAI with biases), 20B (E=32) and 120B (E=12
 at 1, 16 and 256 tokens, on every ISA path this CPU has (AVX-512 and the forced AVX2 baseline),
 with the default ``q8x2`` activations, and the best path with plain ``q8`` (``"<isa>/q8"``) beside it.
 
-The floor: one read pass (``_C.read_pass``: threaded 256-bit loads, XOR-reduced) over exactly the
+The floor: one read pass (:func:`bench.read_floor.read_pass`, built by the bench: threaded 256-bit
+loads, XOR-reduced) over exactly the
 packed bytes (nibbles + scales, w13 + w2) of the experts the same call routes to -- what any
 kernel that reads each routed weight once must at least spend. Kernel and floor calls are
 interleaved (A B A B ...), medians are reported, and the routed experts rotate from call to call
@@ -160,7 +161,9 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
     except at 1 token (each path its own experts: see the module docstring). ``flush``: a buffer
     read (untimed) before every timed call, on hosts whose last-level cache could hold the layer.
     """
-    from quantreg_cpu_mxfp4 import _C, kernel  # type: ignore[attr-defined]
+    from quantreg_cpu_mxfp4 import kernel
+
+    from bench.read_floor import read_pass
 
     e = layer["w13"].shape[0]
     w13 = kernel.PackedExperts.from_vllm(layer["w13"], layer["w13_scale"])
@@ -182,10 +185,10 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
                 used = torch.unique(ids).tolist()
                 pieces = [layer[name][i] for i in used for name in ("w13", "w13_scale", "w2", "w2_scale")]
                 if flush is not None:  # evict the LLC: the weights must come from DRAM, as in serving
-                    _C.read_pass([flush])
+                    read_pass([flush])
                 start = time.perf_counter()
                 if path == "floor":
-                    _C.read_pass(pieces)
+                    read_pass(pieces)
                 elif path in ("mxfp4_reference", "vllm_bf16"):
                     assert baselines is not None, f"{path} needs the bf16 baselines"
                     getattr(baselines, path)(x, ids, weights)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .decision import NOT_TRIED, ChainStep
 from .keys import Key
+from .methods import VLLM_METHOD
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -99,7 +100,14 @@ def answer(registry: Registry, key: Key | tuple[str, str, str], findings: Sequen
         limitation = vllm_backend_note(key, limits)
         problems = tuple(faults)
         if limitation:
-            notes.append(limitation)
+            # Each reason once: when the chain already printed why vLLM's method cannot run, the
+            # note only says it will fail, which rule left the key to vLLM and what would serve it.
+            said_in_chain = any(s.method == VLLM_METHOD and not s.available for s in decision.chain)
+            rule = (f"rule {decision.rule.location} leaves it to vLLM" if decision.rule is not None
+                    else "no rule matches it, so vLLM keeps it")
+            notes.append(f"vLLM's own method will fail for this key here ({rule}; why: the chain above). "
+                         f"{registry.serving_advice(key)}" if said_in_chain
+                         else f"{limitation} ({rule}). {registry.serving_advice(key)}")
     said = registry.findings(key.device) if findings is None else findings
     about = tuple(f for f in said if f.key == key)  # findings about no key are doctor's alone
     return Answer(decision, tuple(notes), about, limitation, problems)

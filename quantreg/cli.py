@@ -136,7 +136,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     decision = ans.decision
     lines = [decision.render(), *(f"{f.level:<8} {f}" for f in ans.findings)]
     if ans.vllm_limitation:  # "vLLM's own method will fail for this key here": last, where the eye lands
-        lines.append(f"warning  {ans.vllm_limitation}")
+        said = [n for n in ans.notes if n.startswith("vLLM's own method will fail")]  # each reason once
+        lines.append(f"warning  {said[-1] if said else ans.vllm_limitation}")
     named = _key_warnings(registry, decision.key)
     for warning in named:
         print(f"warning: {warning}", file=sys.stderr)
@@ -200,6 +201,11 @@ def _validate(args: argparse.Namespace) -> int:
         checked = [t.path for t in registry.tables]
     faults = [str(p) for p in problems]
     warnings = _match_warnings(registry, tables)
+    if not faults:  # which installed plugin rules these tables take keys from (or give them to), once
+        with _plugin_output_to_stderr():
+            together = Registry.build(config=[*args.config, *args.files]) if args.files else registry
+        names = [str(f) for f in (args.files or [t.path for t in tables])]
+        warnings += [c for c in together.collisions() if any(n in c for n in names)]
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
@@ -243,6 +249,7 @@ def _doctor(args: argparse.Namespace) -> int:
     warnings += [untested] if untested else []
     shadow = environment.shadowing_copy()
     warnings += [shadow] if shadow else []
+    warnings += registry.collisions()  # a rule taking keys another plugin's packaged rule would decide
     data: dict[str, Any] = {
         "versions": {n: environment.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
         | {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None},
@@ -271,7 +278,8 @@ def _doctor(args: argparse.Namespace) -> int:
               for p in registry.plugin_infos]
     lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += left_out_lines(left_out(registry, args.config))
-    lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}"
+    advice = "" if kernel.runs else f". {registry.serving_advice(Key('gpt_oss_mxfp4', 'gpt_oss', 'cpu'))}"
+    lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}{advice}"
               + ("; amd-quark is installed, so vLLM's emulation backend can serve MXFP4" if kernel.emulation else "")]
     lines += [f"fingerprint: {data['fingerprint']} ({FINGERPRINT_COVERS})", f"mode: {mode}"]
     if vllm and not untested:
@@ -420,6 +428,10 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+#: Commands that import vLLM in this process and print an answer: vLLM's log kept out (``--verbose``: in).
+VLLM_QUIETED = frozenset({"plan", "tune", "check-method"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     json_flag = _Parser(add_help=False)
     json_flag.add_argument("--json", action="store_true", help="machine-readable output")
@@ -436,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
         parent = json_flag if name in NO_TABLES else common
         p = sub.add_parser(name, parents=[parent], help=help, description=help, **extra)
         p.set_defaults(func=func, **({"config": []} if name in NO_TABLES else {}))
+        if name in VLLM_QUIETED:
+            p.add_argument("--verbose", action="store_true", help="show vLLM's own log (its warnings) too")
         return p
 
     p = add("list", cmd_list, "registered methods and whether they can run here")
@@ -582,6 +596,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"ok": False, **envelope([problem])}, indent=2))
         print(missing, file=sys.stderr)
         return 2
+    with _quiet_vllm_log(args.command in VLLM_QUIETED and not getattr(args, "verbose", False)):
+        return _run(args)
+
+
+@contextlib.contextmanager
+def _quiet_vllm_log(quiet: bool) -> Iterator[None]:
+    """vLLM's own log noise (Triton's "Disabling Triton" warning at import, ...) is not this command's
+    answer: only vLLM's errors pass, unless ``--verbose`` or the user set ``VLLM_LOGGING_LEVEL``.
+    Scoped to the command: the variable and the logger levels are put back afterwards."""
+    import logging
+
+    if not quiet or "VLLM_LOGGING_LEVEL" in os.environ:
+        yield
+        return
+    loggers = {name: logging.getLogger(name) for name in ("vllm", "vllm.quantreg")}
+    levels = {name: lg.level for name, lg in loggers.items()}
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+    loggers["vllm"].setLevel(logging.ERROR)  # messages logged before vLLM configures its logger
+    loggers["vllm.quantreg"].setLevel(logging.WARNING)  # quantreg's own warnings stay
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_LOGGING_LEVEL", None)
+        for name, lg in loggers.items():
+            lg.setLevel(levels[name])
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         result: int = args.func(args)
     except ModuleNotFoundError as exc:  # a command that needs torch/vLLM on a host without them: one line

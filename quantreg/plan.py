@@ -382,6 +382,10 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
     named = device_warning(key.device, known_names(registry)[1])  # --device gpu: vLLM says cuda
     if named:
         warnings.insert(0, named)
+    # the rules for this key from two sources (two plugins, or the user's table over a plugin's): both named
+    winner = decision.rule
+    warnings += [c for c in registry.collisions()
+                 if winner is not None and f"rule {winner.location} " in c and winner.match.matches(key)]
     layout = layout_of(decision.method, registry)
     expert_bytes: int | None = None
     if layout is None:

@@ -21,7 +21,7 @@ from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
 from .problems import Problem, quantreg_logger
-from .table.file import Rule, TableFile, TableHeader, rule_json
+from .table.file import Layer, Rule, TableFile, TableHeader, rule_json
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -127,11 +127,84 @@ class Registry:
             if held:
                 reasons = "; ".join(lim.reason + (f" (from plugin '{lim.plugin}')" if lim.plugin else "")
                                     for lim in held)
-                found = Availability(False, f"vLLM's own method cannot run here: {reasons}")
+                found = Availability(False, f"vLLM's own method cannot run here: {reasons}. "
+                                     f"{self.serving_advice(key)}")
             else:
                 found = Availability(True, "vLLM's own method")
             self._vllm_availability[key] = found
         return found
+
+    def collisions(self) -> list[str]:
+        """One line per pair where a rule takes keys that another plugin's packaged rule would decide.
+
+        Why: a plugin's rules ship with the plugin; when a second plugin (or the user's table) has a
+        rule for an overlapping key, one of them silently decides. Said once per pair, naming both
+        rules and which wins (precedence: layer, then specificity, then priority). Pairs inside one
+        file are the table's own business (``validate`` reports ambiguous ones).
+        """
+        from .decision import why_lost
+
+        lines: list[str] = []
+        packaged = [r for t in self.tables if t.layer == Layer.PLUGIN for r in t.rules]
+        others = [r for t in self.tables if t.layer >= Layer.PLUGIN for r in t.rules]
+        seen: set[tuple[str, str]] = set()
+        for b in packaged:
+            for a in others:
+                if a is b or a.path == b.path or not a.match.overlaps(b.match):
+                    continue
+                pair = tuple(sorted((a.location, b.location)))
+                if pair in seen:
+                    continue
+                seen.add(pair)  # type: ignore[arg-type]
+                if a.rank == b.rank:
+                    continue  # an exact tie: reported as ambiguous by the table checks
+                win, lose = (a, b) if a.rank > b.rank else (b, a)
+                lines.append(f"rule {win.location} [{win.layer}] ({', '.join(win.methods)}) takes keys matching "
+                             f"{win.match} from rule {lose.location} [{lose.layer}] ({', '.join(lose.methods)}), "
+                             f"which loses: {why_lost(lose, win)}")
+        return lines
+
+    def serving_alternatives(self, key: Key) -> list[tuple[str, str]]:
+        """Installed methods that can serve ``key`` on this host, best first, each with the rule that names it.
+
+        The registry's own answer, not a literal: the non-``vllm`` methods of the rules that match
+        the key, in precedence order (a plugin's packaged rule for the key names its method there),
+        then methods of plugins whose rules name the key's quant format on another device, when
+        they run on this one (plugin #1's ``mxfp4_reference``). Only methods available here count.
+        """
+        found: list[tuple[str, str]] = []
+        seen: set[str] = set()
+
+        def consider(name: str, where: str) -> None:
+            if name in seen or keeps_vllm(name):
+                return
+            seen.add(name)
+            if self.availability(name, key.device).ok:
+                found.append((name, where))
+
+        for rule in self.index.candidates(key):
+            for name in rule.methods:
+                consider(name, f"rule {rule.location}")
+        plugins: set[str] = set()  # plugins whose packaged rules name the key's quant format
+        for table in self.tables:
+            for rule in table.rules:
+                formats = rule.match.quant_format
+                if table.layer == Layer.PLUGIN and formats is not None and key.quant_format in formats:
+                    plugins.update(self.methods[n].plugin for n in rule.methods if n in self.methods)
+        for name, m in sorted(self.methods.items()):
+            if m.plugin and m.plugin in plugins and m.runs_on(key.device):
+                consider(name, f"plugin '{m.plugin}'")
+        return found
+
+    def serving_advice(self, key: Key) -> str:
+        """One sentence: which installed method would serve ``key`` here (or how to get one)."""
+        alternatives = self.serving_alternatives(key)
+        if not alternatives:
+            return ("No installed quantreg method serves it here: install a plugin whose method does "
+                    "(quantreg list shows the registered ones) or serve a bf16 checkpoint")
+        name, where = alternatives[0]
+        others = ", ".join(n for n, _ in alternatives[1:])
+        return f"Installed here: '{name}' serves it ({where})" + (f"; also {others}" if others else "")
 
     def resolve(self, key: Key | tuple[str, str, str]) -> Decision:
         key = Key(*key)
@@ -167,7 +240,7 @@ class Registry:
         if chosen is None:
             fallback = "no method in the chain is available here; vLLM keeps its own method"
             vllm_here = self.availability_for(VLLM_METHOD, key)
-            if not vllm_here.ok:
+            if not vllm_here.ok and VLLM_METHOD not in winner.methods:  # else the chain says it, once
                 fallback += f"; and {vllm_here.reason}"
             chosen = VLLM_METHOD
         options = winner.options if fallback is None else {}

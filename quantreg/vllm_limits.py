@@ -165,8 +165,7 @@ BUILTIN_LIMITATIONS: tuple[VllmLimitation, ...] = (
         reason=("vLLM 0.32's only CPU MXFP4 MoE kernel (CPUExpertsMxfp4) needs an x86 CPU with AMX "
                 "(amx_tile/amx_bf16 in /proc/cpuinfo), and its emulation backend needs the amd-quark "
                 "package; neither is here, so vLLM stops with 'No MXFP4 MoE backend supports the "
-                "deployment configuration'. Route the key to a quantreg method (e.g. mxfp4_reference) "
-                "or serve a bf16 checkpoint"),
+                "deployment configuration'"),
         quant_format=("gpt_oss_mxfp4", "mxfp4"),
         device="cpu",
         applies=cpu_mxfp4_unsupported,

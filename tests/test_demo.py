@@ -54,7 +54,7 @@ def test_fail_says_which_bound_was_exceeded(tmp_path: Path) -> None:
 
 def test_a_failed_run_is_a_fail_not_a_number() -> None:
     ok, line = verdict(_run(returncode=1, tokens=[]), _run(), None, None)
-    assert (ok, line) == (False, "FAIL: the default table run failed (see its error above)")
+    assert (ok, line) == (False, "FAIL: the installed tables run failed (see its error above)")
 
 
 @pytest.mark.parametrize("kind", ["avx2", "amx"])

@@ -79,7 +79,21 @@ def test_installed_it_is_listed_and_its_table_validates(site: Path, tmp_path: Pa
     assert valid.returncode == 0, valid.stdout + valid.stderr
     explained = quantreg("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--json", cwd=tmp_path, site=site)
     decision = json.loads(explained.stdout)
-    assert decision["method"] == "demo_x" and decision["rule"]["layer"] == "plugin", decision
+    mine = [c for c in decision["candidates"] if c["rule"]["path"].endswith("quantreg_demo_x/rules.yaml")]
+    assert mine and mine[0]["rule"]["layer"] == "plugin" and mine[0]["rule"]["priority"] == -10, decision
+    others = [c for c in decision["candidates"] if c["rule"]["layer"] == "plugin" and c not in mine]
+    if others:  # another installed plugin's packaged rule decides this key: the scaffold does not take it
+        assert not mine[0]["won"] and "lower priority" in mine[0]["reason"], decision
+        doctor = quantreg("doctor", cwd=tmp_path, site=site).stdout
+        said = [ln for ln in doctor.splitlines() if "takes keys matching" in ln and "quantreg_demo_x" in ln]
+        assert len(said) == 1 and f"{others[0]['rule']['path']}:{others[0]['rule']['line']}" in said[0], doctor
+    else:
+        assert decision["method"] == "demo_x" and mine[0]["won"], decision
+    # complete: plan has no warning about it (it declares expert_layout)
+    layout = subprocess.run([sys.executable, "-c", "import quantreg; "
+                             "print(quantreg.Registry.build(env={}).methods['demo_x'].expert_layout)"],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site)}, timeout=120)
+    assert layout.stdout.strip() == "bf16", layout.stdout + layout.stderr
     # The hooks module is what every vLLM process imports: it must not pull in torch or vLLM.
     light = subprocess.run([sys.executable, "-c", "import sys, quantreg_demo_x.plugin; "
                             "assert not {'torch', 'vllm'} & set(sys.modules), sorted(sys.modules)"],

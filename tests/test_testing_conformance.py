@@ -294,8 +294,11 @@ def test_hpu_mxfp4_passes_device_independent_checks_and_skips_the_rest(
         capsys: pytest.CaptureFixture[str], device: str, reason: str) -> None:
     pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 is not installed")
     code = main(["check-method", "hpu_mxfp4", "--device", device])
-    table = capsys.readouterr().out
+    table, err = capsys.readouterr()
     assert code == 0, table
+    # a progress line per check that runs, with the shape, on stderr (stdout stays the table)
+    ran = re.findall(r"^check-method \[\d+s\]: (\S+) \(shape small\) \.\.\.$", err, re.M)
+    assert ran and set(ran) <= {c.id for c in checks.CHECKS} and len(ran) == len(set(ran)), err
     rows = dict(reversed(m.groups()) for m in re.finditer(r"^  (PASS|FAIL|SKIPPED) +(\S+)", table, re.M))
     assert rows == {c.id: "SKIPPED" if c.needs_device else "PASS" for c in checks.CHECKS}, table
     assert table.count(f"needs a device where 'hpu_mxfp4' runs; on {device}:") == 4

@@ -4,20 +4,24 @@
 2. ``explain`` its key with the installed tables, then with the demo's embedded table, which
    asks for ``[hpu_mxfp4, mxfp4_reference]``: on a CPU the Gaudi kernel is unavailable and the
    chain falls back, with the reason printed.
-3. Run vLLM (default multiprocessing) twice, side by side: once with the default table (vLLM
-   keeps its own method) and once with the embedded table passed per run through vLLM's
-   ``additional_config``. Print the method class each MoE layer got *in the Worker process*,
-   the generated token ids, and how far the two runs' logprobs and MoE outputs are apart.
+3. Run vLLM (default multiprocessing) twice, side by side, from the demo's work directory (so
+   vLLM imports the installed distributions, never a source tree): once on the MXFP4 checkpoint
+   with the installed tables -- what an operator gets after installing the plugins -- and once as
+   the comparison. Print the method class each MoE layer got *in the Worker process*, the
+   quantreg start-up line saying which method served and why, the generated token ids, and how far
+   the two runs' logprobs and MoE outputs are apart. A line every 15 s while vLLM runs.
 
 4. End with one verdict line against the bounds stated below (:func:`verdict`): a newcomer should
    not have to know whether "0.0531" is good.
 
 Host-conditional, from the one answer :func:`quantreg.vllm_limits.vllm_cpu_mxfp4_kernel` gives (the
-one ``doctor`` prints): vLLM 0.32's only CPU MXFP4 MoE kernel needs AMX. On an Intel Xeon with
-AMX the default table's ``vllm`` decision runs vLLM's own MXFP4 kernel and the demo compares
-against it. Without AMX (e.g. AMD EPYC) vLLM alone refuses the MXFP4 checkpoint, which is the
-expected outcome and said so; the "vLLM's own method" run then uses the bf16 twin of the
-checkpoint (the same expert weights dequantised exactly).
+one ``doctor`` prints): vLLM 0.32's only CPU MXFP4 MoE kernel needs AMX. On a host with AMX the
+installed tables keep vLLM's own MXFP4 kernel (quantreg-cpu-mxfp4's chain ``[vllm, cpu_mxfp4]``),
+and the comparison is the demo's embedded table (``mxfp4_reference``) on the same checkpoint.
+Without AMX vLLM alone refuses the MXFP4 checkpoint, the installed tables serve it with the best
+installed method (``cpu_mxfp4`` when quantreg-cpu-mxfp4 is installed, else the chain's next), and
+the comparison is vLLM's own method on the bf16 twin of the checkpoint (the same expert weights
+dequantised exactly).
 
 Bounds (measured; tests/e2e/test_mxfp4_reference.py holds the same comparison): greedy tokens
 identical; logprob of a token at the same step within 0.15 (seen 0.098 on the demo's three prompts,
@@ -31,7 +35,9 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from .. import settings
@@ -95,7 +101,7 @@ def _max_moe_diff(a: RunResult, b: RunResult) -> tuple[float, float] | None:
 def verdict(own: RunResult, routed: RunResult, lp: float | None, moe: tuple[float, float] | None) -> tuple[bool, str]:
     """PASS or FAIL against the stated bounds, with the numbers and the bounds in one line."""
     if not (own.ok and routed.ok):
-        failed = [name for name, r in (("default table", own), ("demo table", routed)) if not r.ok]
+        failed = [name for name, r in (("installed tables", own), ("comparison", routed)) if not r.ok]
         return False, f"FAIL: the {' and '.join(failed)} run failed (see its error above)"
     pairs = [(x, y) for a, b in zip(own.token_ids, routed.token_ids) for x, y in zip(a, b)]
     total = sum(len(ids) for ids in own.token_ids)
@@ -119,8 +125,8 @@ def own_method_plan(kernel: KernelVerdict) -> tuple[bool, str]:
                       f"({kernel.reason})")
     return False, ("expected on this host: vLLM alone refuses the MXFP4 checkpoint ('No MXFP4 MoE backend "
                    f"supports the deployment configuration'), because {kernel.reason.split(';')[0]}. So vLLM's "
-                   "own method runs on the bf16 twin (the same expert weights, dequantised exactly); on an Intel "
-                   "Xeon with AMX the demo compares against vLLM's own MXFP4 kernel instead")
+                   "own method runs on the bf16 twin (the same expert weights, dequantised exactly) as the comparison; "
+                   "on a host with AMX the installed tables keep vLLM's own MXFP4 kernel instead")
 
 
 def _describe(title: str, result: RunResult) -> list[str]:
@@ -181,18 +187,39 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
                     "(quantreg plugins)", path=str(table), registry=demo)
 
     kernel = vllm_cpu_mxfp4_kernel()
+    installed = default.resolve(key)
+    say(f"\n== which method serves the checkpoint with the installed tables: {installed.method} ==")
+    say(f"  {installed.summary()}")
+    for step in installed.chain:  # why: each entry of the winning rule's chain, as explain shows it
+        say(f"  {'yes' if step.available else 'no '} {step.method}: {step.reason.split('. Installed here')[0]}")
     mxfp4_own, own_note = own_method_plan(kernel)
-    own_model = model if mxfp4_own else write_tiny_gpt_oss(work / "tiny-gpt-oss-bf16", mxfp4=False)
-    say(f"\n== running vLLM twice (default multiprocessing, side by side): {own_note}; "
-        "and the demo table via additional_config ==")
     common: dict[str, Any] = {"max_tokens": MAX_TOKENS, "probe_tokens": PROBE_TOKENS,
                               "env": {settings.CONFIG: ""}}
+    started = time.monotonic()
+
+    def heartbeat(elapsed: float) -> None:
+        if not as_json:
+            print(f"  ... vLLM still running ({time.monotonic() - started:.0f} s; a start takes 30-60 s, "
+                  "up to ~3 min on a loaded machine)", flush=True)
+
+    first: tuple[str, Path, dict[str, Any]]
+    second: tuple[str, Path, dict[str, Any]]
+    if mxfp4_own:  # AMX: the installed tables keep vLLM's kernel; compare with the demo table's reference
+        say(f"\n== running vLLM twice (default multiprocessing, side by side): {own_note}; and the demo "
+            "table (mxfp4_reference) via additional_config ==")
+        first = ("installed tables", model, {})
+        second = ("demo table", model, {"additional_config": {"quantreg": {"config": [str(table)]}}})
+    else:  # no AMX: the installed tables serve MXFP4 with a quantreg method; compare with vLLM on bf16
+        say(f"\n== running vLLM twice (default multiprocessing, side by side): the installed tables on the "
+            f"MXFP4 checkpoint ({installed.method}); and {own_note} ==")
+        first = ("installed tables", model, {})
+        second = ("vLLM's own method, bf16 twin", write_tiny_gpt_oss(work / "tiny-gpt-oss-bf16", mxfp4=False), {})
     with ThreadPoolExecutor(max_workers=2) as pool:
-        own_f = pool.submit(run_vllm, own_model, DEMO_PROMPTS, workdir=work / "run-default", **common)
-        routed_f = pool.submit(run_vllm, model, DEMO_PROMPTS, workdir=work / "run-demo-table",
-                               additional_config={"quantreg": {"config": [str(table)]}}, **common)
-        own, routed = own_f.result(), routed_f.result()
-    for line in _describe("default table", own) + _describe("demo table", routed):
+        futures = [pool.submit(run_vllm, path, DEMO_PROMPTS, workdir=work / f"run-{i}",
+                               progress=heartbeat if i == 0 else None, **common, **extra)
+                   for i, (_, path, extra) in enumerate((first, second))]
+        own, routed = (f.result() for f in futures)
+    for line in _describe(first[0], own) + _describe(second[0], routed):
         say(line)
     lp, moe = _max_logprob_diff(own, routed), _max_moe_diff(own, routed)
     say(f"\nmax |logprob difference| (same token, same step): {lp if lp is None else f'{lp:.4f}'}")
@@ -206,7 +233,7 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
             "explain_default": default.resolve(key).to_json(), "explain_demo": demo.resolve(key).to_json(),
             "runs": {name: {"ok": r.ok, "elapsed_s": r.elapsed_s, "token_ids": r.token_ids,
                             "moe_methods": r.moe_quant_methods, "worker_pids": r.worker_pids}
-                     for name, r in (("default", own), ("demo_table", routed))},
+                     for name, r in (("installed_tables", own), ("comparison", routed))},
             "max_logprob_diff": lp, "max_moe_output_diff": None if moe is None else moe[0],
             "max_moe_output_bound": None if moe is None else moe[1], "logprob_bound": LOGPROB_BOUND,
             "vllm_cpu_mxfp4_kernel": kernel.as_json(), "verdict": line, "text": out,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ def run_checks(
     only: Iterable[str] | None = None,
     harness: VllmMoeHarness | None = None,
     shape: MoeShape | str = DEFAULT_SHAPE,
+    progress: Callable[[str], None] | None = None,
 ) -> Report:
     """Run the conformance suite on a registered method (by name) or on a :class:`Method`.
 
@@ -82,6 +84,7 @@ def run_checks(
                            for c in others if c.id in selected]
         return report
     ctx = Context(found, registry, device, tolerance, option_sets, selected, harness, checks.PROBE_BUDGET_S, shape)
+    ctx.progress = progress
     try:
         with one_thread():
             checks.run_suite(ctx)
@@ -108,8 +111,15 @@ def check_method_command(name: str, *, device: str | None = None, config: Sequen
     registry = Registry.build(config=config)
     for fault in [*registry.problems, *registry.failures]:
         print(f"warning: {fault}", file=sys.stderr)
+    started = time.monotonic()
+
+    def progress(check: str) -> None:  # stderr, so stdout stays the table (or the JSON)
+        print(f"check-method [{time.monotonic() - started:.0f}s]: {check} (shape {shape}) ...", file=sys.stderr,
+              flush=True)
+
     with quiet_vllm():
-        report = run_checks(name, registry=registry, device=device or guess_device(), shape=shape)
+        report = run_checks(name, registry=registry, device=device or guess_device(), shape=shape,
+                            progress=None if as_json else progress)
     if as_json and envelope is not None:  # the CLI's envelope: problems as objects, left_out, vllm_would_refuse
         print(json.dumps({**report.to_json(), **envelope(registry)}, indent=2, default=str))
     else:

@@ -79,5 +79,7 @@ def run_suite(ctx: Context) -> None:
         if why is not None:
             ctx.record(spec, Status.SKIPPED, why)
             continue
+        if ctx.progress is not None:  # a line per check in front of a user (check-method, not --json)
+            ctx.progress(spec.id)
         with ctx.check(spec):
             spec.function(ctx)

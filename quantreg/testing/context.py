@@ -92,6 +92,8 @@ class Context:
     def __init__(self, method: Method, registry: Registry | None, device: str, tolerance: float | None,
                  option_sets: Sequence[Mapping[str, Any]], only: set[str], harness: VllmMoeHarness | None,
                  probe_budget: float, shape: MoeShape = DEFAULT_SHAPE) -> None:
+        #: Called with each check's id before it runs (``quantreg check-method``'s progress lines).
+        self.progress: Callable[[str], None] | None = None
         self.method = method
         self.shape = shape
         """The layer shape the weights and numerical checks build (:mod:`~quantreg.testing.shapes`)."""

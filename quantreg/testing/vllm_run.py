@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,6 +179,7 @@ def run_vllm(
     timeout: float = 300.0,
     llm_kwargs: Mapping[str, Any] | None = None,
     worker_checks: Sequence[str] = (),
+    progress: Callable[[float], None] | None = None,
 ) -> RunResult:
     """Run ``vllm.LLM`` on ``model_dir`` in a fresh ``python -m quantreg.testing.vllm_child`` process.
 
@@ -192,6 +193,7 @@ def run_vllm(
     input and outputs to ``moe_outputs.pt`` (see :meth:`RunResult.load_moe_outputs`).
 
     ``llm_kwargs`` is layered over :data:`LLM_KWARGS` (e.g. ``tensor_parallel_size=2``).
+    ``progress(elapsed_s)`` is called every 15 s while vLLM runs (the demo's heartbeat line).
     ``worker_checks`` names ``"module:function"`` callables run *inside every worker* through
     ``LLM.apply_model`` right after the model is loaded: each gets the worker's model, returns a
     JSON-serialisable value (kept in :attr:`RunResult.worker_checks`) and may raise to fail the
@@ -201,7 +203,7 @@ def run_vllm(
     the ``.pt`` stays loadable). Raises :class:`RunnerTimeout` if the run exceeds ``timeout``;
     any other failure is reported in the returned :class:`RunResult`, not raised.
     """
-    work = make_directory(workdir) if workdir is not None else fresh_directory("quantreg-vllm-")
+    work = (make_directory(workdir) if workdir is not None else fresh_directory("quantreg-vllm-")).resolve()
     request = {
         "model": str(Path(model_dir).resolve()),
         "prompts": [[int(t) for t in p] for p in prompts],
@@ -241,10 +243,13 @@ def run_vllm(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=child_env,
+            # Not the caller's directory: run from a source clone, `python -m` would put the clone's
+            # ./quantreg first on sys.path and vLLM would import it instead of the installed wheel.
+            cwd=work,
             start_new_session=True,
         )
         try:
-            returncode = proc.wait(timeout=timeout)
+            returncode = _wait(proc, timeout, start, progress)
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -257,6 +262,21 @@ def run_vllm(
     if timed_out:
         raise RunnerTimeout(timeout, log)
     return _read_result(result_path, returncode, log, elapsed)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float, start: float,
+          progress: Callable[[float], None] | None, every: float = 15.0) -> int:
+    """``proc.wait(timeout)``, calling ``progress(elapsed seconds)`` every ``every`` seconds meanwhile."""
+    deadline = start + timeout
+    while True:
+        now = time.monotonic()
+        try:
+            return proc.wait(timeout=max(0.0, min(every, deadline - now)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            if progress is not None:
+                progress(time.monotonic() - start)
 
 
 def _kill_group(pgid: int, grace: float = 10.0) -> None:

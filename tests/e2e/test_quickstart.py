@@ -81,7 +81,8 @@ def test_the_quick_start_is_the_operators_whole_path() -> None:
     """Cheap guard on what the slow test runs: the steps issues 16 and 22 ask the Quick start to have."""
     commands = quickstart_commands(README.read_text(encoding="utf-8"))
     text = "\n".join(commands)
-    for needed in ("pip install ../quantreg ../quantreg/plugins/hpu_mxfp4", "quantreg tiny-model ",
+    for needed in ("pip install ../quantreg ../quantreg/plugins/hpu_mxfp4 ../quantreg/plugins/cpu_mxfp4",
+                   "quantreg tiny-model ",
                    "quantreg doctor", "VLLM_CPU_KVCACHE_SPACE=", "python -m vllm.entrypoints.openai.api_server",
                    "/v1/completions", "/v1/chat/completions"):
         assert needed in text, f"the Quick start lost {needed!r}"
@@ -89,7 +90,10 @@ def test_the_quick_start_is_the_operators_whole_path() -> None:
     assert commands[0] == f"mkdir {WORK} && cd {WORK}"
     assert VENV_LINE.fullmatch(commands[1]), commands[1]
     assert not any(re.search(r"pip install \.(\s|$)", c) for c in commands), "install from the work directory"
-    assert commands[-2].startswith("curl ") and "/v1/completions" in commands[-2]
+    served = next(i for i, c in enumerate(commands) if "api_server" in c)
+    assert commands[served - 1] == "quantreg plan tiny", "the plugins' tables decide: no table of the user's"
+    assert not any("QUANTREG_CONFIG" in c or "--config" in c for c in commands[:served + 1])
+    assert any(c.startswith("curl ") and "/v1/completions" in c for c in commands[served:])
     assert not any(re.match(r"vllm\s", c) for c in commands), "vllm-cpu 0.32's `vllm` script is broken"
     assert text.count(PORT) >= 4  # the substitution below reaches the server and all three curls
 
@@ -169,8 +173,9 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert sorted(steps) == list(range(len(commands)))
     # What was imported is the wheel pip installed into the Quick start's virtualenv, not the source tree.
     venv = work / VENV_LINE.fullmatch(commands[1]).group(1)  # type: ignore[union-attr]
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import quantreg, quantreg_hpu_mxfp4; "
-                            "print(quantreg.__file__); print(quantreg_hpu_mxfp4.__file__)"], env=env, cwd=work,
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import quantreg, quantreg_hpu_mxfp4, "
+                            "quantreg_cpu_mxfp4; print(quantreg.__file__); print(quantreg_hpu_mxfp4.__file__); "
+                            "print(quantreg_cpu_mxfp4.__file__)"], env=env, cwd=work,
                            capture_output=True, text=True, check=True).stdout.split()
     assert all(path.startswith(str(venv)) for path in where), where
     doctor_step = next(i for i, c in enumerate(commands) if c.startswith("quantreg doctor"))
@@ -183,12 +188,28 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     chat_step = next(i for i, c in enumerate(commands) if "/v1/chat/completions" in c)
     chat = json.loads(steps[chat_step].strip())
     assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant", chat
+    # The method per host kind (issue 33): plugin #2's kernel without AMX, vLLM's own kernel with AMX.
+    from quantreg.host import host_facts
+
+    expected = "vllm" if host_facts().has("amx_tile") else "cpu_mxfp4"
     plan_step = next(i for i, c in enumerate(commands) if c.startswith("quantreg plan "))
-    assert "mxfp4_reference [my.yaml:3]" in steps[plan_step], steps[plan_step]
-    assert "quantreg: (gpt_oss_mxfp4, gpt_oss, cpu) -> mxfp4_reference [my.yaml:3]" in server_log
+    assert f"{expected} [" in steps[plan_step] and "rules.yaml:" in steps[plan_step], steps[plan_step]
+    explain_step = next(i for i, c in enumerate(commands) if c == "quantreg explain gpt_oss_mxfp4 gpt_oss cpu")
+    assert f"method   {expected}\n" in steps[explain_step], steps[explain_step]
+    assert f"quantreg: (gpt_oss_mxfp4, gpt_oss, cpu) -> {expected} [" in server_log, server_log[-3000:]
+    # the user table at the end takes the key: explain says so
+    assert "method   mxfp4_reference\n" in steps[len(commands) - 1], steps[len(commands) - 1]
     # issue 22.1: the installed `quantreg doctor`, with the environment the server ran with, prints the
     # fingerprint every server process logged (one copy of quantreg, fingerprints of content)
     doctor = subprocess.run([str(venv / "bin" / "quantreg"), "doctor", "--json"], cwd=work, capture_output=True,
-                            text=True, env={**env, "QUANTREG_CONFIG": "my.yaml"}, timeout=300)
+                            text=True, env=env, timeout=300)
+    # docs/operating.md: EngineCore and every Worker log "registry loaded", the API server process none;
+    # the README shows the decision line with vLLM's "(Worker pid=...)" prefix (TP=1: no _TP0 suffix)
+    # (the worker's start-up line carries vLLM's process name VllmWorker-0, its later lines "Worker")
+    loaded = re.findall(r"^\(([\w-]+) pid=\d+\).*quantreg: registry loaded", server_log, re.M)
+    assert "EngineCore" in loaded and any(p.startswith(("VllmWorker", "Worker")) for p in loaded), loaded
+    assert "APIServer" not in loaded, loaded
+    assert re.search(rf"^\(Worker pid=\d+\) .*quantreg: \(gpt_oss_mxfp4, gpt_oss, cpu\) -> {expected} \[",
+                     server_log, re.M), server_log[-3000:]
     served = set(re.findall(r"quantreg: registry loaded, .* fingerprint (\w+) \(pid \d+\)", server_log))
     assert served == {json.loads(doctor.stdout)["fingerprint"]}, (served, doctor.stdout[-2000:])

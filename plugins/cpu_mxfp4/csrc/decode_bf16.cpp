@@ -11,8 +11,6 @@
 
 #include "gemv.h"
 
-#define QR_AVX2 __attribute__((target("avx2,fma")))
-
 namespace quantreg_cpu_mxfp4 {
 namespace {
 

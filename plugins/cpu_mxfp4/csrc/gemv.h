@@ -39,6 +39,18 @@ constexpr int64_t kQ8BlockBytes = 40;
 // The 16-entry table both kernels and the scalar tail use: code c -> 12 + 2 * E2M1(c), 0..24.
 constexpr uint8_t kCodeTable[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
+// The target attributes of the ISA paths (one definition each, used by every kernel file): never
+// -m flags, so the same shared library runs on every x86-64 host and the dispatcher
+// (qr_cpu_supports in moe.cpp) only calls a path after __builtin_cpu_supports says it can.
+#define QR_AVX2 __attribute__((target("avx2,fma")))
+#define QR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+#define QR_INLINE __attribute__((always_inline)) inline
+
+// Software prefetch distance, bytes ahead in the weight stream (16 blocks of 16 rows), both GEMV
+// paths. Measured at 1 token, 1 thread (AVX-512 path, interleaved): none 15-20 % slower than
+// 4 KB; 1 KB and 16 KB slower too.
+constexpr int64_t kAhead = 16 * kGroupBlockBytes;
+
 // Prefetch base + offset. The address is formed in integer arithmetic: it may lie past the end of
 // the tensor, where pointer arithmetic would be undefined; a prefetch instruction never faults.
 #define QR_PREFETCH(base, offset)                                                                    \
@@ -68,8 +80,5 @@ void gemv_avx512(const GemvJob& job);
 // path's scratch tile).
 void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t row0, int64_t rows,
                            int64_t k, uint16_t* dst);
-
-// XOR-reduce of n bytes with 256-bit loads: one read pass at full speed (the bench's floor).
-uint64_t read_pass_avx2(const uint8_t* p, int64_t n);
 
 }  // namespace quantreg_cpu_mxfp4

@@ -13,14 +13,8 @@
 
 #include "gemv.h"
 
-#define QR_AVX2 __attribute__((target("avx2,fma")))
-
 namespace quantreg_cpu_mxfp4 {
 namespace {
-
-#define QR_INLINE __attribute__((always_inline)) inline
-
-constexpr int64_t kAhead = 16 * kGroupBlockBytes;  // see gemv_avx512
 
 QR_AVX2 QR_INLINE __m256i bcast32(const uint8_t* p) {
   int32_t v;
@@ -98,28 +92,6 @@ QR_AVX2 void gemv_avx2(const GemvJob& job) {
     for (; t + 2 <= job.m; t += 2) group_tile<2>(w, s, nb, job.act + t, job.out + t, row);
     if (job.m - t == 1) group_tile<1>(w, s, nb, job.act + t, job.out + t, row);
   }
-}
-
-}  // namespace quantreg_cpu_mxfp4
-
-namespace quantreg_cpu_mxfp4 {
-
-// XOR of every 32-byte word in [p, p + n) (n any): one streaming read pass, the bench's floor.
-QR_AVX2 uint64_t read_pass_avx2(const uint8_t* p, int64_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    a0 = _mm256_xor_si256(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_xor_si256(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
-    a2 = _mm256_xor_si256(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
-    a3 = _mm256_xor_si256(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
-  }
-  const __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-  uint64_t lanes[4];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes), a);
-  uint64_t out = lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
-  for (; i < n; ++i) out ^= p[i];
-  return out;
 }
 
 }  // namespace quantreg_cpu_mxfp4

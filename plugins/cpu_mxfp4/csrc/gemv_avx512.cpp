@@ -16,16 +16,8 @@
 
 #include "gemv.h"
 
-#define QR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
-
 namespace quantreg_cpu_mxfp4 {
 namespace {
-
-#define QR_INLINE __attribute__((always_inline)) inline
-
-// Software prefetch distance, bytes ahead in the weight stream (16 blocks of 16 rows). Measured at
-// 1 token, 1 thread (interleaved): none 15-20 % slower than 4 KB; 1 KB and 16 KB slower too.
-constexpr int64_t kAhead = 16 * kGroupBlockBytes;
 
 QR_AVX512 QR_INLINE __m512i bcast32(const uint8_t* p) {
   int32_t v;

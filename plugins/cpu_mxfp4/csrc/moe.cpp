@@ -1,9 +1,14 @@
-// quantreg-cpu-mxfp4: the MoE forward over packed MXFP4 experts (torch op + Python module).
+// quantreg-cpu-mxfp4: the MoE forward over packed MXFP4 experts, as a plain C ABI.
 //
-// moe_forward(x, topk_ids, topk_weights, w13, w13_scale, w13_bias?, w2, w2_scale, w2_bias?,
-//             activation, alpha, limit, isa) -> out
+// Why a C ABI (extern "C" functions on raw pointers and sizes, loaded by ctypes) and not a torch
+// extension: a torch C++ extension is tied to the exact torch (and its C++ ABI) it was compiled
+// against, so a wheel built under torch 2.13 fails to load under 2.14, and building it needs torch
+// at build time (pip's isolated build would download a second torch). This library includes no
+// torch header and links no torch library: it builds with a bare C++ compiler, and one built file
+// loads under any torch. Python (kernel.py) checks shapes and dtypes, hands over data_ptr()s, and
+// does the one step that wants torch's GEMM (the prefill path's bf16 matmul) through a callback.
 //
-// Steps (all in this file, threaded with at::parallel_for = torch's intra-op threads):
+// qr_moe_forward(args) computes, for x [T, H] and top-k routing:
 //  1. group the (token, slot) pairs by local expert (counting sort; ids outside [0, E) dropped);
 //  2. quantise every token's x to Q8 blocks (gemv.h), once per token;
 //  3. w13 GEMV over (expert, row block) jobs, only the routed experts' bytes are read;
@@ -11,29 +16,74 @@
 //  5. w2 GEMV the same way;
 //  6. per token, sum_k weight_k * (y_k + b2_e) in slot order (deterministic), to x's dtype.
 // Prefill: an expert with >= gemm_min_tokens routed tokens skips the Q8 GEMVs (compute-bound
-// there) and takes steps 3 and 5 as bf16 GEMMs instead: (expert, 256-row tile) jobs, each decodes
-// its tile to bf16 exactly (decode_bf16.cpp) into a scratch tensor freed after the job (weights
-// stay packed) and calls at::mm (oneDNN: AMX / AVX-512 BF16 where present) on the expert's
-// tokens in bf16; its activation is kept in bf16, not Q8. Error: that of bf16 activations and
-// bf16 GEMM outputs, like mxfp4_reference's.
-// Jobs are handed out by an atomic counter inside one parallel region, so experts with more
-// tokens do not leave the other threads idle.
-#include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <torch/extension.h>
-#include <torch/library.h>
+// there) and takes steps 3 and 5 as bf16 GEMMs instead: tile by tile (gemm_rows rows of one
+// expert), the tile is decoded to bf16 exactly (decode_bf16.cpp; weights stay packed) into a
+// scratch buffer, then the caller's gemm callback multiplies the expert's bf16 tokens by it
+// (kernel.py: torch.mm, i.e. oneDNN: AMX / AVX-512 BF16 where present) and writes fp32 results;
+// the activation is kept in bf16, not Q8. Error: that of bf16 activations and bf16 GEMM outputs,
+// like mxfp4_reference's.
+//
+// Threads: OpenMP regions of `threads` workers (the caller passes torch.get_num_threads()). Loaded
+// after torch, this library's libgomp.so.1 dependency resolves to the libgomp torch already loaded
+// (same soname), so kernel and torch ops share one thread pool, as at::parallel_for did. Jobs are
+// handed out by an atomic counter inside one region, so experts with more tokens do not leave the
+// other threads idle.
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 #include <limits>
-#include <string>
-#include <utility>
+#include <new>
 #include <vector>
 
 #include "gemv.h"
+
+extern "C" {
+
+// dtype codes shared with kernel.py (_DTYPES).
+enum QrDtype : int32_t { QR_F32 = 0, QR_BF16 = 1, QR_F16 = 2 };
+
+// out[i * ldc + j] = float(bf16(sum_k a[i * k + kk] * b[j * k + kk])) for i < m, j < n: a [m, k] and
+// b [n, k] bf16 bit patterns, row-major. Returns 0, or non-zero to abort the forward.
+typedef int32_t (*qr_gemm_fn)(const uint16_t* a, int64_t m, int64_t k, const uint16_t* b, int64_t n, float* c,
+                              int64_t ldc);
+
+// Everything qr_moe_forward reads (kernel.py's _MoeArgs mirrors it field by field). Every array
+// is contiguous, row-major; kernel.py has checked shapes, dtypes and devices.
+struct QrMoeArgs {
+  const void* x;              // [t, h], x_dtype
+  int32_t x_dtype;
+  int64_t t, h;
+  const void* topk_ids;       // [t, topk] int32 (ids_bits 32) or int64 (64)
+  int32_t ids_bits;
+  int64_t topk;
+  const float* topk_weights;  // [t, topk] fp32
+  const uint8_t* w13_blocks;  // [e, n13, h/2], 16-row interleave (gemv.h)
+  const uint8_t* w13_scales;  // [e, n13, h/32]
+  const void* w13_bias;       // [e, n13] or null
+  int32_t w13_bias_dtype;
+  const uint8_t* w2_blocks;   // [e, h, i/2]
+  const uint8_t* w2_scales;   // [e, h, i/32]
+  const void* w2_bias;        // [e, h] or null
+  int32_t w2_bias_dtype;
+  int64_t e, i;               // experts; intermediate size (n13 = 2i)
+  int32_t activation;         // 0 swigluoai (rows interleaved), 1 silu ([gate; up])
+  float alpha, limit;
+  int32_t isa;                // 0 avx2, 1 avx512
+  int32_t per;                // 1 q8, 2 q8x2
+  int64_t gemm_min_tokens;    // <= 0: no prefill path
+  int64_t gemm_rows;          // rows per prefill tile (a multiple of 16)
+  int32_t threads;
+  void* out;                  // [t, h], x_dtype, written entirely
+  qr_gemm_fn gemm;            // required when gemm_min_tokens > 0
+};
+
+}  // extern "C"
 
 namespace quantreg_cpu_mxfp4 {
 namespace {
@@ -49,26 +99,108 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-bool cpu_supports(const std::string& isa) {
-  if (isa == "avx2") return cpu_has_avx2();
-  if (isa == "avx512") return cpu_has_avx512();
-  TORCH_CHECK(false, "quantreg_cpu_mxfp4: unknown ISA '", isa, "' (expected 'avx2' or 'avx512')");
-}
+// Workers of the current forward (set on the calling thread at entry).
+thread_local int tl_threads = 1;
 
-// Run fn(job) for job in [0, njobs) on torch's intra-op threads, jobs taken in order from a
-// shared counter (dynamic balance; jobs must be independent).
+// Run fn(job) for job in [0, njobs) on tl_threads OpenMP threads, jobs taken in order from a
+// shared counter (dynamic balance; jobs must be independent and must not throw).
 template <class Fn>
 void run_jobs(int64_t njobs, const Fn& fn) {
   if (njobs <= 0) return;
+  const int64_t workers = std::min<int64_t>(tl_threads, njobs);
+  if (workers <= 1 || omp_in_parallel()) {
+    for (int64_t job = 0; job < njobs; ++job) fn(job);
+    return;
+  }
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), njobs);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+#pragma omp parallel num_threads(static_cast<int>(workers))
+  {
     for (;;) {
       const int64_t job = next.fetch_add(1, std::memory_order_relaxed);
       if (job >= njobs) break;
       fn(job);
     }
-  });
+  }
+}
+
+// bf16 / fp16 <-> fp32 by bit patterns, rounding to nearest even (what c10::BFloat16 / c10::Half
+// do), so the outputs match the torch extension this library replaced bit for bit.
+inline float bf16_to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint32_t bias = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + bias) >> 16);
+}
+
+inline float fp32_from_bits(uint32_t w) {
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+
+inline uint32_t fp32_to_bits(float f) {
+  uint32_t w;
+  std::memcpy(&w, &f, 4);
+  return w;
+}
+
+// IEEE half -> float (the FP16 library's branch-free form, as c10::detail::fp16_ieee_to_fp32_value).
+inline float half_to_float(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const uint32_t exp_offset = 0xE0u << 23;
+  const float exp_scale = fp32_from_bits(0x7800000u);
+  const float normalized = fp32_from_bits((two_w >> 4) + exp_offset) * exp_scale;
+  const uint32_t magic_mask = 126u << 23;
+  const float magic_bias = 0.5f;
+  const float denormalized = fp32_from_bits((two_w >> 17) | magic_mask) - magic_bias;
+  const uint32_t denormalized_cutoff = 1u << 27;
+  const uint32_t result =
+      sign | (two_w < denormalized_cutoff ? fp32_to_bits(denormalized) : fp32_to_bits(normalized));
+  return fp32_from_bits(result);
+}
+
+// float -> IEEE half, round to nearest even (as c10::detail::fp16_ieee_from_fp32_value).
+inline uint16_t float_to_half(float f) {
+  const float scale_to_inf = fp32_from_bits(0x77800000u);
+  const float scale_to_zero = fp32_from_bits(0x08800000u);
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = fp32_to_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = fp32_from_bits((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = fp32_to_bits(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+inline float load_float(const void* base, int32_t dtype, int64_t i) {
+  switch (dtype) {
+    case QR_BF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case QR_F16: return half_to_float(static_cast<const uint16_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+inline void store_float(void* base, int32_t dtype, int64_t i, float v) {
+  switch (dtype) {
+    case QR_BF16: static_cast<uint16_t*>(base)[i] = float_to_bf16(v); break;
+    case QR_F16: static_cast<uint16_t*>(base)[i] = float_to_half(v); break;
+    default: static_cast<float*>(base)[i] = v; break;
+  }
 }
 
 // x (K floats) -> Q8 blocks (gemv.h). Per block of 32: d = amax / 127, q = round(x / d) in
@@ -160,50 +292,11 @@ void gemv_tail(const GemvJob& job) {
   }
 }
 
-inline float load_float(const void* base, at::ScalarType dtype, int64_t i) {
-  switch (dtype) {
-    case at::kBFloat16: return static_cast<float>(static_cast<const c10::BFloat16*>(base)[i]);
-    case at::kHalf: return static_cast<float>(static_cast<const c10::Half*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
-}
-
-void check_float(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat || t.scalar_type() == at::kHalf,
-              "quantreg_cpu_mxfp4: ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
-}
-
 struct Stack {
   const uint8_t* blocks;
   const uint8_t* scales;
   int64_t e, n, k;
 };
-
-Stack check_stack(const at::Tensor& blocks, const at::Tensor& scales, const char* name) {
-  TORCH_CHECK(blocks.device().is_cpu() && scales.device().is_cpu(), "quantreg_cpu_mxfp4: ", name,
-              " must be on the CPU");
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && scales.scalar_type() == at::kByte, "quantreg_cpu_mxfp4: ", name,
-              " blocks and scales must be uint8, got ", blocks.scalar_type(), " and ", scales.scalar_type());
-  TORCH_CHECK(blocks.dim() == 3 && scales.dim() == 3, "quantreg_cpu_mxfp4: ", name,
-              " blocks must be [E, N, K/2] and scales [E, N, K/32], got ", blocks.sizes(), " and ", scales.sizes());
-  TORCH_CHECK(blocks.is_contiguous() && scales.is_contiguous(), "quantreg_cpu_mxfp4: ", name,
-              " blocks and scales must be contiguous");
-  const int64_t e = blocks.size(0), n = blocks.size(1), k = blocks.size(2) * 2;
-  TORCH_CHECK(k % 32 == 0 && k > 0, "quantreg_cpu_mxfp4: ", name, " K = ", k, " must be a positive multiple of 32");
-  TORCH_CHECK(scales.size(0) == e && scales.size(1) == n && scales.size(2) == k / 32, "quantreg_cpu_mxfp4: ", name,
-              " scales ", scales.sizes(), " do not match blocks ", blocks.sizes(), " (expected [", e, ", ", n, ", ",
-              k / 32, "])");
-  return {blocks.data_ptr<uint8_t>(), scales.data_ptr<uint8_t>(), e, n, k};
-}
-
-void check_bias(const std::optional<at::Tensor>& bias, int64_t e, int64_t n, const char* name) {
-  if (!bias.has_value()) return;
-  check_float(*bias, name);
-  TORCH_CHECK(bias->device().is_cpu() && bias->is_contiguous(), "quantreg_cpu_mxfp4: ", name,
-              " must be a contiguous CPU tensor");
-  TORCH_CHECK(bias->dim() == 2 && bias->size(0) == e && bias->size(1) == n, "quantreg_cpu_mxfp4: ", name,
-              " must be [", e, ", ", n, "], got ", bias->sizes());
-}
 
 // The routed pairs [begin, end) of one local expert e (pairs are stored in expert order).
 struct Group {
@@ -246,78 +339,60 @@ void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<Gr
   });
 }
 
-// Rows per prefill GEMM job: a 256 x 2880 bf16 tile is 1.4 MiB (stays in L2/LLC between its
-// decode and the GEMM that reads it) and GPT-OSS-20B's 5760 / 2880 rows give 23 / 12 jobs per
-// expert, enough to balance the threads.
-constexpr int64_t kGemmRows = 256;
 
 // out[r * w.n + row] = sum_k W_e[row, k] * in[r, k] for the pairs r of every group, W decoded
-// tile by tile to bf16; in: bf16 [routed, K]. at::mm inside the parallel region runs on the
-// calling thread (ATen and oneDNN do not nest), so the jobs are the only parallelism.
-void run_gemm(const Stack& w, const std::vector<Group>& groups, const at::Tensor& in, float* out) {
-  const int64_t tiles = (w.n + kGemmRows - 1) / kGemmRows;
-  const int64_t njobs = static_cast<int64_t>(groups.size()) * tiles;
-  run_jobs(njobs, [&](int64_t job) {
-    const Group& grp = groups[static_cast<size_t>(job / tiles)];
-    const int64_t row0 = (job % tiles) * kGemmRows, rows = std::min(kGemmRows, w.n - row0);
-    at::Tensor tile = at::empty({rows, w.k}, in.options());
-    decode_rows_bf16_avx2(w.blocks + grp.e * w.n * (w.k / 2), w.scales + grp.e * w.n * (w.k / 32), w.n, row0, rows,
-                          w.k, reinterpret_cast<uint16_t*>(tile.data_ptr<c10::BFloat16>()));
-    const at::Tensor res = at::mm(in.narrow(0, grp.begin, grp.end - grp.begin), tile.t()).contiguous();
-    const c10::BFloat16* rp = res.data_ptr<c10::BFloat16>();
-    for (int64_t i = 0; i < grp.end - grp.begin; ++i)
-      for (int64_t j = 0; j < rows; ++j)
-        out[(grp.begin + i) * w.n + row0 + j] = static_cast<float>(rp[i * rows + j]);
-  });
+// tile by tile to bf16 (in parallel, 16 rows a job) into `tile`, then multiplied by the caller's
+// gemm (torch's threads). in: bf16 [routed, K]. Returns false if the callback failed.
+bool run_gemm(const Stack& w, const std::vector<Group>& groups, const uint16_t* in, float* out, int64_t tile_rows,
+              qr_gemm_fn gemm, std::vector<uint16_t>& tile) {
+  tile.resize(static_cast<size_t>(tile_rows * w.k));
+  for (const Group& grp : groups) {
+    const uint8_t* blocks = w.blocks + grp.e * w.n * (w.k / 2);
+    const uint8_t* scales = w.scales + grp.e * w.n * (w.k / 32);
+    for (int64_t row0 = 0; row0 < w.n; row0 += tile_rows) {
+      const int64_t rows = std::min(tile_rows, w.n - row0);
+      run_jobs((rows + kRowGroup - 1) / kRowGroup, [&](int64_t j) {
+        const int64_t r = j * kRowGroup;
+        decode_rows_bf16_avx2(blocks, scales, w.n, row0 + r, std::min(kRowGroup, rows - r), w.k,
+                              tile.data() + r * w.k);
+      });
+      if (gemm(in + grp.begin * w.k, grp.end - grp.begin, w.k, tile.data(), rows, out + grp.begin * w.n + row0,
+               w.n) != 0)
+        return false;
+    }
+  }
+  return true;
 }
 
-at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
-                       const at::Tensor& w13, const at::Tensor& w13_scale, const std::optional<at::Tensor>& w13_bias,
-                       const at::Tensor& w2, const at::Tensor& w2_scale, const std::optional<at::Tensor>& w2_bias,
-                       const std::string& activation, double alpha, double limit, const std::string& isa,
-                       const std::string& precision, int64_t gemm_min_tokens) {
-  TORCH_CHECK(precision == "q8" || precision == "q8x2", "quantreg_cpu_mxfp4: precision must be 'q8' or 'q8x2', "
-              "got '", precision, "'");
-  const int64_t per = precision == "q8x2" ? 2 : 1;
-  TORCH_CHECK(activation == "swigluoai" || activation == "silu", "quantreg_cpu_mxfp4: activation must be "
-              "'swigluoai' or 'silu', got '", activation, "'");
-  TORCH_CHECK(cpu_supports(isa), "quantreg_cpu_mxfp4: this CPU does not support the '", isa, "' path");
-  void (*gemv)(const GemvJob&) = isa == "avx512" ? gemv_avx512 : gemv_avx2;
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous(), "quantreg_cpu_mxfp4: x must be a contiguous "
-              "CPU tensor [T, H], got ", x.sizes());
-  check_float(x, "x");
-  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0) && topk_ids.is_contiguous() &&
-              (topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong),
-              "quantreg_cpu_mxfp4: topk_ids must be contiguous int32/int64 [T, k] with T = ", x.size(0), ", got ",
-              topk_ids.scalar_type(), " ", topk_ids.sizes());
-  TORCH_CHECK(topk_weights.sizes() == topk_ids.sizes(), "quantreg_cpu_mxfp4: topk_weights ", topk_weights.sizes(),
-              " must match topk_ids ", topk_ids.sizes());
-  check_float(topk_weights, "topk_weights");
-  const Stack s13 = check_stack(w13, w13_scale, "w13");
-  const Stack s2 = check_stack(w2, w2_scale, "w2");
-  const int64_t T = x.size(0), H = x.size(1), topk = topk_ids.size(1), E = s13.e;
-  TORCH_CHECK(s2.e == E, "quantreg_cpu_mxfp4: w13 has ", E, " experts, w2 ", s2.e);
-  TORCH_CHECK(s13.k == H, "quantreg_cpu_mxfp4: w13 K = ", s13.k, " must equal x's hidden size ", H);
-  TORCH_CHECK(s13.n % 2 == 0 && s13.n / 2 == s2.k, "quantreg_cpu_mxfp4: w13 rows (", s13.n,
-              ") must be 2 x w2's K (", s2.k, ")");
-  TORCH_CHECK(s2.n == H, "quantreg_cpu_mxfp4: w2 rows (", s2.n, ") must equal the hidden size ", H);
-  check_bias(w13_bias, E, s13.n, "w13_bias");
-  check_bias(w2_bias, E, s2.n, "w2_bias");
-  const int64_t I = s2.k, N1 = s13.n;
-
-  at::Tensor out = at::zeros({T, H}, x.options());
-  if (T == 0 || topk == 0 || E == 0) return out;
-  at::Tensor weights_f = topk_weights.to(at::kFloat).contiguous();
-  const float* wts = weights_f.data_ptr<float>();
+// The forward (file comment). Returns an empty string, or why it stopped.
+const char* forward(const QrMoeArgs& a) {
+  const int64_t per = a.per == 2 ? 2 : 1;
+  void (*gemv)(const GemvJob&) = a.isa == 1 ? gemv_avx512 : gemv_avx2;
+  if (a.isa == 1 ? !cpu_has_avx512() : !cpu_has_avx2()) return "this CPU does not support the requested ISA path";
+  if (a.gemm_min_tokens > 0 && (a.gemm == nullptr || a.gemm_rows <= 0 || a.gemm_rows % kRowGroup != 0))
+    return "the prefill path needs a gemm callback and gemm_rows a positive multiple of 16";
+  tl_threads = std::max<int32_t>(1, a.threads);
+  const int64_t T = a.t, H = a.h, topk = a.topk, E = a.e, I = a.i, N1 = 2 * a.i;
+  const Stack s13{a.w13_blocks, a.w13_scales, E, N1, H};
+  const Stack s2{a.w2_blocks, a.w2_scales, E, H, I};
+  const int32_t xdt = a.x_dtype;
+  void* op = a.out;
+  {
+    const int64_t bytes = xdt == QR_F32 ? 4 : 2;
+    std::memset(op, 0, static_cast<size_t>(T * H * bytes));  // +0.0 in every dtype
+  }
+  if (T == 0 || topk == 0 || E == 0) return "";
+  const float* wts = a.topk_weights;
+  const void* xp = a.x;
 
   // 1. Group (token, slot) pairs by expert: counting sort, stable in token order.
   const int64_t pairs = T * topk;
   std::vector<int64_t> local(static_cast<size_t>(pairs));
-  if (topk_ids.scalar_type() == at::kInt) {
-    const int32_t* p = topk_ids.data_ptr<int32_t>();
+  if (a.ids_bits == 32) {
+    const int32_t* p = static_cast<const int32_t*>(a.topk_ids);
     for (int64_t i = 0; i < pairs; ++i) local[static_cast<size_t>(i)] = p[i];
   } else {
-    const int64_t* p = topk_ids.data_ptr<int64_t>();
+    const int64_t* p = static_cast<const int64_t*>(a.topk_ids);
     for (int64_t i = 0; i < pairs; ++i) local[static_cast<size_t>(i)] = p[i];
   }
   std::vector<int64_t> count(static_cast<size_t>(E) + 1, 0);
@@ -332,13 +407,13 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
     offsets.push_back(offsets.back() + count[static_cast<size_t>(e)]);
   }
   const int64_t routed = offsets.back();
-  if (routed == 0) return out;
+  if (routed == 0) return "";
   // Which experts take the GEMM path (gemm_min_tokens <= 0: none).
   std::vector<Group> small, big;
   std::vector<char> big_pair(static_cast<size_t>(routed), 0);
   for (size_t i = 0; i < experts.size(); ++i) {
     const Group g{experts[i], offsets[i], offsets[i + 1]};
-    if (gemm_min_tokens > 0 && g.end - g.begin >= gemm_min_tokens) {
+    if (a.gemm_min_tokens > 0 && g.end - g.begin >= a.gemm_min_tokens) {
       big.push_back(g);
       std::fill(big_pair.begin() + g.begin, big_pair.begin() + g.end, 1);
     } else {
@@ -360,8 +435,6 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
   // 2. Q8 of every token's x.
   const int64_t q1 = (H / 32) * kQ8BlockBytes, q2 = (I / 32) * kQ8BlockBytes;
   std::vector<uint8_t> qx(static_cast<size_t>(per * T * q1));
-  const void* xp = x.data_ptr();
-  const at::ScalarType xdt = x.scalar_type();
   run_jobs(T, [&](int64_t t) {
     std::vector<float> row(static_cast<size_t>(2 * H));
     for (int64_t h = 0; h < H; ++h) row[static_cast<size_t>(h)] = load_float(xp, xdt, t * H + h);
@@ -385,22 +458,21 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
     }
   }
   // The GEMM experts' tokens in bf16, one row per routed pair (rows of GEMV pairs unused).
-  const at::TensorOptions bf16 = x.options().dtype(at::kBFloat16);
-  at::Tensor xb = big.empty() ? at::Tensor() : at::empty({routed, H}, bf16);
-  at::Tensor ab = big.empty() ? at::Tensor() : at::empty({routed, I}, bf16);
+  std::vector<uint16_t> xb(big.empty() ? 0 : static_cast<size_t>(routed * H));
+  std::vector<uint16_t> ab(big.empty() ? 0 : static_cast<size_t>(routed * I));
   if (!big.empty()) {
-    c10::BFloat16* xbp = xb.data_ptr<c10::BFloat16>();
+    uint16_t* xbp = xb.data();
     run_jobs(routed, [&](int64_t r) {
       if (!big_pair[static_cast<size_t>(r)]) return;
       const int64_t t = pair_of[static_cast<size_t>(r)] / topk;
-      for (int64_t h = 0; h < H; ++h) xbp[r * H + h] = c10::BFloat16(load_float(xp, xdt, t * H + h));
+      for (int64_t h = 0; h < H; ++h) xbp[r * H + h] = float_to_bf16(load_float(xp, xdt, t * H + h));
     });
   }
 
   // 4. Bias, activation, Q8.
   std::vector<uint8_t> qa(static_cast<size_t>(per * routed * q2));
-  const bool oai = activation == "swigluoai";
-  const float fa = static_cast<float>(alpha), fl = static_cast<float>(limit);
+  const bool oai = a.activation == 0;
+  const float fa = a.alpha, fl = a.limit;
   const auto activate = [&](int64_t r) {
     const int64_t e = expert_of[static_cast<size_t>(r)];
     float* h = h13.data() + r * N1;
@@ -408,30 +480,30 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
       const float* residual = h13.data() + (routed + r) * N1;
       for (int64_t n = 0; n < N1; ++n) h[n] += residual[n];
     }
-    if (w13_bias.has_value()) {
-      const void* b = w13_bias->data_ptr();
-      const at::ScalarType bdt = w13_bias->scalar_type();
+    if (a.w13_bias != nullptr) {
+      const void* b = a.w13_bias;
+      const int32_t bdt = a.w13_bias_dtype;
       for (int64_t n = 0; n < N1; ++n) h[n] += load_float(b, bdt, e * N1 + n);
     }
-    std::vector<float> a(static_cast<size_t>(2 * I));
+    std::vector<float> act_row(static_cast<size_t>(2 * I));
     for (int64_t i = 0; i < I; ++i) {
       if (oai) {
         const float g = h[2 * i], u = h[2 * i + 1];
         const float gate = g > fl ? fl : g;  // NaN stays NaN, as torch.clamp
         const float up = u > fl ? fl : (u < -fl ? -fl : u);
-        a[static_cast<size_t>(i)] = (up + 1.f) * gate / (1.f + std::exp(-fa * gate));
+        act_row[static_cast<size_t>(i)] = (up + 1.f) * gate / (1.f + std::exp(-fa * gate));
       } else {
         const float g = h[i], u = h[I + i];
-        a[static_cast<size_t>(i)] = g / (1.f + std::exp(-g)) * u;
+        act_row[static_cast<size_t>(i)] = g / (1.f + std::exp(-g)) * u;
       }
     }
     if (big_pair[static_cast<size_t>(r)]) {
-      c10::BFloat16* abp = ab.data_ptr<c10::BFloat16>() + r * I;
-      for (int64_t i = 0; i < I; ++i) abp[i] = c10::BFloat16(a[static_cast<size_t>(i)]);
+      uint16_t* abp = ab.data() + r * I;
+      for (int64_t i = 0; i < I; ++i) abp[i] = float_to_bf16(act_row[static_cast<size_t>(i)]);
     } else if (per == 2) {
-      quantize_q8x2(a.data(), I, qa.data() + 2 * r * q2, qa.data() + (2 * r + 1) * q2, a.data() + I);
+      quantize_q8x2(act_row.data(), I, qa.data() + 2 * r * q2, qa.data() + (2 * r + 1) * q2, act_row.data() + I);
     } else {
-      quantize_q8(a.data(), I, qa.data() + r * q2);
+      quantize_q8(act_row.data(), I, qa.data() + r * q2);
     }
   };
 
@@ -448,14 +520,15 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
   // Three parallel regions, not one: measured at 1 token (2 threads, interleaved, quiet), one
   // region where the thread finishing an expert's last w13 job activates it and w2 jobs wait for
   // that was 7-8 % slower than these barriers.
+  std::vector<uint16_t> tile;
+  const char* const gemm_failed = "the gemm callback failed";
   run_gemv(gemv, s13, small, act, dst, per);
-  if (!big.empty()) run_gemm(s13, big, xb, h13.data());
+  if (!big.empty() && !run_gemm(s13, big, xb.data(), h13.data(), a.gemm_rows, a.gemm, tile)) return gemm_failed;
   run_jobs(routed, activate);
   run_gemv(gemv, s2, small, act2, dst2, per);
-  if (!big.empty()) run_gemm(s2, big, ab, y.data());
+  if (!big.empty() && !run_gemm(s2, big, ab.data(), y.data(), a.gemm_rows, a.gemm, tile)) return gemm_failed;
 
   // 6. Weighted sum per token, slots in order.
-  void* op = out.data_ptr();
   run_jobs(T, [&](int64_t t) {
     std::vector<float> acc(static_cast<size_t>(H), 0.f);
     for (int64_t s = 0; s < topk; ++s) {
@@ -464,8 +537,8 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
       const float wk = wts[t * topk + s];
       const float* yr = y.data() + r * H;
       const float* yl = per == 2 ? y.data() + (routed + r) * H : nullptr;  // residual part
-      const void* b = w2_bias.has_value() ? w2_bias->data_ptr() : nullptr;
-      const at::ScalarType bdt = w2_bias.has_value() ? w2_bias->scalar_type() : at::kFloat;
+      const void* b = a.w2_bias;
+      const int32_t bdt = a.w2_bias_dtype;
       const int64_t e = expert_of[static_cast<size_t>(r)];
       for (int64_t h = 0; h < H; ++h) {
         float v = yr[h];
@@ -476,60 +549,45 @@ at::Tensor moe_forward(const at::Tensor& x, const at::Tensor& topk_ids, const at
     }
     for (int64_t h = 0; h < H; ++h) {
       const float v = acc[static_cast<size_t>(h)];
-      switch (xdt) {
-        case at::kBFloat16: static_cast<c10::BFloat16*>(op)[t * H + h] = c10::BFloat16(v); break;
-        case at::kHalf: static_cast<c10::Half*>(op)[t * H + h] = c10::Half(v); break;
-        default: static_cast<float*>(op)[t * H + h] = v; break;
-      }
+      store_float(op, xdt, t * H + h, v);
     }
   });
-  return out;
+  return "";
 }
 
-at::Tensor moe_forward_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, const std::string&, double, double,
-                            const std::string&, const std::string&, int64_t) {
-  return at::empty_like(x);
-}
-
-bool supports(const std::string& isa) { return cpu_supports(isa); }
-
-// One read pass over the given tensors' bytes on torch's intra-op threads (chunks of 256 KiB):
-// the MXFP4 read floor the bench compares the kernel with. Returns an XOR of the data so the
-// reads cannot be optimised away.
-int64_t read_pass(const std::vector<at::Tensor>& tensors) {
-  TORCH_CHECK(cpu_has_avx2(), "quantreg_cpu_mxfp4: read_pass needs avx2");
-  constexpr int64_t chunk = 256 << 10;
-  std::vector<std::pair<const uint8_t*, int64_t>> pieces;
-  for (const at::Tensor& t : tensors) {
-    TORCH_CHECK(t.device().is_cpu() && t.is_contiguous(), "quantreg_cpu_mxfp4: read_pass needs contiguous CPU tensors");
-    const auto* p = static_cast<const uint8_t*>(t.data_ptr());
-    const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
-    for (int64_t i = 0; i < n; i += chunk) pieces.emplace_back(p + i, std::min(chunk, n - i));
-  }
-  std::atomic<uint64_t> acc{0};
-  run_jobs(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
-    const auto& piece = pieces[static_cast<size_t>(i)];
-    acc.fetch_xor(read_pass_avx2(piece.first, piece.second), std::memory_order_relaxed);
-  });
-  return static_cast<int64_t>(acc.load() >> 1);
-}
 
 }  // namespace
 }  // namespace quantreg_cpu_mxfp4
 
-TORCH_LIBRARY(quantreg_cpu_mxfp4, m) {
-  m.def("moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w13_scale, "
-        "Tensor? w13_bias, Tensor w2, Tensor w2_scale, Tensor? w2_bias, str activation, float alpha, "
-        "float limit, str isa, str precision, int gemm_min_tokens) -> Tensor");
+extern "C" {
+
+// 1 if this CPU can run the path ("avx2": AVX2+FMA; "avx512": AVX-512 F/BW/VL/VNNI too), else 0.
+__attribute__((visibility("default"))) int32_t qr_cpu_supports(const char* isa) {
+  if (isa == nullptr) return 0;
+  if (std::strcmp(isa, "avx2") == 0) return quantreg_cpu_mxfp4::cpu_has_avx2() ? 1 : 0;
+  if (std::strcmp(isa, "avx512") == 0) return quantreg_cpu_mxfp4::cpu_has_avx512() ? 1 : 0;
+  return 0;
 }
 
-TORCH_LIBRARY_IMPL(quantreg_cpu_mxfp4, CPU, m) { m.impl("moe_forward", &quantreg_cpu_mxfp4::moe_forward); }
-TORCH_LIBRARY_IMPL(quantreg_cpu_mxfp4, Meta, m) { m.impl("moe_forward", &quantreg_cpu_mxfp4::moe_forward_meta); }
-
-// The Python module only loads the library (the op registers itself) and answers ISA questions.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("cpu_supports", &quantreg_cpu_mxfp4::supports, "Whether this CPU can run the given path ('avx2'/'avx512')");
-  m.def("read_pass", &quantreg_cpu_mxfp4::read_pass, "One threaded read pass over the tensors' bytes (bench floor)");
+// The MoE forward (file comment). Returns 0, or 1 with a message in err (NUL-terminated, at most
+// errlen bytes): no C++ exception ever crosses this boundary.
+__attribute__((visibility("default"))) int32_t qr_moe_forward(const QrMoeArgs* args, char* err, int64_t errlen) {
+  const char* why = nullptr;
+  try {
+    why = quantreg_cpu_mxfp4::forward(*args);
+  } catch (const std::bad_alloc&) {
+    why = "out of memory";
+  } catch (const std::exception& exc) {
+    why = exc.what();
+  } catch (...) {
+    why = "unknown C++ exception";
+  }
+  if (why == nullptr || why[0] == '\0') return 0;
+  if (err != nullptr && errlen > 0) std::snprintf(err, static_cast<size_t>(errlen), "%s", why);
+  return 1;
 }
+
+// The ABI version kernel.py checks before use: bump it whenever QrMoeArgs or a signature changes.
+__attribute__((visibility("default"))) int32_t qr_abi_version() { return 1; }
+
+}  // extern "C"

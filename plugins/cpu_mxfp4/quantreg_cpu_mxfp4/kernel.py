@@ -1,6 +1,18 @@
-"""The compiled CPU MXFP4 MoE kernel: Python API over ``torch.ops.quantreg_cpu_mxfp4.moe_forward``.
+"""The compiled CPU MXFP4 MoE kernel: Python API over the plain C library ``libquantreg_cpu_mxfp4.so``.
 
-What runs (C++, ``csrc/``; torch's intra-op threads via ``at::parallel_for``): the routed
+Why a C library loaded by :mod:`ctypes` and not a torch C++ extension: an extension is tied to the
+torch (and its C++ ABI) it was compiled against -- a wheel built under torch 2.13 does not load
+under 2.14 -- and building one needs torch at build time, which pip's isolated build would
+download a second time. ``csrc/`` includes no torch header and links no torch library: it builds
+with a bare C++ compiler, and one built wheel runs under every torch. This module checks shapes,
+dtypes and devices, passes ``data_ptr()``s and sizes (:class:`_MoeArgs`), and does the one step
+that wants torch's GEMM -- the prefill path's bf16 matmul -- in a callback (:func:`_gemm`). The
+forward is also registered as the torch op ``quantreg_cpu_mxfp4::moe_forward`` (CPU and Meta
+implementations, through ``torch.library``'s Python API, stable across releases), so a traced
+or compiled model sees one opaque op, as with the extension it replaces.
+
+What runs (C++, ``csrc/``; OpenMP threads, as many as ``torch.get_num_threads()``, in the same
+libgomp torch loaded): the routed
 (token, expert) pairs are grouped per expert; each token's activations are quantised to int8 per
 32-block (Q8_0: one fp32 scale per block, ``d = max|x| / 127``); then, for the routed experts only,
 a fused MXFP4-dequant + GEMV reads each expert's packed bytes once: E2M1 codes become int8 through
@@ -55,22 +67,25 @@ Prefill: the int8 kernel is compute-bound at many tokens per expert (weights dec
 least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: (expert,
 256-row tile) jobs decode their tile to bf16 -- exactly, every MXFP4 value is a bf16 -- into a
 scratch tensor that lives for the job only (weights stay packed,
-resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``at::mm``
-(oneDNN: AMX where present, AVX-512 BF16 / AVX2 otherwise), W13 then activation (kept in bf16)
+resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``torch.mm``
+(``torch.mm`` called back from the C library: oneDNN, AMX where present, AVX-512 BF16 / AVX2
+otherwise; tiles of :data:`GEMM_ROWS` rows decoded in parallel), W13 then activation (kept in bf16)
 then W2; weighting and the per-token sum are shared with the int8 path. Its error is that of a
 torch bf16 MoE on the dequantised weights (``mxfp4_reference``'s scheme): 0.5-0.7 % measured,
 independent of the precision setting. The weight decode is AVX2 on both ISA paths.
 
-Threads: every stage runs on torch's intra-op threads (``at::parallel_for``); GEMV jobs are
+Threads: every stage runs on ``torch.get_num_threads()`` OpenMP threads; GEMV jobs are
 (expert, 256-row block) pairs taken from a shared counter, so uneven experts balance.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 import torch
 
@@ -81,7 +96,7 @@ PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
 PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
-# Tokens routed to one expert from which it takes the prefill path (bf16 tiles + at::mm) instead
+# Tokens routed to one expert from which it takes the prefill path (bf16 tiles + torch.mm) instead
 # of the Q8 GEMV, per activation precision. Measured with the 16-row kernel (GPT-OSS-20B layer,
 # 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, interleaved): GEMM / GEMV
 # time under q8x2 (token tiles of 8, load ~2.5) 1.78 at c=16, 1.27 at 32, 1.04 at 48, 0.86 at 64,
@@ -90,26 +105,67 @@ BLOCK_SIZE = 32
 # and q8 does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is
 # faster still, so these thresholds are conservative there.
 GEMM_MIN_TOKENS = {"q8x2": 48, "q8": 128}
+# Rows of one expert decoded to bf16 per prefill GEMM call: 512 x 2880 bf16 is 2.9 MiB (stays in
+# the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
+GEMM_ROWS = 512
+LIBRARY = "libquantreg_cpu_mxfp4.so"
+ABI_VERSION = 1
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_GEMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+
+
+class _MoeArgs(ctypes.Structure):
+    """``QrMoeArgs`` of ``csrc/moe.cpp``, field by field (the C ABI; :data:`ABI_VERSION` guards it)."""
+
+    _fields_ = [
+        ("x", ctypes.c_void_p), ("x_dtype", ctypes.c_int32), ("t", ctypes.c_int64), ("h", ctypes.c_int64),
+        ("topk_ids", ctypes.c_void_p), ("ids_bits", ctypes.c_int32), ("topk", ctypes.c_int64),
+        ("topk_weights", ctypes.c_void_p),
+        ("w13_blocks", ctypes.c_void_p), ("w13_scales", ctypes.c_void_p),
+        ("w13_bias", ctypes.c_void_p), ("w13_bias_dtype", ctypes.c_int32),
+        ("w2_blocks", ctypes.c_void_p), ("w2_scales", ctypes.c_void_p),
+        ("w2_bias", ctypes.c_void_p), ("w2_bias_dtype", ctypes.c_int32),
+        ("e", ctypes.c_int64), ("i", ctypes.c_int64),
+        ("activation", ctypes.c_int32), ("alpha", ctypes.c_float), ("limit", ctypes.c_float),
+        ("isa", ctypes.c_int32), ("per", ctypes.c_int32),
+        ("gemm_min_tokens", ctypes.c_int64), ("gemm_rows", ctypes.c_int64), ("threads", ctypes.c_int32),
+        ("out", ctypes.c_void_p), ("gemm", _GEMM_FN),
+    ]
 
 
 @cache
-def _extension() -> tuple[object | None, str]:
-    """(the loaded ``_C`` module or None, why not); importing it registers the torch op."""
-    try:
-        from . import _C  # type: ignore[attr-defined]
-    except Exception as exc:  # ImportError (not built), OSError (ABI / missing symbols), ...
-        from .probe import build_failure
+def _extension() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded C library or None, why not). Loaded after ``import torch`` (above), so its
+    ``libgomp.so.1`` is the one torch already loaded and both share one OpenMP thread pool."""
+    from .probe import build_failure
 
+    path = Path(__file__).with_name(LIBRARY)
+    if not path.is_file():
         failure = build_failure()
-        why = f"the build failed: {failure}" if failure is not None else f"{type(exc).__name__}: {exc}"
-        log.debug("quantreg_cpu_mxfp4._C not loaded: %s", why)
+        why = f"the build failed: {failure}" if failure is not None else f"no {LIBRARY} in the package"
+        log.debug("%s not loaded: %s", LIBRARY, why)
         return None, why
-    return _C, ""
+    try:
+        lib = ctypes.CDLL(str(path))
+        lib.qr_abi_version.restype = ctypes.c_int32
+        version = int(lib.qr_abi_version())
+        if version != ABI_VERSION:
+            raise OSError(f"{LIBRARY} has ABI version {version}, this kernel.py expects {ABI_VERSION}")
+        lib.qr_cpu_supports.argtypes = [ctypes.c_char_p]
+        lib.qr_cpu_supports.restype = ctypes.c_int32
+        lib.qr_moe_forward.argtypes = [ctypes.POINTER(_MoeArgs), ctypes.c_char_p, ctypes.c_int64]
+        lib.qr_moe_forward.restype = ctypes.c_int32
+    except Exception as exc:  # OSError (missing symbols, wrong architecture), AttributeError
+        why = f"{type(exc).__name__}: {exc}"
+        log.debug("%s not loaded: %s", LIBRARY, why)
+        return None, why
+    return lib, ""
 
 
 def _supports(isa_name: str) -> bool:
-    module, _ = _extension()
-    return bool(module is not None and module.cpu_supports(isa_name))  # type: ignore[attr-defined]
+    lib, _ = _extension()
+    return bool(lib is not None and lib.qr_cpu_supports(isa_name.encode()))
 
 
 def status() -> tuple[bool, str]:
@@ -256,11 +312,130 @@ class PackedExperts:
         return int(self.blocks.numel() + self.scales.numel())
 
 
-def _op() -> object:
-    module, why = _extension()
-    if module is None:
+def _wrap(address: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor over ``count`` elements of C-owned memory at ``address`` (no copy)."""
+    size = count * (2 if dtype == torch.bfloat16 else 4)
+    return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype, count=count)
+
+
+class _Gemm:
+    """The prefill path's matmul, called back by the C library: ``c[:m, :n] = a @ b.T`` in bf16.
+
+    ``torch.mm`` on bf16 gives the bf16-rounded result ``at::mm`` gave inside the extension; it
+    is written to the fp32 rows ``c`` (row stride ``ldc``). An exception cannot cross the C
+    frames: it is kept, the callback returns 1 (the C side stops), and :func:`_forward` raises it.
+    """
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+        self.fn = _GEMM_FN(self)
+
+    def __call__(self, a: int, m: int, k: int, b: int, n: int, c: int, ldc: int) -> int:
+        try:
+            lhs = _wrap(a, m * k, torch.bfloat16).view(m, k)
+            rhs = _wrap(b, n * k, torch.bfloat16).view(n, k)
+            out = _wrap(c, (m - 1) * ldc + n, torch.float32).as_strided((m, n), (ldc, 1))
+            out.copy_(torch.mm(lhs, rhs.t()))
+            return 0
+        except BaseException as exc:  # handed back to the caller, never lost
+            self.error = exc
+            return 1
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise RuntimeError(f"quantreg_cpu_mxfp4: {message}")
+
+
+def _check_stack(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> tuple[int, int, int]:
+    _check(blocks.device.type == "cpu" and scales.device.type == "cpu", f"{name} must be on the CPU")
+    _check(blocks.dtype == torch.uint8 and scales.dtype == torch.uint8,
+           f"{name} blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    _check(blocks.dim() == 3 and scales.dim() == 3, f"{name} blocks must be [E, N, K/2] and scales [E, N, K/32], "
+           f"got {list(blocks.shape)} and {list(scales.shape)}")
+    _check(blocks.is_contiguous() and scales.is_contiguous(), f"{name} blocks and scales must be contiguous")
+    e, n, k = int(blocks.shape[0]), int(blocks.shape[1]), int(blocks.shape[2]) * 2
+    _check(k > 0 and k % BLOCK_SIZE == 0, f"{name} K = {k} must be a positive multiple of {BLOCK_SIZE}")
+    _check(tuple(scales.shape) == (e, n, k // BLOCK_SIZE), f"{name} scales {list(scales.shape)} do not match "
+           f"blocks {list(blocks.shape)} (expected [{e}, {n}, {k // BLOCK_SIZE}])")
+    return e, n, k
+
+
+def _check_float(t: torch.Tensor, name: str) -> None:
+    _check(t.dtype in _DTYPES, f"{name} must be bfloat16, float16 or float32, got {t.dtype}")
+
+
+def _check_bias(bias: torch.Tensor | None, e: int, n: int, name: str) -> None:
+    if bias is None:
+        return
+    _check_float(bias, name)
+    _check(bias.device.type == "cpu" and bias.is_contiguous(), f"{name} must be a contiguous CPU tensor")
+    _check(tuple(bias.shape) == (e, n), f"{name} must be [{e}, {n}], got {list(bias.shape)}")
+
+
+def _forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+             w13_scale: torch.Tensor, w13_bias: torch.Tensor | None, w2: torch.Tensor, w2_scale: torch.Tensor,
+             w2_bias: torch.Tensor | None, activation: str, alpha: float, limit: float, isa_name: str,
+             precision_name: str, gemm_min_tokens: int) -> torch.Tensor:
+    """The op's CPU implementation: checks (the messages the extension gave), then one C call."""
+    lib, why = _extension()
+    if lib is None:
         raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available (extension not built: {why})")
-    return torch.ops.quantreg_cpu_mxfp4.moe_forward
+    _check(precision_name in PRECISIONS, f"precision must be 'q8' or 'q8x2', got '{precision_name}'")
+    _check(activation in ACTIVATIONS, f"activation must be 'swigluoai' or 'silu', got '{activation}'")
+    _check(isa_name in ("avx2", "avx512"), f"unknown ISA '{isa_name}' (expected 'avx2' or 'avx512')")
+    _check(_supports(isa_name), f"this CPU does not support the '{isa_name}' path")
+    _check(x.device.type == "cpu" and x.dim() == 2 and x.is_contiguous(),
+           f"x must be a contiguous CPU tensor [T, H], got {list(x.shape)}")
+    _check_float(x, "x")
+    _check(topk_ids.dim() == 2 and topk_ids.shape[0] == x.shape[0] and topk_ids.is_contiguous()
+           and topk_ids.dtype in (torch.int32, torch.int64) and topk_ids.device.type == "cpu",
+           f"topk_ids must be contiguous int32/int64 [T, k] with T = {x.shape[0]}, got {topk_ids.dtype} "
+           f"{list(topk_ids.shape)}")
+    _check(topk_weights.shape == topk_ids.shape,
+           f"topk_weights {list(topk_weights.shape)} must match topk_ids {list(topk_ids.shape)}")
+    _check_float(topk_weights, "topk_weights")
+    e, n13, k13 = _check_stack(w13, w13_scale, "w13")
+    e2, n2, k2 = _check_stack(w2, w2_scale, "w2")
+    t, h = int(x.shape[0]), int(x.shape[1])
+    _check(e2 == e, f"w13 has {e} experts, w2 {e2}")
+    _check(k13 == h, f"w13 K = {k13} must equal x's hidden size {h}")
+    _check(n13 % 2 == 0 and n13 // 2 == k2, f"w13 rows ({n13}) must be 2 x w2's K ({k2})")
+    _check(n2 == h, f"w2 rows ({n2}) must equal the hidden size {h}")
+    _check_bias(w13_bias, e, n13, "w13_bias")
+    _check_bias(w2_bias, e, n2, "w2_bias")
+    out = torch.empty_like(x)
+    weights = topk_weights.to(device="cpu", dtype=torch.float32).contiguous()
+    gemm = _Gemm()
+    args = _MoeArgs(
+        x=x.data_ptr(), x_dtype=_DTYPES[x.dtype], t=t, h=h,
+        topk_ids=topk_ids.data_ptr(), ids_bits=32 if topk_ids.dtype == torch.int32 else 64,
+        topk=int(topk_ids.shape[1]), topk_weights=weights.data_ptr(),
+        w13_blocks=w13.data_ptr(), w13_scales=w13_scale.data_ptr(),
+        w13_bias=None if w13_bias is None else w13_bias.data_ptr(),
+        w13_bias_dtype=0 if w13_bias is None else _DTYPES[w13_bias.dtype],
+        w2_blocks=w2.data_ptr(), w2_scales=w2_scale.data_ptr(),
+        w2_bias=None if w2_bias is None else w2_bias.data_ptr(),
+        w2_bias_dtype=0 if w2_bias is None else _DTYPES[w2_bias.dtype],
+        e=e, i=k2, activation=ACTIVATIONS.index(activation), alpha=alpha, limit=limit,
+        isa=1 if isa_name == "avx512" else 0, per=2 if precision_name == "q8x2" else 1,
+        gemm_min_tokens=gemm_min_tokens, gemm_rows=GEMM_ROWS, threads=torch.get_num_threads(),
+        out=out.data_ptr(), gemm=gemm.fn)
+    err = ctypes.create_string_buffer(512)
+    if lib.qr_moe_forward(ctypes.byref(args), err, len(err)) != 0:
+        if gemm.error is not None:
+            raise gemm.error
+        raise RuntimeError(f"quantreg_cpu_mxfp4: {err.value.decode(errors='replace')}")
+    return out
+
+
+_LIBRARY_DEF = torch.library.Library("quantreg_cpu_mxfp4", "DEF")
+_LIBRARY_DEF.define(
+    "moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w13_scale, "
+    "Tensor? w13_bias, Tensor w2, Tensor w2_scale, Tensor? w2_bias, str activation, float alpha, "
+    "float limit, str isa, str precision, int gemm_min_tokens) -> Tensor")
+_LIBRARY_DEF.impl("moe_forward", _forward, "CPU")
+_LIBRARY_DEF.impl("moe_forward", lambda x, *_: torch.empty_like(x), "Meta")
 
 
 def moe_forward(
@@ -291,10 +466,12 @@ def moe_forward(
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    op = _op()
+    lib, why = _extension()
+    if lib is None:
+        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available (extension not built: {why})")
     prec = precision()
     threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens is None else int(gemm_min_tokens)
-    out: torch.Tensor = op(  # type: ignore[operator]
+    out: torch.Tensor = torch.ops.quantreg_cpu_mxfp4.moe_forward(
         x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), w13.blocks, w13.scales,
         None if w13_bias is None else w13_bias.contiguous(), w2.blocks, w2.scales,
         None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit), isa(),

@@ -50,6 +50,9 @@ class CpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
 
     quantreg_name: ClassVar[str] = "cpu_mxfp4"
     quantreg_format: ClassVar[str] = "gpt_oss_mxfp4"
+    # What the kit holds it to (and prints): q8 activations reach 1.9 % on small clamped experts; the
+    # default q8x2 measures ~0.3 % (its own tests hold that to 1 %). README.md quotes this value.
+    quantreg_tolerance: ClassVar[float] = 0.02
     MXFP4_BLOCK_SIZE: ClassVar[int] = 32
 
     def __init__(self, moe: Any, quantreg_context: BuildContext | None = None, **options: Any) -> None:

@@ -86,3 +86,17 @@ def test_resident_expert_memory_at_the_20b_shape_is_the_packed_bytes() -> None:
         assert resident == method.resident_bytes()
     print(f"resident {resident / 2**20:.1f} MiB for {checkpoint / 2**20:.1f} MiB loaded (x{resident / checkpoint:.3f})")
     assert checkpoint > 400 << 20 and resident <= 1.1 * checkpoint
+
+
+def test_the_readme_quotes_the_tolerance_the_kit_prints() -> None:
+    """Issue 33.5: the README said 1e-2 while the kit printed 0.02 (the undeclared default)."""
+    import re
+    from pathlib import Path
+
+    from quantreg_cpu_mxfp4.method import CpuMxfp4MoEMethod
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    quoted = re.search(r"`quantreg check-method cpu_mxfp4` tolerance (\S+) ", readme)
+    assert quoted is not None
+    # the report prints f"tolerance {tolerance:g}": the README must show that very text
+    assert quoted.group(1) == f"{CpuMxfp4MoEMethod.quantreg_tolerance:g}"

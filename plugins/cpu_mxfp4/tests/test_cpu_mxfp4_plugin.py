@@ -45,16 +45,21 @@ def test_options_have_one_field_each_and_are_checked() -> None:
 
 
 def test_probe_agrees_with_the_kernel_status() -> None:
-    """The probe only looks the built extension up (no torch); the kernel's status loads it: they agree."""
+    """The probe only looks the built library up (no torch) and names the ISA path; the kernel's status
+    loads it: they agree, on the ISA path too."""
     ok, why = probe.kernel_available()
     from quantreg_cpu_mxfp4 import kernel
 
-    assert ok is kernel.status()[0] and (why.startswith("kernel built: _C") if ok else "not built" in why)
+    status = kernel.status()
+    assert ok is status[0] and (why.startswith("kernel built: libquantreg_cpu_mxfp4.so, ISA path ") if ok
+                                else "not built" in why)
+    if ok:
+        assert why.split("ISA path ")[1].split()[0] == status[1], (why, status)
 
 
 def test_probe_says_unavailable_when_the_extension_is_not_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An extension module that cannot be imported (what an install without a compiler leaves)."""
-    monkeypatch.setitem(sys.modules, probe.EXTENSION, None)  # as if the compiled module were absent
+    """No library file in the package (what an install without a compiler leaves)."""
+    monkeypatch.setattr(probe, "LIBRARY", Path("/nonexistent/libquantreg_cpu_mxfp4.so"))
     ok, why = probe.kernel_available()
     assert not ok and why.startswith("unavailable: extension not built (")
 
@@ -64,7 +69,8 @@ def test_a_chain_moves_on_when_the_kernel_is_unavailable(tmp_path: Path) -> None
     table = tmp_path / "chain.yaml"
     table.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n"
                      "    method: [cpu_mxfp4, mxfp4_reference]\n")
-    code = ("import sys; sys.modules['quantreg_cpu_mxfp4._C'] = None; import quantreg; "
+    code = ("import pathlib, quantreg_cpu_mxfp4.probe as p; "
+            "p.LIBRARY = pathlib.Path('/nonexistent/libquantreg_cpu_mxfp4.so'); import quantreg; "
             f"d = quantreg.Registry.build(config=[{str(table)!r}], env={{}}).resolve({KEY!r}); "
             "print(d.method); print(d.chain[0].reason)")
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
