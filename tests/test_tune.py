@@ -295,11 +295,17 @@ def test_tune_refuses_each_misbehaving_method_alone_and_finishes(misbehaving_run
     data = json.loads(proc.stdout)  # stdout is the one JSON object, chatty methods notwithstanding
     results = {r["method"]: r for r in data["results"]}
     refused = {"tune_exit_build": "build failed: SystemExit", "tune_none": "forward at 1 token: ",
-               "tune_one_row": "returned shape [1,", "tune_big_only": "(timing): RuntimeError",
+               "tune_one_row": "returned shape [1,", "tune_big_only": "forward at 64 tokens: RuntimeError",
+               # right at 1 token, wrong at 64: refused, named, with the token count (float64 at every timed size)
+               "tune_wrong_big": "numerics: relative error ",
+               "tune_nan_late": "forward at 1 tokens (timing): returned ",
                "tune_escape": "ValueError"}
     for name, reason in refused.items():
         assert results[name]["ok"] is False and reason in str(results[name]["error"]), results[name]
         assert name not in data["chain"]
+    assert results["tune_wrong_big"]["error"].endswith("at 64 tokens (float64 reference)"), results["tune_wrong_big"]
+    nan_late = results["tune_nan_late"]["error"]
+    assert "non-finite value" in nan_late and "(NaN or inf)" in nan_late
     assert results["tune_chatty"]["ok"] is True and "tune_chatty" in data["chain"]
     for name, reason in (("tune_probe_hangs", "did not answer within 5s"), ("tune_probe_exits", "SystemExit")):
         assert results[name]["ok"] is False and "cannot run here" in str(results[name]["error"]), results[name]
