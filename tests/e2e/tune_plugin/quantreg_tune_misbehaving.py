@@ -2,12 +2,12 @@
 
 Each is ``mxfp4_reference`` with one fault: its constructor raises ``SystemExit``; its forward
 returns ``None``, or a wrongly shaped tensor (one row: broadcasting would compare it with every
-reference row), or raises at 64 tokens and more, or is right at 1 and 5 tokens and wrong at 64
-and more (the float64 check runs at every count tune times), or returns NaN once it is being
-timed (every timed output is checked finite), or raises with terminal escapes and a newline in
-its message; ``tune_chatty`` is correct but prints to stdout on every forward (``--json`` must keep stdout for its object). Two more have a probe that
-hangs or raises ``SystemExit``. Tune must refuse each
-faulty one with a reason, rank the chatty one, and finish with a table.
+reference row), or raises at 64 tokens and more, or is right at 1 and 5 tokens and wrong at 64 and
+more (the float64 check runs at every count tune times), or returns NaN once it is being timed
+(every timed output is checked finite), or raises with terminal escapes and a newline in its
+message; ``tune_chatty`` is correct but prints to stdout on every forward (``--json`` must keep
+stdout for its object). Two more have a probe that hangs or raises ``SystemExit``. Tune must refuse
+each faulty one with a reason, rank the chatty one, and finish with a table.
 """
 
 from __future__ import annotations
