@@ -322,6 +322,9 @@ def test_tune_summary_escapes_what_a_method_raised(misbehaving_run: dict[str, An
     assert "\x1b" not in text.stdout and "\x1b" not in text.stderr
     assert not any(line.startswith("quantreg tune: forged") for line in (text.stdout + text.stderr).splitlines())
     assert "tune_escape" in text.stdout and "\\x1b" in text.stdout
+    progress = [ln for ln in text.stderr.splitlines() if ln.startswith("quantreg tune: ")]  # off a terminal
+    assert any("build tune_chatty" in ln for ln in progress) and any("timing round 1 took" in ln for ln in progress)
+    assert not any(" token, about " in ln or " tokens, about " in ln for ln in progress)  # terminal-only detail
 
 
 #: Checkpoint directories whose tensors tune cannot read (issue 21, classes 2 and 5): the tiny
