@@ -22,7 +22,8 @@ from .rank import PHASE_WEIGHTS, Result, order_with_noise, ranked
 
 HEADER = """\
 # Written by `quantreg tune`: one rule per MoE key of the checkpoint, its chain ordered by measured
-# speed on this host, fastest first. Score: {phase}.
+# speed on this host, fastest first; two methods apart only beyond the measured noise (tuned.ranking).
+# Score: {phase}. Start-up checks tuned.pins against the running host and builds.
 # Only methods that matched the float64 reference within the tolerance are in a chain; `tuned:` keeps
 # every measurement and why any method was refused, and `quantreg explain` shows it. Re-run tune after
 # changing hardware, vLLM or plugins.
