@@ -175,7 +175,7 @@ def test_strict_a_stale_tuned_rule_stops_the_start_with_one_line(tuned: dict[str
                                                           QUANTREG_STRICT="1"), multiprocessing=False)
     assert not result.ok and not result.token_ids
     lines = {ln[ln.index("quantreg (strict): "):] for ln in result.log.splitlines()
-             if "quantreg (strict): " in ln and "{where}" not in ln}  # (not the raise's source line in vLLM's traceback)
+             if "quantreg (strict): " in ln and "{where}" not in ln}  # not the source line of the raise
     assert len(lines) == 1, lines
     [line] = lines
     assert line.startswith(f"quantreg (strict): tuned rule for {KEY} [{tuned['out']}:"), line
