@@ -41,13 +41,14 @@ class Answer:
     @property
     def warns(self) -> bool:
         """Whether an operator should read this at WARNING: a fallback, a limitation, a plugin's warning."""
-        return bool(self.decision.fallback or self.vllm_limitation
+        return bool(self.decision.fallback or self.vllm_limitation or self.decision.stale
                     or any(f.level != "info" for f in self.findings))
 
     @property
     def warnings(self) -> list[str]:
-        """The notes and the plugins' non-info findings, as ``plan`` lists them per device."""
-        return [*self.notes, *(str(f) for f in self.findings if f.level != "info")]
+        """The notes, a tuned rule's stale evidence and the plugins' non-info findings, as ``plan`` lists them."""
+        return [*self.notes, *(f"tuned rule is stale: {s}" for s in self.decision.stale),
+                *(str(f) for f in self.findings if f.level != "info")]
 
     def line(self) -> str:
         """The one line per key: what the start-up logs and the tools print as ``line``.

@@ -100,6 +100,8 @@ def line_for(
         # chains are host-aware: the facts that decided (another host may decide otherwise)
         "host": dict(decision.host) if decision.host is not None else host_facts().as_json(),
     }
+    if decision.stale:  # the tuned rule decided on evidence this process does not match (quantreg.pins)
+        record["stale"] = list(decision.stale)
     return encode_line(record)
 
 

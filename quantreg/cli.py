@@ -271,6 +271,10 @@ def _doctor(args: argparse.Namespace) -> int:
     with _plugin_output_to_stderr():  # resolving runs probes
         passed = _passed_over(registry)
     data["passed_over"] = passed
+    stale = [(r, s) for r in registry.index.rules for s in registry.stale_evidence(r)]  # quantreg.pins
+    data["stale_tuned"] = [{"rule": r.location, "field": s.field, "recorded": s.recorded, "running": s.running}
+                           for r, s in stale]
+    warnings += [f"tuned rule {r.location} is stale: {s.text()}" for r, s in stale]
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
     lines += [f"device:    {device or 'unknown'} ({how})", f"vLLM hook: {'ok' if hook_ok else 'NO'} ({hook_reason})",
               "plugins:"]

@@ -54,6 +54,9 @@ class Decision:
     chain: tuple[ChainStep, ...]
     fallback: str | None = None
     host: Mapping[str, Any] | None = field(default=None, compare=False)
+    stale: tuple[str, ...] = field(default=(), compare=False)
+    """The winning rule's ``tuned.pins`` fields this process differs in (:mod:`quantreg.pins`), each
+    "FIELD: tuned with X, running Y": the rule still decides (lenient), the flag travels with it."""
 
     @property
     def passed_over(self) -> tuple[ChainStep, ...]:
@@ -91,6 +94,7 @@ class Decision:
             "options": dict(self.options),
             "fallback": self.fallback,
             "host": dict(self.host) if self.host is not None else None,
+            **({"stale": list(self.stale)} if self.stale else {}),
             "chain": [
                 {"method": s.method, "available": s.available, "reason": s.reason, "plugin": s.plugin}
                 for s in self.chain
@@ -115,6 +119,8 @@ class Decision:
             lines.append(f"verify   {self.method} {self.verify.plan()}")
         if self.rule is not None and self.rule.tuned is not None:
             lines.append(f"tuned    {self.rule.tuned.summary(self.method)}")
+        for stale in self.stale:
+            lines.append(f"STALE    tuned evidence does not match this process: {stale}")
         if self.fallback:
             lines.append(f"fallback {self.fallback}")
         if self.chain:

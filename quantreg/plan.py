@@ -386,6 +386,12 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
     winner = decision.rule
     warnings += [c for c in registry.collisions()
                  if winner is not None and f"rule {winner.location} " in c and winner.match.matches(key)]
+    if decision.rule is not None and decision.rule.tuned is not None:  # the checkpoint's shape vs tune's
+        shape = {"experts": ck.experts.get("count"), "hidden": ck.experts.get("hidden_size"),
+                 "intermediate": ck.experts.get("intermediate_size"), "top_k": ck.experts.get("per_token")}
+        if all(isinstance(v, int) for v in shape.values()):
+            warnings += [f"tuned rule is stale: {s.text()}" for s in registry.stale_evidence(decision.rule, shape)
+                         if s.field == "shape"]
     layout = layout_of(decision.method, registry)
     expert_bytes: int | None = None
     if layout is None:

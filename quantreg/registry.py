@@ -245,7 +245,16 @@ class Registry:
             chosen = VLLM_METHOD
         options = winner.options if fallback is None else {}
         return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback,
-                        host=host_facts().as_json())
+                        host=host_facts().as_json(), stale=tuple(s.text() for s in self.stale_evidence(winner)))
+
+    def stale_evidence(self, rule: Rule, shape: Mapping[str, Any] | None = None) -> list[Any]:
+        """The :class:`quantreg.pins.Stale` fields of ``rule``'s ``tuned.pins`` here (none without pins)."""
+        pins = rule.tuned.raw.get("pins") if rule.tuned is not None else None
+        if not isinstance(pins, Mapping) or not pins:
+            return []
+        from .pins import stale_pins  # only tables written by tune pay for the check
+
+        return stale_pins(pins, self, shape)
 
     def findings(self, device: str | None) -> tuple[Finding, ...]:
         """The plugins' ``doctor_findings`` for ``device``, asked once per registry and device.
@@ -299,6 +308,11 @@ class Registry:
         failed = sorted({(f.plugin, f.hook) for f in self.plugins.failures})
         if failed:  # absent when nothing failed: fingerprints of healthy registries are unchanged
             payload["failed_hooks"] = failed
+        # a tuned rule whose evidence does not match this process: the same table decides the same,
+        # yet on evidence measured elsewhere; which fields, so such a process does not look like the others
+        stale = sorted({s.field for r in self.index.rules for s in self.stale_evidence(r)})
+        if stale:
+            payload["stale_tuned"] = stale
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

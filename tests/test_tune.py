@@ -18,7 +18,7 @@ from core_support import QUANTREG, write
 
 from quantreg import Key, Registry
 from quantreg.tune import table as tune_table
-from quantreg.tune.rank import PHASE_WEIGHTS, Result, chain, ranked
+from quantreg.tune.rank import MARGIN, PHASE_WEIGHTS, Result, chain, median, order_with_noise, ranked, sanity
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -51,9 +51,60 @@ def test_ranking_is_decode_weighted_and_refuses_failures() -> None:
     assert sum(PHASE_WEIGHTS.values()) == 1.0 and PHASE_WEIGHTS[1] == 0.5
 
 
-def test_a_tie_is_broken_by_name() -> None:
+def test_a_tie_without_a_prior_chain_is_broken_by_name() -> None:
     same = {1: 1.0, 64: 1.0, 256: 1.0}
     assert chain([Result("b", ok=True, ms=dict(same)), Result("a", ok=True, ms=dict(same))]) == ["a", "b"]
+
+
+def timed(name: str, per_round: list[float], scale: dict[int, float] | None = None) -> Result:
+    """A passing result whose rounds at 1/64/256 tokens are ``per_round`` x a per-count scale."""
+    scale = scale or {1: 1.0, 64: 8.0, 256: 30.0}
+    samples = {t: [v * f for v in per_round] for t, f in scale.items()}
+    return Result(name, ok=True, ms={t: median(v) for t, v in samples.items()}, samples=samples)
+
+
+# Two methods within each other's noise: round ratios scatter around 1 (0.8 .. 1.25).
+NOISY_A = [1.0, 1.3, 0.9, 1.1, 2.0, 1.0, 0.95, 1.2]
+NOISY_B = [1.1, 1.0, 1.2, 0.9, 1.0, 1.6, 1.0, 1.0]
+
+
+def test_a_difference_within_noise_is_a_tie_that_keeps_the_chain_order() -> None:
+    """Issue 32: the same answer twice. Which of two near-equal methods measured faster this time
+    must not decide the table; the chain the key already had does, and the ranking says why."""
+    a, b = timed("alpha", NOISY_A), timed("beta", NOISY_B)
+    assert a.score() != b.score()  # the medians differ ...
+    for prior in (["alpha", "beta"], ["beta", "alpha"]):
+        assert chain([a, b], prior=prior) == prior  # ... yet the prior order stands either way
+        _, [verdict] = order_with_noise([a, b], prior=prior)
+        assert not verdict.apart and "tie (within noise" in verdict.text() and verdict.low < 1 < verdict.high
+    assert chain([b, a]) == ["alpha", "beta"]  # no prior: names
+
+
+def test_a_difference_beyond_noise_reorders_the_chain_and_is_reproducible() -> None:
+    fast = timed("fast", [v * 0.3 for v in NOISY_A])
+    slow = timed("slow", NOISY_B)
+    assert chain([slow, fast], prior=["slow", "fast"]) == ["fast", "slow"]
+    _, [verdict] = order_with_noise([slow, fast], prior=["slow", "fast"])
+    assert verdict.apart and verdict.high < 1 / (1 + MARGIN) and "beyond noise" in verdict.text()
+    again = order_with_noise([timed("slow", NOISY_B), timed("fast", [v * 0.3 for v in NOISY_A])],
+                             prior=["slow", "fast"])[1][0]
+    assert (again.low, again.high, again.ratio) == (verdict.low, verdict.high, verdict.ratio)  # fixed seed
+    # a 4 % edge, however steady, is inside the margin: a tie
+    edge = timed("edge", [v * 0.96 for v in NOISY_B])
+    assert chain([timed("slow", NOISY_B), edge], prior=["slow", "edge"]) == ["slow", "edge"]
+
+
+def test_sanity_flags_time_that_falls_with_tokens_and_outlier_rounds() -> None:
+    """One noisy round decided the issue's "slower at 64 tokens than at 256": said, never silent."""
+    falling = Result("m", ok=True, ms={1: 24.0, 64: 30.0, 256: 10.0},
+                     samples={1: [24.0, 0.6, 24.0], 64: [30.0] * 3, 256: [10.0] * 3})
+    found = sanity(falling)
+    assert any("time falls with token count: 10 ms at 256 tokens" in w for w in found), found
+    spiky = Result("m", ok=True, ms={1: 1.0, 64: 5.0}, samples={1: [1.0, 1.0, 9.0], 64: [5.0] * 3})
+    assert sanity(spiky) == ["1 of 3 rounds at 1 token over 3 x the median (outliers; the median is kept)"]
+    assert sanity(timed("ok", NOISY_A)) == []
+    data = timed("ok", [1.0, 1.1, 1.2, 1.3]).to_json()
+    assert data["spread"]["1"] > 0 and "warnings" not in data
 
 
 def written(tmp_path: Path, rule_results: list[Result] | None = None) -> Path:
@@ -244,11 +295,17 @@ def test_tune_refuses_each_misbehaving_method_alone_and_finishes(misbehaving_run
     data = json.loads(proc.stdout)  # stdout is the one JSON object, chatty methods notwithstanding
     results = {r["method"]: r for r in data["results"]}
     refused = {"tune_exit_build": "build failed: SystemExit", "tune_none": "forward at 1 token: ",
-               "tune_one_row": "returned shape [1,", "tune_big_only": "(timing): RuntimeError",
+               "tune_one_row": "returned shape [1,", "tune_big_only": "forward at 64 tokens: RuntimeError",
+               # right at 1 token, wrong at 64: refused, named, with the token count (float64 at every timed size)
+               "tune_wrong_big": "numerics: relative error ",
+               "tune_nan_late": "forward at 1 tokens (timing): returned ",
                "tune_escape": "ValueError"}
     for name, reason in refused.items():
         assert results[name]["ok"] is False and reason in str(results[name]["error"]), results[name]
         assert name not in data["chain"]
+    assert results["tune_wrong_big"]["error"].endswith("at 64 tokens (float64 reference)"), results["tune_wrong_big"]
+    nan_late = results["tune_nan_late"]["error"]
+    assert "non-finite value" in nan_late and "(NaN or inf)" in nan_late
     assert results["tune_chatty"]["ok"] is True and "tune_chatty" in data["chain"]
     for name, reason in (("tune_probe_hangs", "did not answer within 5s"), ("tune_probe_exits", "SystemExit")):
         assert results[name]["ok"] is False and "cannot run here" in str(results[name]["error"]), results[name]
@@ -265,6 +322,9 @@ def test_tune_summary_escapes_what_a_method_raised(misbehaving_run: dict[str, An
     assert "\x1b" not in text.stdout and "\x1b" not in text.stderr
     assert not any(line.startswith("quantreg tune: forged") for line in (text.stdout + text.stderr).splitlines())
     assert "tune_escape" in text.stdout and "\\x1b" in text.stdout
+    progress = [ln for ln in text.stderr.splitlines() if ln.startswith("quantreg tune: ")]  # off a terminal
+    assert any("build tune_chatty" in ln for ln in progress) and any("timing round 1 took" in ln for ln in progress)
+    assert not any(" token, about " in ln or " tokens, about " in ln for ln in progress)  # terminal-only detail
 
 
 #: Checkpoint directories whose tensors tune cannot read (issue 21, classes 2 and 5): the tiny

@@ -37,6 +37,10 @@ def _tuned_schema(name: dict[str, Any]) -> dict[str, Any]:
             "tolerance": {"type": "number", "exclusiveMinimum": 0},
             "budget_s": {"type": "number", "exclusiveMinimum": 0},
             "rounds": {"type": "integer", "minimum": 0},
+            "ranking": {"type": "array", "items": {"type": "string"},
+                        "description": "each neighbouring pair of the chain: apart beyond noise, or a tie"},
+            "load_avg": {"type": "array", "items": {"type": "number"}},
+            "pins": {"type": "object", "description": "what the measurement depends on; checked at start-up"},
             "phase_weights": {**by_tokens, "minProperties": 1,
                               "additionalProperties": {"type": "number", "minimum": 0}},
             "results": {"type": "array", "items": {
@@ -45,6 +49,8 @@ def _tuned_schema(name: dict[str, Any]) -> dict[str, Any]:
                     "method": name, "ok": {"type": "boolean"}, "error": {"type": ["string", "null"]},
                     "ms": {**by_tokens, "additionalProperties": number_or_null},
                     "score_ms": number_or_null, "rel_error": number_or_null,
+                    "spread": {**by_tokens, "additionalProperties": {"type": "number", "minimum": 0}},
+                    "warnings": {"type": "array", "items": {"type": "string"}},
                 }}},
         },
     }

@@ -33,8 +33,9 @@ from typing import Any
 from ..methods import valid_name
 from ..problems import did_you_mean, printable, type_name
 
-TUNED_KEYS = ("at", "host", "vllm", "torch", "phase_weights", "tolerance", "budget_s", "rounds", "shape", "results")
-RESULT_KEYS = ("method", "ok", "error", "ms", "score_ms", "rel_error")
+TUNED_KEYS = ("at", "host", "vllm", "torch", "phase_weights", "tolerance", "budget_s", "rounds", "shape", "results",
+              "ranking", "load_avg", "pins")
+RESULT_KEYS = ("method", "ok", "error", "ms", "score_ms", "rel_error", "spread", "warnings")
 
 Fail = Callable[[int | None, str, str], None]
 
@@ -125,6 +126,13 @@ def parse_tuned(raw: Any, where: str, line: int, fail: Fail) -> TunedEvidence | 
     for k in ("tolerance", "budget_s"):
         if k in raw and not (_is_number(raw[k]) and raw[k] > 0):
             bad(k, f"expected a positive number, got {type_name(raw[k])} {raw[k]!r}"[:200])
+    for k in ("ranking",):
+        if k in raw and not (isinstance(raw[k], list) and all(isinstance(v, str) for v in raw[k])):
+            bad(k, f"expected a list of strings, got {type_name(raw[k])}")
+    if "load_avg" in raw and not (isinstance(raw["load_avg"], list) and all(_is_number(v) for v in raw["load_avg"])):
+        bad("load_avg", f"expected a list of numbers (1, 5, 15 minute load averages), got {type_name(raw['load_avg'])}")
+    if "pins" in raw and not isinstance(raw["pins"], dict):
+        bad("pins", f"expected a mapping of field -> recorded value, got {type_name(raw['pins'])}")
     weights = raw.get("phase_weights")
     if weights is not None and not (isinstance(weights, dict) and weights
                                     and all(_token_key(t) and _is_number(w) and w >= 0 for t, w in weights.items())):
@@ -156,6 +164,12 @@ def parse_tuned(raw: Any, where: str, line: int, fail: Fail) -> TunedEvidence | 
         elif not isinstance(ms, dict) or not all(_token_key(t) and (v is None or (_is_number(v) and v >= 0))
                                                  for t, v in ms.items()):
             bad(f"{name}.ms", "expected a mapping of token count -> milliseconds (or null), such as {1: 1.9}", at_line)
+        elif "warnings" in item and not (isinstance(item["warnings"], list)
+                                         and all(isinstance(w, str) for w in item["warnings"])):
+            bad(f"{name}.warnings", "expected a list of strings", at_line)
+        elif "spread" in item and not (isinstance(item["spread"], dict) and all(
+                _token_key(t) and _is_number(v) and v >= 0 for t, v in item["spread"].items())):
+            bad(f"{name}.spread", "expected a mapping of token count -> relative spread >= 0", at_line)
         elif any(k in item and item[k] is not None and not _is_number(item[k]) for k in ("score_ms", "rel_error")):
             bad(f"{name}", "score_ms and rel_error must be numbers (or null)", at_line)
         else:

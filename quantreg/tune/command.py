@@ -25,6 +25,7 @@ from ..error_measure import DEFAULT_TOLERANCE
 from ..files import WriteRefused
 from ..host import host_facts, memory_available
 from ..keys import Key
+from ..pins import running_pins
 from ..plan import quant_format_of, read_checkpoint
 from ..problems import describe, printable, problem_json
 from ..registry import Registry
@@ -39,14 +40,22 @@ DEFAULT_OUT = "tuned.yaml"
 
 
 class ProgressLine:
-    """A bar on a terminal, one plain line per step otherwise (logs and CI stay readable)."""
+    """A bar on a terminal, one plain line per step otherwise (logs and CI stay readable); quiet when asked.
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    On a terminal every step is shown, down to one method at one token count with the seconds
+    left; elsewhere only the coarse steps (build, check, each timing round, warnings), one line
+    each. ``quiet`` (``--json``) shows only warnings: the answer is the JSON object.
+    """
+
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = time.monotonic()
+        self.quiet = quiet
 
-    def __call__(self, step: str, fraction: float) -> None:
+    def __call__(self, step: str, fraction: float, detail: bool = False) -> None:
+        if (self.quiet and ": WARNING " not in step) or (detail and not self.tty):
+            return
         elapsed = time.monotonic() - self.start
         step = printable(step)  # method names and the checkpoint's model_type come from outside
         if self.tty:
@@ -60,6 +69,14 @@ class ProgressLine:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (empty where the platform has none): the noise's context."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return []
 
 
 def _fail(message: str, as_json: bool, code: int = 1, registry: Registry | None = None,
@@ -185,7 +202,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
         return fail(f"{printable(model_dir)}/config.json: a layer of {shape[0]} experts at hidden {shape[1]}, "
                     f"intermediate {shape[2]} needs about {need / 2**30:.1f} GiB to measure; {free / 2**30:.1f} GiB "
                     "is available here; nothing measured", path=f"{model_dir}/config.json")
-    progress = ProgressLine()
+    progress = ProgressLine(quiet=as_json)
+    prior = registry.resolve(key).rule  # the chain the key has now: a tie within noise keeps its order
+    prior_chain = list(prior.methods) if prior is not None else []
     from .measure import LayerShape, checkpoint_experts, measure, synthetic_experts  # torch + vLLM from here on
 
     layer_shape = LayerShape(*shape)
@@ -217,8 +236,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
         "host": host_facts().as_json(), "vllm": installed_vllm_version(), "torch": dist_version("torch"),
         "tolerance": DEFAULT_TOLERANCE, "budget_s": budget, "rounds": rounds,
         "shape": {**layer_shape.as_json(), "weights": "synthetic" if synthetic else f"layer {ck.moe_layers[0]}"},
+        "load_avg": load_average(),
+        # what the measurement depends on; checked wherever the rule decides (quantreg.pins)
+        "pins": running_pins(registry, [r.method for r in results if r.ok], layer_shape.as_json()),
     }
-    rule = rule_for(key, results, evidence)
+    rule = rule_for(key, results, evidence, prior=prior_chain)
     target = None
     text = render([rule]) if rule is not None else None
     if text is not None and out != "-":
@@ -232,17 +254,24 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     data = {"ok": rule is not None, "model": str(model_dir), "key": dict(key._asdict()), "out": target,
             "chain": rule["method"] if rule else [], "phase": phase_text(PHASE_WEIGHTS),
             "tokens": list(TOKENS), "rounds": rounds, "budget_s": budget, "elapsed_s": round(elapsed, 1),
-            "results": [r.to_json() for r in ranked(results)], "tuned": evidence,
+            "results": [r.to_json() for r in ranked(results, prior=prior_chain)],
+            "ranking": rule["tuned"]["ranking"] if rule else [], "tuned": evidence,
             **({"table": text} if out == "-" and as_json else {}), **envelope(None, registry, config or [])}
     if as_json:
         print(json.dumps(data))
     elif out != "-":
         lines = [f"key      {printable(str(key))}", f"score    {phase_text(PHASE_WEIGHTS)}"]
-        for r in ranked(results):
+        for r in ranked(results, prior=prior_chain):
             times = ", ".join(f"{t}: {v:.3g} ms" for t, v in sorted(r.ms.items()) if v is not None)
             mark = "ok  " if r.ok else ("no  " if "cannot run here" in str(r.error) else "FAIL")
             lines.append(f"  {mark} {printable(r.method)}: " + (times if r.ok else printable(str(r.error))))
+            lines += [f"       warning: {printable(w)}" for w in r.warnings]
         lines.append(f"chain    {printable(', '.join(data['chain'])) or 'none: no method passed'}")
+        lines += [f"ranking  {printable(v)}" for v in data["ranking"]]
+        load = evidence["load_avg"]
+        if load:
+            lines.append(f"load     {' '.join(f'{v:.2f}' for v in load)} (1/5/15 min load average at the end; "
+                         f"{os.cpu_count() or 1} cores)")
         lines.append(f"wrote    {printable(target)}" if target else "wrote    nothing")
         lines.append(f"took     {elapsed:.0f}s ({rounds} timing round(s), budget {budget:g}s)")
         print("\n".join(lines))

@@ -6,7 +6,10 @@ the forward vLLM calls), never on a stand-in. vLLM's own method is built the sam
 layer's method chosen by ``RoutedExperts._get_quant_method`` itself) wherever no limitation says
 it cannot run here.
 
-Correctness first: each built method runs :data:`CHECK_TOKENS` inputs and is compared with the
+Correctness first, at every size timed: each built method runs :data:`CHECK_TOKENS` inputs (1
+and 5 tokens plus every count :data:`~quantreg.tune.rank.TOKENS` times, so a method right at one
+token and wrong at 64 or 256, above plugin #2's 48-tokens-per-expert switch to its GEMM path, is
+refused with the token count named) and is compared with the
 float64 reference (:mod:`quantreg.models.gpt_oss_moe`), computed one routed expert at a time so a
 20B-sized layer needs ~0.2 GB of float64 at once rather than 6 GB. A method further than the
 tolerance (the ``verify:`` default, :data:`quantreg.table.verify.DEFAULT_TOLERANCE`) is refused,
@@ -14,8 +17,12 @@ as is one that fails to build or raises.
 
 Timing: per token count (:data:`quantreg.tune.rank.TOKENS`), every passing method runs the same
 input; rounds are interleaved (method order rotated each round) so drift in the machine's load
-hits every method alike, one warm-up round is discarded, and the median is kept. Rounds go on
-while the ``budget`` allows (at least one, at most :data:`MAX_ROUNDS`).
+hits every method alike, one warm-up round is discarded, and the median is kept; every timed
+output is checked (shape, finite) outside the timed span. Rounds go on while the ``budget``
+allows (at least :data:`MIN_ROUNDS`, so each pair of methods has paired rounds to bound the
+noise by; at most :data:`MAX_ROUNDS`). The samples of every round are kept: the ranking
+(:mod:`.rank`) separates two methods only beyond the noise they show, and :func:`.rank.sanity`
+flags time that falls with token count and outlier rounds.
 
 Imports torch and vLLM (through the kit).
 """
@@ -49,14 +56,21 @@ from ..models.gpt_oss_moe import (
 from ..problems import describe, printable
 from ..registry import Registry
 from ..testing.harness import MoeLayer, VllmMoeHarness
-from .rank import TOKENS, Result, median
+from .rank import MIN_PAIRED_ROUNDS, TOKENS, Result, median, sanity
 
-CHECK_TOKENS = (1, 5)
-"""Token counts checked against the float64 reference (small: the reference is the slow part)."""
+CHECK_TOKENS = tuple(sorted({1, 5, *TOKENS}))
+"""Token counts checked against the float64 reference: every count timed, and 5 (an odd decode batch).
+
+The check routes to :func:`routed_subset` (``2 * top_k`` experts), so at 256 tokens each routed
+expert gets ~128 rows: above plugin #2's GEMM switch (48 per expert); at 64, ~32: below it."""
 MAX_ROUNDS = 25
+MIN_ROUNDS = MIN_PAIRED_ROUNDS + 2
+"""Measured rounds even when the budget is spent: fewer leave too wide an interval to judge noise by
+(a tiny layer's round takes ~0.2 s, a 20B-shaped one a few seconds)."""
 SEED = 1234
-Progress = Callable[[str, float], None]
-"""``progress(step text, fraction done 0..1)``."""
+Progress = Callable[..., None]
+"""``progress(step text, fraction done 0..1, detail=False)``; ``detail`` steps (one method at one
+token count) are shown on a terminal only."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +243,8 @@ class Measurement:
             result = self.results[name]
             worst = 0.0
             for tokens, x, logits, ref in cases:
+                self.progress(f"{self.key}: check {name} at {tokens} token{'s' if tokens != 1 else ''} "
+                              "against float64", i / max(len(self.layers), 1), detail=True)
                 out, error = call(f"running method '{printable(name)}' ({self._owner(name)}) at {tokens} token(s)",
                                   functools.partial(layer.forward, x, logits))
                 error = error or output_problem(out, x)
@@ -255,22 +271,29 @@ class Measurement:
         inputs = {t: (random_hidden_states(t, self.experts.hidden, seed=SEED + 7 * t),
                       random_router_logits(t, self.experts.num_experts, seed=SEED + 11 * t)) for t in tokens}
         rounds = 0
+        round_s = 0.0
         for round_no in range(MAX_ROUNDS + 1):  # round 0 warms up and is discarded
             began = time.monotonic()
             order = names[round_no % len(names):] + names[:round_no % len(names)]
             for t in tokens:
                 x, logits = inputs[t]
                 for name in [n for n in order if n in self.layers]:
+                    left = max(deadline - time.monotonic(), round_s * max(MIN_ROUNDS - round_no + 1, 0))
+                    self.progress(f"{self.key}: {'warm-up' if not round_no else f'round {round_no}'}: {name} at "
+                                  f"{t} token{'s' if t != 1 else ''}, about {left:.0f}s left",
+                                  min(1.0, round_no / MAX_ROUNDS), detail=True)
+                    error = None
                     start = time.perf_counter()
                     try:  # token counts the check did not run: the method may fail here first
                         with contextlib.redirect_stdout(sys.stderr):  # --json keeps stdout for its object
                             out = self.layers[name].forward(x, logits)
-                        error = output_problem(out, x)
                     except KeyboardInterrupt:
                         raise
                     except BaseException as exc:  # SystemExit too: this method's fault, not tune's
                         error = describe(exc)
                     elapsed = (time.perf_counter() - start) * 1000.0
+                    if error is None:  # outside the timed span: every timed output is checked
+                        error = output_problem(out, x)
                     if error is not None:
                         self._refuse(name, f"forward at {t} tokens (timing): {error}")
                     elif round_no:
@@ -278,16 +301,21 @@ class Measurement:
             if not self.layers:
                 break
             rounds = round_no
+            round_s = time.monotonic() - began
             if round_no:
-                self.progress(f"{self.key}: timing round {round_no}", min(1.0, round_no / MAX_ROUNDS))
+                self.progress(f"{self.key}: timing round {round_no} took {round_s:.1f}s",
+                              min(1.0, round_no / MAX_ROUNDS))
             # stop when another round like this one (plus half of one for tearing the layers down)
-            # would end past the deadline; one measured round at least
-            if round_no >= 1 and time.monotonic() + 1.5 * (time.monotonic() - began) > deadline:
+            # would end past the deadline; MIN_ROUNDS measured rounds at least
+            if round_no >= MIN_ROUNDS and time.monotonic() + 1.5 * round_s > deadline:
                 break
         for name in names:
             result = self.results[name]
             if result.ok:
                 result.ms = {t: median(result.samples[t]) for t in tokens if result.samples.get(t)}
+                result.warnings = sanity(result)
+                for warning in result.warnings:
+                    self.progress(f"{self.key}: WARNING {name}: {warning}", 1.0)
         return rounds
 
     def _refuse(self, name: str, error: str) -> None:
@@ -311,6 +339,9 @@ def output_problem(out: Any, x: torch.Tensor) -> str | None:
         return f"returned shape {list(out.shape)}, expected {list(x.shape)}"
     if not (out.is_floating_point()):
         return f"returned dtype {out.dtype}, expected a floating-point tensor"
+    if not bool(torch.isfinite(out).all()):
+        bad = int((~torch.isfinite(out)).sum())
+        return f"returned {bad} non-finite value{'s' if bad != 1 else ''} (NaN or inf) of {out.numel()}"
     return None
 
 

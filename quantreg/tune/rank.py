@@ -6,11 +6,22 @@ the two prefill sizes a quarter each): a server spends most forwards decoding, y
 is 10x slower at prefill should not win on a 5 % decode edge. A geometric mean keeps one phase's
 milliseconds from drowning the others'. Methods that failed (did not build, raised, or missed the
 float64 reference's tolerance) have no score and are never in the chain.
+
+Same answer twice (issue 32): on a shared 2-core host one noisy round must not decide a table.
+Two methods are ranked apart only when the difference is **beyond the measured noise**: the
+rounds are interleaved, so round *i* gives every method a paired sample; the per-round log ratio
+of two methods' round scores is bootstrapped (:data:`BOOTSTRAP` resamples, a fixed seed so the
+same samples always give the same answer) into a 95 % interval of the median ratio, and the
+pair is apart only when that whole interval is beyond :data:`MARGIN` (5 %). Otherwise it is a
+"tie (within noise)" and the pair keeps the order the chain already had (the registry's current
+chain for the key, then names): a re-run on the same host then writes the same chain.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +29,17 @@ from typing import Any
 TOKENS = (1, 64, 256)
 """Decode (1 token) and two prefill sizes, the token counts every method is timed at."""
 PHASE_WEIGHTS: Mapping[int, float] = {1: 0.5, 64: 0.25, 256: 0.25}
+MARGIN = 0.05
+"""Two methods are apart only if one is faster by more than this fraction with 95 % confidence."""
+BOOTSTRAP = 2000
+"""Resamples of the per-round log ratios (a fixed seed: the same samples give the same interval)."""
+MIN_PAIRED_ROUNDS = 3
+"""Fewer paired rounds than this: no interval; only a ratio beyond :data:`FEW_ROUNDS_MARGIN` separates."""
+FEW_ROUNDS_MARGIN = 0.5
+SHARP_FALL = 0.5
+"""Sanity: a method's median at more tokens below this fraction of its median at fewer is suspect."""
+OUTLIER = 3.0
+"""Sanity: a round slower than this many times the method's median at that count is an outlier."""
 
 
 @dataclass
@@ -30,6 +52,9 @@ class Result:
     ms: dict[int, float | None] = field(default_factory=dict)
     rel_error: float | None = None
     samples: dict[int, list[float]] = field(default_factory=dict)
+    """Milliseconds per timing round (index = round, aligned across methods: rounds are interleaved)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the sanity checks found (time falling with token count, outliers): shown, never hidden."""
 
     def score(self, weights: Mapping[int, float] = PHASE_WEIGHTS) -> float | None:
         """Weighted geometric mean of the medians (ms); ``None`` unless ok and timed at every weighted count."""
@@ -48,23 +73,161 @@ class Result:
 
     def to_json(self, weights: Mapping[int, float] = PHASE_WEIGHTS) -> dict[str, Any]:
         score = self.score(weights)
-        return {"method": self.method, "ok": self.ok, "error": self.error,
+        data = {"method": self.method, "ok": self.ok, "error": self.error,
                 "ms": {str(t): (None if v is None else round(v, 4)) for t, v in sorted(self.ms.items())},
                 "score_ms": None if score is None else round(score, 4),
                 "rel_error": None if self.rel_error is None else float(f"{self.rel_error:.4g}")}
+        spread = self.spread()
+        if spread:
+            data["spread"] = {str(t): round(v, 4) for t, v in sorted(spread.items())}
+        if self.warnings:
+            data["warnings"] = list(self.warnings)
+        return data
+
+    def spread(self) -> dict[int, float]:
+        """Per token count: the interquartile range of the rounds over their median (the noise seen)."""
+        out = {}
+        for tokens, values in self.samples.items():
+            if len(values) >= 2 and self.ms.get(tokens):
+                q1, q3 = quantile(values, 0.25), quantile(values, 0.75)
+                out[tokens] = (q3 - q1) / float(self.ms[tokens] or 1.0)
+        return out
+
+    def round_scores(self, weights: Mapping[int, float] = PHASE_WEIGHTS) -> list[float]:
+        """The weighted geometric mean of each timing round (paired with other methods' same round)."""
+        counts = [t for t, w in weights.items() if w > 0]
+        if not counts or any(not self.samples.get(t) for t in counts):
+            return []
+        n = min(len(self.samples[t]) for t in counts)
+        total = sum(weights[t] for t in counts)
+        scores = []
+        for i in range(n):
+            values = [self.samples[t][i] for t in counts]
+            if any(v <= 0 or not math.isfinite(v) for v in values):
+                continue
+            scores.append(math.exp(sum(weights[t] * math.log(self.samples[t][i]) for t in counts) / total))
+        return scores
 
 
-def ranked(results: Sequence[Result], weights: Mapping[int, float] = PHASE_WEIGHTS) -> list[Result]:
-    """Passing methods fastest first (ties by name, so the order is deterministic), then the failed ones."""
-    passing = [r for r in results if r.score(weights) is not None]
+@dataclass(frozen=True)
+class Comparison:
+    """``first`` against ``second``: the median round ratio (first / second) and its 95 % interval."""
+
+    first: str
+    second: str
+    ratio: float
+    low: float
+    high: float
+    rounds: int
+
+    @property
+    def apart(self) -> bool:
+        """``first`` faster (or slower) than ``second`` beyond the noise and the margin."""
+        if self.rounds >= MIN_PAIRED_ROUNDS:
+            return self.high < 1.0 / (1.0 + MARGIN) or self.low > 1.0 + MARGIN
+        return self.ratio < FEW_ROUNDS_MARGIN or self.ratio > 1.0 / FEW_ROUNDS_MARGIN
+
+    def text(self) -> str:
+        how = (f"median round ratio {self.ratio:.3g} (95 % interval {self.low:.3g}-{self.high:.3g}, "
+               f"{self.rounds} paired rounds)" if self.rounds >= MIN_PAIRED_ROUNDS
+               else f"score ratio {self.ratio:.3g} ({self.rounds} paired rounds: no interval)")
+        if self.apart:
+            verdict = "faster" if self.ratio < 1.0 else "slower"
+            return f"{self.first} before {self.second}: {verdict} beyond noise, {how}"
+        return f"{self.first} before {self.second}: tie (within noise, margin {MARGIN:.0%}), {how}; chain order kept"
+
+
+def compare(a: Result, b: Result, weights: Mapping[int, float] = PHASE_WEIGHTS) -> Comparison:
+    """``a`` / ``b`` by paired rounds (bootstrap interval of the median log ratio), else by score."""
+    sa, sb = a.round_scores(weights), b.round_scores(weights)
+    n = min(len(sa), len(sb))
+    if n >= MIN_PAIRED_ROUNDS:
+        logs = [math.log(sa[i] / sb[i]) for i in range(n)]
+        rng = random.Random(0x5EED ^ n)  # fixed: the same rounds always give the same interval
+        meds = sorted(median([logs[rng.randrange(n)] for _ in range(n)]) for _ in range(BOOTSTRAP))
+        low, high = meds[int(0.025 * BOOTSTRAP)], meds[int(0.975 * BOOTSTRAP) - 1]
+        return Comparison(a.method, b.method, math.exp(median(logs)), math.exp(low), math.exp(high), n)
+    score_a, score_b = a.score(weights), b.score(weights)
+    ratio = (score_a / score_b) if score_a and score_b else 1.0
+    return Comparison(a.method, b.method, ratio, ratio, ratio, n)
+
+
+def prior_order(names: Sequence[str], prior: Sequence[str]) -> list[str]:
+    """``names`` in the chain's existing order: those ``prior`` lists in its order, then the rest by name."""
+    position = {m: i for i, m in enumerate(prior)}
+    return sorted(names, key=lambda m: (position.get(m, len(position)), m))
+
+
+def order_with_noise(results: Sequence[Result], weights: Mapping[int, float] = PHASE_WEIGHTS,
+                     prior: Sequence[str] = ()) -> tuple[list[Result], list[Comparison]]:
+    """Passing methods, moved ahead of one another only when faster beyond noise; the verdicts.
+
+    Starts from :func:`prior_order` and swaps neighbours only when the later one is faster beyond
+    noise (at most ``n`` passes: the order is a fixed function of the samples, never of luck).
+    Returns the order and the comparison of each neighbouring pair in it.
+    """
+    by_name = {r.method: r for r in results if r.score(weights) is not None}
+    order = prior_order(list(by_name), prior)
+    for _ in range(len(order)):
+        moved = False
+        for i in range(len(order) - 1):
+            c = compare(by_name[order[i + 1]], by_name[order[i]], weights)
+            if c.apart and c.ratio < 1.0:
+                order[i], order[i + 1] = order[i + 1], order[i]
+                moved = True
+        if not moved:
+            break
+    verdicts = [compare(by_name[order[i]], by_name[order[i + 1]], weights) for i in range(len(order) - 1)]
+    return [by_name[m] for m in order], verdicts
+
+
+def ranked(results: Sequence[Result], weights: Mapping[int, float] = PHASE_WEIGHTS,
+           prior: Sequence[str] = ()) -> list[Result]:
+    """Passing methods in chain order (apart only beyond noise, else the prior order), then the failed ones."""
+    passing, _ = order_with_noise(results, weights, prior)
     failing = [r for r in results if r.score(weights) is None]
-    passing.sort(key=lambda r: (r.score(weights), r.method))
     return passing + sorted(failing, key=lambda r: r.method)
 
 
-def chain(results: Sequence[Result], weights: Mapping[int, float] = PHASE_WEIGHTS) -> list[str]:
-    """The methods a tuned rule names, fastest first: only those that passed."""
-    return [r.method for r in ranked(results, weights) if r.score(weights) is not None]
+def chain(results: Sequence[Result], weights: Mapping[int, float] = PHASE_WEIGHTS,
+          prior: Sequence[str] = ()) -> list[str]:
+    """The methods a tuned rule names, in chain order: only those that passed."""
+    return [r.method for r in order_with_noise(results, weights, prior)[0]]
+
+
+def sanity(result: Result) -> list[str]:
+    """What is wrong with ``result``'s measurements (empty when they look sane).
+
+    Time must not fall sharply as the token count grows (a forward over more tokens does at least
+    the work of fewer: a sharp fall means a noisy round decided a median), and rounds far slower
+    than their median are outliers (counted; the median already resists them).
+    """
+    found = []
+    counts = sorted(t for t, v in result.ms.items() if v)
+    for small, big in itertools.pairwise(counts):
+        a, b = result.ms[small], result.ms[big]
+        if a and b and b < SHARP_FALL * a:
+            found.append(f"time falls with token count: {b:.3g} ms at {big} tokens < {SHARP_FALL:g} x "
+                         f"{a:.3g} ms at {small} (noise decided a median)")
+    for tokens in counts:
+        values = result.samples.get(tokens, [])
+        mid = result.ms[tokens] or 0.0
+        slow = [v for v in values if mid and v > OUTLIER * mid]
+        if slow:
+            found.append(f"{len(slow)} of {len(values)} rounds at {tokens} token{'s' if tokens != 1 else ''} "
+                         f"over {OUTLIER:g} x the median (outliers; the median is kept)")
+    return found
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile ``q`` (0..1) of ``values``."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("quantile of no values")
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def median(values: Sequence[float]) -> float:

@@ -17,11 +17,12 @@ import yaml
 
 from ..keys import Key
 from ..writing import replace_file
-from .rank import PHASE_WEIGHTS, Result, chain, ranked
+from .rank import PHASE_WEIGHTS, Result, order_with_noise, ranked
 
 HEADER = """\
 # Written by `quantreg tune`: one rule per MoE key of the checkpoint, its chain ordered by measured
-# speed on this host, fastest first. Score: {phase}.
+# speed on this host, fastest first; two methods apart only beyond the measured noise (tuned.ranking).
+# Score: {phase}. Start-up checks tuned.pins against the running host and builds.
 # Only methods that matched the float64 reference within the tolerance are in a chain; `tuned:` keeps
 # every measurement and why any method was refused, and `quantreg explain` shows it. Re-run tune after
 # changing hardware, vLLM or plugins.
@@ -35,17 +36,23 @@ def phase_text(weights: Mapping[int, float] = PHASE_WEIGHTS) -> str:
 
 
 def rule_for(key: Key, results: Sequence[Result], evidence: Mapping[str, Any],
-             weights: Mapping[int, float] = PHASE_WEIGHTS) -> dict[str, Any] | None:
-    """The rule for ``key``, or ``None`` when no method passed (then no rule: the table's other layers decide)."""
-    methods = chain(results, weights)
+             weights: Mapping[int, float] = PHASE_WEIGHTS, prior: Sequence[str] = ()) -> dict[str, Any] | None:
+    """The rule for ``key``, or ``None`` when no method passed (then no rule: the table's other layers decide).
+
+    ``prior`` is the chain the key had before tune (ties within noise keep its order); the
+    verdict on each neighbouring pair is written as ``tuned.ranking``.
+    """
+    passing, verdicts = order_with_noise(results, weights, prior)
+    methods = [r.method for r in passing]
     if not methods:
         return None
     return {
         "match": {"quant_format": key.quant_format, "model_type": key.model_type, "device": key.device},
         "method": methods,
-        "note": f"quantreg tune: fastest correct first ({phase_text(weights)})",
+        "note": f"quantreg tune: fastest correct first, apart only beyond noise ({phase_text(weights)})",
         "tuned": {**evidence, "phase_weights": {str(t): w for t, w in sorted(weights.items())},
-                  "results": [r.to_json(weights) for r in ranked(results, weights)]},
+                  "ranking": [v.text() for v in verdicts],
+                  "results": [r.to_json(weights) for r in ranked(results, weights, prior)]},
     }
 
 

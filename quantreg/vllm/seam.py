@@ -50,6 +50,7 @@ class Seam:
         self.lock = threading.RLock()
         self.patched: type[Any] | None = None
         self.logged: set[Key] = set()
+        self.stale_logged: set[Key] = set()
         self.settings: RunSettings | None = None
         self._coverage: Coverage | None = None
         self.signature_warned = False
@@ -118,6 +119,7 @@ class Seam:
             if self._coverage is not None:
                 self._coverage.uninstall()
             self.logged.clear()
+            self.stale_logged.clear()
             self.settings = None
 
     # -- routing -------------------------------------------------------------------------
@@ -178,6 +180,7 @@ class Seam:
             from ..answer import chain_notes
 
             raise QuantregError(f"quantreg (strict): {decision.summary()}; " + "; ".join(chain_notes(decision)))
+        self.check_tuned(decision, registry, moe_config, strict)
         if decision.keeps_vllm:
             return original(layer, prefix, quant_config, moe_config)
         context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
@@ -193,6 +196,31 @@ class Seam:
         from .verify import maybe_verify  # torch and vLLM's MoE base: loaded by now, vLLM is building a layer
 
         return maybe_verify(method, decision, prefix, layer, moe_config, mode)
+
+    def check_tuned(self, decision: Decision, registry: Registry, moe_config: Any, strict: bool) -> None:
+        """A tuned rule's evidence against this process (:mod:`quantreg.pins`), the layer's shape included.
+
+        Lenient: one WARNING per differing field, once per key; the rule still decides as written
+        (the decision, the trail and the fingerprint carry the flag). Strict: one
+        ``quantreg (strict):`` line naming every field, and no start.
+        """
+        rule = decision.rule
+        if rule is None or rule.tuned is None or decision.key in self.stale_logged:
+            return
+        self.stale_logged.add(decision.key)
+        texts = list(decision.stale)
+        shape = layer_shape(moe_config)
+        if shape is not None:
+            texts += [s.text() for s in registry.stale_evidence(rule, shape) if s.field == "shape"]
+        if not texts:
+            return
+        where = f"{decision.key} [{decision.source}]"
+        if strict:
+            raise QuantregError(f"quantreg (strict): tuned rule for {where} was measured elsewhere: "
+                                + "; ".join(texts))
+        for text in texts:
+            logger.warning("quantreg: tuned rule for %s is stale: %s; the rule still decides (re-run quantreg tune)",
+                           where, text)
 
     def log_once(self, decision: Decision, registry: Registry | None = None) -> None:
         """One line per key, the same :class:`~quantreg.answer.Answer` line ``explain`` and ``plan`` give.
@@ -214,6 +242,18 @@ class Seam:
             line = f"{decision.summary()}; (notes unavailable: {type(exc).__name__}: {exc})"
             warns = bool(decision.fallback)
         (logger.warning if warns else logger.info)("quantreg: %s", line)
+
+
+def layer_shape(moe_config: Any) -> dict[str, int] | None:
+    """(experts, hidden, intermediate, top_k) of the layer vLLM is building, unpadded; ``None`` if unknown."""
+    try:
+        hidden = getattr(moe_config, "hidden_dim_unpadded", None) or moe_config.hidden_dim
+        inter = (getattr(moe_config, "intermediate_size_per_partition_unpadded", None)
+                 or moe_config.intermediate_size)
+        return {"experts": int(moe_config.num_experts), "hidden": int(hidden), "intermediate": int(inter),
+                "top_k": int(moe_config.experts_per_token)}
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def report_faults(registry: Registry, strict: bool) -> None:

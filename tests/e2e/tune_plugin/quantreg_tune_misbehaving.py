@@ -2,11 +2,12 @@
 
 Each is ``mxfp4_reference`` with one fault: its constructor raises ``SystemExit``; its forward
 returns ``None``, or a wrongly shaped tensor (one row: broadcasting would compare it with every
-reference row), or raises only at token counts the float64 check does not run (timing only),
-or raises with terminal escapes and a newline in its message; ``tune_chatty`` is correct but prints
-to stdout on every forward (``--json`` must keep stdout for its object). Two more have a probe that
-hangs or raises ``SystemExit``. Tune must refuse each
-faulty one with a reason, rank the chatty one, and finish with a table.
+reference row), or raises at 64 tokens and more, or is right at 1 and 5 tokens and wrong at 64 and
+more (the float64 check runs at every count tune times), or returns NaN once it is being timed
+(every timed output is checked finite), or raises with terminal escapes and a newline in its
+message; ``tune_chatty`` is correct but prints to stdout on every forward (``--json`` must keep
+stdout for its object). Two more have a probe that hangs or raises ``SystemExit``. Tune must refuse
+each faulty one with a reason, rank the chatty one, and finish with a table.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ FAULTS = {
     "tune_exit_build": "raises SystemExit(0) when constructed",
     "tune_none": "returns None from its forward",
     "tune_one_row": "returns one row whatever the token count",
-    "tune_big_only": "raises at 64 tokens and more (timing only)",
+    "tune_big_only": "raises at 64 tokens and more",
+    "tune_wrong_big": "right at 1 and 5 tokens, 1.5x off at 64 and more",
+    "tune_nan_late": "right for its first 4 forwards (the float64 check), NaN from then on (timing)",
     "tune_escape": "raises with an escape sequence and a newline in its message",
     "tune_chatty": "correct, prints to stdout on every forward",
 }
@@ -84,6 +87,19 @@ class BigOnlyMethod(_Faulty):
         if out.shape[0] >= 64:
             raise RuntimeError("tune_big_only: no kernel for 64 tokens or more")
         return out
+
+
+class WrongBigMethod(_Faulty):
+    def fault(self, out: Any) -> Any:
+        return out * 1.5 if out.shape[0] >= 64 else out
+
+
+class NanLateMethod(_Faulty):
+    calls = 0
+
+    def fault(self, out: Any) -> Any:
+        NanLateMethod.calls += 1
+        return out if NanLateMethod.calls <= 4 else out * float("nan")
 
 
 class EscapeMethod(_Faulty):
