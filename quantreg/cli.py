@@ -29,7 +29,7 @@ from . import environment
 from .decision import Decision
 from .envelope import envelope, left_out, left_out_lines
 from .host import FLAGS_ENV, host_facts
-from .keys import Key
+from .keys import EXPERTS, LAYER_KINDS, Key
 from .loading import load_tables
 from .problems import printable, problem_json
 from .registry import Registry
@@ -129,7 +129,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     registry = _registry(args)
     _warn_faults(registry)
     with _plugin_output_to_stderr():  # resolving runs probes, findings run plugin code
-        ans = answer(registry, Key(args.quant_format, args.model_type, args.device))
+        ans = answer(registry, Key(args.quant_format, args.model_type, args.device, args.layer))
     for fault in ans.problems:
         print(f"warning: {fault}", file=sys.stderr)
     decision = ans.decision
@@ -444,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("quant_format", help="vLLM's quant format name, e.g. gpt_oss_mxfp4, fp8, compressed-tensors")
     p.add_argument("model_type", help="the model type of config.json, e.g. gpt_oss, deepseek_v3, mixtral")
     p.add_argument("device", help="vLLM's device type, e.g. cpu, cuda, hpu, xpu")
+    p.add_argument("--layer", default=EXPERTS, choices=LAYER_KINDS,
+                   help="which layers: the routed experts (default), attention, dense or lm_head")
     p = add("validate", cmd_validate, "check tables; exit 1 and print FILE:LINE: problems if any")
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")

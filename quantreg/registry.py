@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .index import Index
-from .keys import Key
+from .keys import Key, as_key
 from .loading import load
 from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
@@ -135,7 +135,7 @@ class Registry:
         return found
 
     def resolve(self, key: Key | tuple[str, str, str]) -> Decision:
-        key = Key(*key)
+        key = as_key(key)
         with self._lock:
             found = self._decisions.get(key)
             if found is None:

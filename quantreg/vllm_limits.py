@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .host import AMX_FLAGS, FLAGS_ENV, HostFacts, host_facts, parse_cpuinfo
-from .keys import WILDCARD, Key
+from .keys import EXPERTS, WILDCARD, Key, as_key
 
 if TYPE_CHECKING:
     from .plugins import Plugins
@@ -50,6 +50,9 @@ class VllmLimitation:
     plugin: str = ""
 
     def matches(self, key: Key) -> bool:
+        """Limitations are about vLLM's MoE kernels: a dense layer's own method (a GEMM) is not limited."""
+        if as_key(key).layer != EXPERTS:
+            return False
         return all(_field_matches(p, v) for p, v in
                    zip((self.quant_format, self.model_type, self.device), key))
 
@@ -204,7 +207,7 @@ def vllm_backend_note(key: Key | tuple[str, str, str],
     ``limitations`` defaults to :data:`BUILTIN_LIMITATIONS`; pass those of
     :func:`plugin_limitations` as well to include plugins' knowledge. Several notes are joined.
     """
-    key = Key(*key)
+    key = as_key(key)
     pool: Sequence[VllmLimitation] = tuple(BUILTIN_LIMITATIONS if limitations is None else limitations)
     notes = [lim.note() for lim in pool if lim.matches(key) and lim.holds()]
     return "; ".join(notes) if notes else None

@@ -1,0 +1,94 @@
+"""The layer kind in keys and rules (issue 30): parsing, precedence, ambiguity, JSON, explain."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core_support import run_cli
+
+from quantreg.keys import EXPERTS, LAYER_KINDS, Key, Match
+from quantreg.registry import Registry
+from quantreg.table.file import Layer, parse_table, rule_json
+from quantreg.table.schema import table_schema
+
+DENSE = """version: 1
+rules:
+  - match: {quant_format: gpt_oss_mxfp4, device: cpu}
+    method: vllm
+    note: experts
+  - match: {quant_format: gpt_oss_mxfp4, device: cpu, layer: lm_head}
+    method: vllm
+    note: head
+  - match: {device: cpu, layer: [attention, dense]}
+    method: vllm
+    note: dense
+"""
+
+
+def test_key_defaults_to_the_experts_and_shows_other_kinds() -> None:
+    assert LAYER_KINDS == ("experts", "attention", "dense", "lm_head")
+    moe, head = Key("q", "m", "cpu"), Key("q", "m", "cpu", "lm_head")
+    assert moe.layer == EXPERTS and moe == ("q", "m", "cpu") and hash(moe) == hash(("q", "m", "cpu"))
+    assert head != ("q", "m", "cpu") and head != moe and head == moe.of_layer("lm_head")
+    assert str(moe) == "(q, m, cpu)" and str(head) == "(q, m, cpu, lm_head)"
+    assert moe.as_json() == {"quant_format": "q", "model_type": "m", "device": "cpu"}
+    assert head.as_json()["layer"] == "lm_head"
+
+
+def test_rules_match_only_their_layer_kinds() -> None:
+    table, problems, _ = parse_table(DENSE, "t.yaml", Layer.USER)
+    assert table is not None and not problems
+    moe, head, dense = table.rules
+    assert moe.match.layer is None and moe.match.layers == (EXPERTS,)
+    assert head.match.layer == ("lm_head",) and dense.match.layer == ("attention", "dense")
+    assert (moe.match.specificity, head.match.specificity, dense.match.specificity) == (2, 3, 2)
+    assert "layer" not in rule_json(moe)["match"] and rule_json(head)["match"]["layer"] == ["lm_head"]
+    assert str(head.match) == "(gpt_oss_mxfp4, *, cpu, lm_head)" and str(moe.match) == "(gpt_oss_mxfp4, *, cpu)"
+    assert not moe.match.overlaps(head.match) and head.match.overlaps(Match(layer=("lm_head", "dense")))
+
+
+def test_the_index_answers_per_layer_kind_and_finds_no_tie_across_kinds(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(DENSE)
+    registry = Registry.build(config=[path], entry_points=False)
+    assert not registry.faults  # the three rules overlap on their fields, never on their kinds
+    notes = {k: (d.rule.note if d.rule else None) for k in LAYER_KINDS
+             for d in [registry.resolve(Key("gpt_oss_mxfp4", "gpt_oss", "cpu", k))]}
+    assert notes == {"experts": "experts", "attention": "dense", "dense": "dense", "lm_head": "head"}
+    # a key of a kind no rule names gets vLLM's own method, whatever the MoE rules say
+    assert registry.resolve(Key("fp8", "llama", "cuda", "lm_head")).rule is None
+
+
+def test_two_rules_of_one_kind_still_tie(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text("version: 1\nrules:\n  - match: {layer: lm_head}\n    method: vllm\n"
+                    "  - match: {layer: [dense, lm_head]}\n    method: vllm\n")
+    registry = Registry.build(config=[path], entry_points=False)
+    assert any("ambiguous" in str(f) for f in registry.faults)
+
+
+def test_bad_layer_values_are_located_problems() -> None:
+    for value, words in (("lmhead", "did you mean 'lm_head'"), ('"*"', "'*' is not a layer kind"),
+                         ("[]", "empty list"), ("3", "unknown layer kind int")):
+        text = f"version: 1\nrules:\n  - match:\n      device: cpu\n      layer: {value}\n    method: vllm\n"
+        table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+        assert table is None
+        assert [(p.line, p.key) for p in problems] == [(5, "rules[0].match.layer")], problems
+        assert words in problems[0].message, problems[0].message
+
+
+def test_schema_names_the_layer_kinds() -> None:
+    layer = table_schema()["properties"]["rules"]["items"]["properties"]["match"]["properties"]["layer"]
+    assert layer["anyOf"][0]["enum"] == list(LAYER_KINDS)
+
+
+def test_explain_takes_a_layer(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(DENSE)
+    done = run_cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--layer", "lm_head", "--config", str(path),
+                   "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    text = json.dumps(data)
+    assert '"layer": "lm_head"' in text and f"{path}:6" in text
