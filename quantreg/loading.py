@@ -116,7 +116,7 @@ def _plain_method(method: Method, plugin: str) -> Method:
     return Method(name=text(method.name), target=text(method.target), devices=texts(method.devices),
                   requires=texts(method.requires), vllm_version=text(method.vllm_version), probe=text(method.probe),
                   description=text(method.description), options=texts(method.options),
-                  expert_layout=text(method.expert_layout), plugin=plugin)
+                  expert_layout=text(method.expert_layout), layers=texts(method.layers), plugin=plugin)
 
 
 def load_tables(

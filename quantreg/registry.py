@@ -121,6 +121,9 @@ class Registry:
         check reads host facts (no torch, no vLLM), so the answer is cheap and fixed per process.
         """
         if not keeps_vllm(method):
+            m = self.methods.get(method)
+            if m is not None and key.layer not in m.layers:  # a MoE method for an lm_head key, or back
+                return Availability(False, f"decides {', '.join(m.layers)} layers, not {key.layer}")
             return self.availability(method, key.device)
         found = self._vllm_availability.get(key)
         if found is None:

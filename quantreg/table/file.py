@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..keys import FIELDS, LAYER, LAYER_KINDS, WILDCARD, Match
+from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, WILDCARD, Match
 from ..methods import Method, valid_name
 from ..problems import Problem, did_you_mean, type_name
 from . import cache as tablecache
@@ -246,7 +246,8 @@ class _Checker:
 
             verify = parse_verify(item["verify"], f"{where}.verify", key_lines.get("verify", line), self.fail,
                                   # a broken match is reported already; do not add a float64 complaint to it
-                                  match.quant_format if match is not None else FLOAT64_FORMATS)
+                                  match.quant_format if match is not None and EXPERTS in match.layers
+                                  else FLOAT64_FORMATS)  # a dense layer's float64 is its own weight
         tuned = None
         if "tuned" in item:
             from .tuned import parse_tuned
