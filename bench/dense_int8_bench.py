@@ -14,6 +14,7 @@ call and the bandwidth they imply (the floor at 1 token is the weight read).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -75,8 +76,8 @@ def main() -> None:
                 err_bf16, err_int8 = _error(a, x, w), _error(b, x, w)
                 t_bf16, t_int8 = [], []
                 for _ in range(3):  # interleaved rounds
-                    t_bf16.append(_median_ms(lambda: own.apply(bf16, x), reps))
-                    t_int8.append(_median_ms(lambda: method.apply(int8, x), reps))
+                    t_bf16.append(_median_ms(functools.partial(own.apply, bf16, x), reps))
+                    t_int8.append(_median_ms(functools.partial(method.apply, int8, x), reps))
             mb, mi = statistics.median(t_bf16), statistics.median(t_int8)
             row = {"layer": name, "K": k, "N": n, "tokens": m, "bf16_ms": round(mb, 3), "int8_ms": round(mi, 3),
                    "speedup": round(mb / mi, 3), "err_bf16": err_bf16, "err_int8": err_int8,
@@ -86,7 +87,6 @@ def main() -> None:
             print(f"{name:20s} {k}->{n} tokens {m:4d}: bf16 {mb:9.2f} ms  int8 {mi:9.2f} ms  x{mb / mi:5.2f}  "
                   f"err vs float64 bf16 {err_bf16:.2e} int8 {err_int8:.2e}  ({row['bf16_gbps']} / "
                   f"{row['int8_gbps']} GB/s of weight)", flush=True)
-        del bf16, int8, method, w
     out = {"bench": "dense_int8", "host": platform.processor() or platform.machine(),
            "cpu_flags": sorted(f for f in open("/proc/cpuinfo").read().split() if f.startswith(("avx512", "amx"))
                                )[:12] if os.path.exists("/proc/cpuinfo") else [],

@@ -28,11 +28,14 @@ rm -rf "$DIST"
 # (an isolated build would download a second torch). A missing or failing compiler is one printed
 # line and a wheel without the kernel (its status() then says "extension not built").
 "$VENV/bin/python" -m build -q --no-isolation --outdir "$DIST" ./plugins/cpu_mxfp4
+# quantreg-cpu-int8-dense is pure Python (it calls vLLM-CPU's own int8 ops)
+"$VENV/bin/python" -m build -q --outdir "$DIST" ./plugins/cpu_int8_dense
 # Wheel names use underscores: quantreg-[0-9]* is the core only, never quantreg_<plugin>-*.
 CORE_WHEEL=$(realpath "$(ls "$DIST"/quantreg-[0-9]*.whl)")
 PLUGIN_WHEEL=$(realpath "$(ls "$DIST"/quantreg_hpu_mxfp4-[0-9]*.whl)")
 CPU_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_mxfp4-[0-9]*.whl)")
-$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL"
-$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL"
+DENSE_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_int8_dense-[0-9]*.whl)")
+$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL"
+$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL"
 $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "setup: $VENV ready ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null | tail -1))"

@@ -13,4 +13,4 @@ phase setup ./scripts/setup.sh
 VENV=${QUANTREG_VENV:-.venv}
 phase lint "$VENV/bin/ruff" check .
 phase mypy "$VENV/bin/mypy" --strict quantreg
-phase pytest "$VENV/bin/pytest" -q -p no:cacheprovider tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests "$@"
+phase pytest "$VENV/bin/pytest" -q -p no:cacheprovider tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests plugins/cpu_int8_dense/tests "$@"

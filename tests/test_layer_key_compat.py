@@ -49,12 +49,15 @@ def snapshot(root: Path) -> dict[str, Any]:
                 values[f].update(v or ())
 
         class Methods:
+            def __init__(self, names: list[str]) -> None:
+                self.names = names
+
             @quantreg.hookimpl
             def register_methods(self, register: Callable[[Method], None]) -> None:
-                for name in names:
+                for name in self.names:
                     register(Method(name, f"golden_methods:{name.title().replace('_', '')}"))
 
-        registry = Registry.build(config=[path], entry_points=False, plugins=[("golden", Methods())],
+        registry = Registry.build(config=[path], entry_points=False, plugins=[("golden", Methods(names))],
                                   default_table=root / "registry.yaml")
         assert not registry.faults, registry.faults
         decisions = {}

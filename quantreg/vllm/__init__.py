@@ -30,7 +30,8 @@ FINGERPRINT_ENV = settings.FINGERPRINT
 _seam = Seam()
 _hook = PostImportHook(MODULE, _seam.patch_module)
 _dense = DenseSeam(_seam)
-_dense_hooks = (PostImportHook(LINEAR_MODULE, _dense.patch_linear), PostImportHook(LM_HEAD_MODULE, _dense.patch_lm_head),
+_dense_hooks = (PostImportHook(LINEAR_MODULE, _dense.patch_linear),
+                PostImportHook(LM_HEAD_MODULE, _dense.patch_lm_head),
                 PostImportHook(LOADER_MODULE, _dense.patch_loader))
 _keepers = QuantConfigGuard()
 _registered = False

@@ -69,7 +69,7 @@ def layer_kind(layer: Any, prefix: str, lm_head: bool) -> str:
 class _Mark:
     """What the seam decided for one layer: kept on the layer for the coverage walk."""
 
-    __slots__ = ("key", "method", "decided")
+    __slots__ = ("decided", "key", "method")
 
     def __init__(self, key: Key, method: Any, decided: str) -> None:
         self.key, self.method, self.decided = key, method, decided
