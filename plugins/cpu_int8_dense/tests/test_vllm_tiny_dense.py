@@ -35,7 +35,7 @@ def _table(tmp: Path) -> Path:
 
     text = table_path().read_text()
     text += ("  - match: {model_type: gpt_oss, device: cpu, layer: lm_head}\n    method: cpu_int8_dense\n"
-             "    verify: {against: float64, first: 4, every: 1}\n")
+             "    priority: 1\n    verify: {against: float64, first: 4, every: 1}\n")
     path = tmp / "dense.yaml"
     path.write_text(text)
     return path
