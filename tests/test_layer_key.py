@@ -92,3 +92,29 @@ def test_explain_takes_a_layer(tmp_path: Path) -> None:
     data = json.loads(done.stdout)
     text = json.dumps(data)
     assert '"layer": "lm_head"' in text and f"{path}:6" in text
+
+
+def test_methods_declare_their_layer_kinds_and_chains_pass_over_the_others(tmp_path: Path) -> None:
+    from quantreg.methods import Method, check_method
+
+    assert Method("m", "a.b:C").layers == (EXPERTS,)
+    assert check_method(Method("m", "a.b:C", layers=("lm_head", "dense"))) is None
+    bad = check_method(Method("m", "a.b:C", layers=("lmhead",)))
+    assert bad is not None and "layers must be a non-empty tuple of experts, attention, dense, lm_head" in bad
+    path = tmp_path / "t.yaml"
+    path.write_text("version: 1\nallow_import_targets: true\nmethods:\n  head_only:\n    target: a.b:C\n"
+                    "    layers: [lm_head]\n  moe_only:\n    target: a.b:D\n"
+                    "rules:\n  - match: {layer: [experts, lm_head]}\n    method: [head_only, moe_only]\n")
+    registry = Registry.build(config=[path], entry_points=False)
+    assert not registry.faults, registry.faults
+    head = registry.resolve(Key("q", "m", "cpu", "lm_head"))
+    moe = registry.resolve(Key("q", "m", "cpu"))
+    assert head.method == "head_only" and moe.method == "moe_only"
+    assert moe.chain[0].reason == "decides lm_head layers, not experts"
+
+
+def test_table_methods_layers_are_checked() -> None:
+    text = ("version: 1\nallow_import_targets: true\nmethods:\n  x:\n    target: a.b:C\n    layers: [head]\n"
+            "rules: []\n")
+    table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+    assert table is None and [(p.line, p.key) for p in problems] == [(6, "methods.x.layers")], problems
