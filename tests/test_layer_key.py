@@ -118,3 +118,26 @@ def test_table_methods_layers_are_checked() -> None:
             "rules: []\n")
     table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
     assert table is None and [(p.line, p.key) for p in problems] == [(6, "methods.x.layers")], problems
+
+
+def test_plan_and_doctor_show_the_dense_decisions(tmp_path: Path) -> None:
+    from quantreg.models.gpt_oss import tiny_gpt_oss_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(tiny_gpt_oss_config()))
+    path = tmp_path / "t.yaml"
+    path.write_text(DENSE)
+    done = run_cli("plan", str(model), "--device", "cpu", "--no-vllm", "--config", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    dense = json.loads(done.stdout)["devices"]["cpu"]["dense"]
+    assert dense == {"attention": {"method": "vllm", "rule": f"{path}:9"},
+                     "dense": {"method": "vllm", "rule": f"{path}:9"},
+                     "lm_head": {"method": "vllm", "rule": f"{path}:6"}}
+    text = run_cli("plan", str(model), "--device", "cpu", "--no-vllm", "--config", str(path)).stdout
+    assert f"  lm_head   vllm [{path}:6]" in text.splitlines()
+    plain = run_cli("plan", str(model), "--device", "cpu", "--no-vllm", "--json")
+    assert "dense" not in json.loads(plain.stdout)["devices"]["cpu"]  # no dense rule: the plan reads as before
+    doctor = run_cli("doctor", "--config", str(path))
+    assert f"dense:     (gpt_oss_mxfp4, *, cpu, lm_head) -> vllm [{path}:6]" in doctor.stdout.splitlines()
+    assert f"dense:     (*, *, cpu, attention) -> vllm [{path}:9]" in doctor.stdout.splitlines()

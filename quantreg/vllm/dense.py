@@ -156,7 +156,7 @@ class DenseSeam:
         registry, mode = self.seam.registry_for_run()
         vllms = getattr(layer, "quant_method", None)
         kind = layer_kind(layer, prefix, lm_head)
-        key = layer_key(getattr(layer, "quant_config", None)).of_layer(kind)
+        key = layer_key(_quant_config(layer)).of_layer(kind)
         decision = registry.resolve(key)
         self.seam.log_once(decision, registry)
         if decision.fallback and mode.strict:
@@ -250,6 +250,17 @@ class DenseSeam:
             return
         self.warned.add((cls, about))
         logger.warning(message, *args)
+
+
+def _quant_config(layer: Any) -> Any:
+    """The layer's quant config, else the model's: vLLM builds GPT-OSS's lm_head without one, yet it is
+    part of an MXFP4 model, and the key names the model's format (``gpt_oss_mxfp4``), as for its experts."""
+    found = getattr(layer, "quant_config", None)
+    if found is not None:
+        return found
+    from .context import _current_vllm_config
+
+    return getattr(_current_vllm_config(), "quant_config", None)
 
 
 def _base_of(method: Any) -> Any:
