@@ -87,9 +87,9 @@ def main() -> None:
             print(f"{name:20s} {k}->{n} tokens {m:4d}: bf16 {mb:9.2f} ms  int8 {mi:9.2f} ms  x{mb / mi:5.2f}  "
                   f"err vs float64 bf16 {err_bf16:.2e} int8 {err_int8:.2e}  ({row['bf16_gbps']} / "
                   f"{row['int8_gbps']} GB/s of weight)", flush=True)
+    flags = sorted({f for f in open("/proc/cpuinfo").read().split() if f.startswith(("avx512", "amx"))})
     out = {"bench": "dense_int8", "host": platform.processor() or platform.machine(),
-           "cpu_flags": sorted(f for f in open("/proc/cpuinfo").read().split() if f.startswith(("avx512", "amx"))
-                               )[:12] if os.path.exists("/proc/cpuinfo") else [],
+           "cpu_flags": flags,
            "threads": torch.get_num_threads(), "load_average": [load0, os.getloadavg()[0]], "rows": rows,
            "kernel": "vLLM-CPU oneDNN W8A8 (create_onednn_scaled_mm / onednn_scaled_mm, dynamic per-token int8)"}
     if args.json:
