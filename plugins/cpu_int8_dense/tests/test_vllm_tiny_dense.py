@@ -5,9 +5,10 @@ installed tables, dense layers bf16: vLLM's own), the same with the plugin's ``d
 plus ``verify: {against: float64}`` on the lm_head, and that table at TP=2.
 
 The bound, and why: greedy tokens must be equal until the first step at which the bf16 run itself
-had an exact tie (its chosen token and the int8 run's token have the same bf16 logprob: the tiny
-random model's logits are nearly flat over 201,088 tokens, and bf16 logits tie often); after a tie
-the sequences legitimately part. On the common prefix every chosen token's logprob is within
+had a near tie: its chosen token and the int8 run's token within ``TIE_BOUND`` = 0.25 nats in the
+bf16 run (the tiny random model's logits are nearly flat over 201,088 tokens and held in bf16, whose
+step at their magnitude is 0.0625-0.125, so ties within one to four steps are common; measured: the
+runs part only at gaps of 0 and 0.0625); after that the sequences legitimately part. On the common prefix every chosen token's logprob is within
 ``LOGPROB_BOUND`` = 1.5 nats: int8 per-channel weights with per-token int8 activations change a
 layer's output by at most ~1.2e-2 of its largest value (bench/results/dense_int8.json; ``verify:``
 checks the lm_head below 0.02 in this very run), and the tiny model's logits reach ~35, so a
@@ -26,6 +27,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 LOGPROB_BOUND = 1.5
+TIE_BOUND = 0.25
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 3, 8, 21, 34, 55, 4], [100, 200, 300, 400], [7, 7, 7, 7, 7, 7, 7, 7]]
 TOKENS = 8
 
@@ -68,9 +70,9 @@ def _agree(base: Any, other: Any) -> list[int]:
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
         for i in range(n):
             assert abs(base.logprobs[p][i] - other.logprobs[p][i]) <= LOGPROB_BOUND, (p, i)
-        if n < len(a):  # parted: only where the bf16 run had an exact tie between the two tokens
+        if n < len(a):  # parted: only where the bf16 run's two tokens were (nearly) tied
             tied = base.top_logprobs[p][n].get(b[n])
-            assert tied is not None and abs(tied - base.logprobs[p][n]) < 1e-6, (p, n, tied, base.logprobs[p][n])
+            assert tied is not None and abs(tied - base.logprobs[p][n]) <= TIE_BOUND, (p, n, tied, base.logprobs[p][n])
         common.append(n)
     return common
 
