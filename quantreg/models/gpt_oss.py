@@ -42,6 +42,19 @@ class TinySizes(TypedDict, total=False):
     sliding_window: int
 
 
+#: openai/gpt-oss-20b's published sizes (its config.json), as :func:`tiny_gpt_oss_config` arguments:
+#: a checkpoint written with them has the real tensor shapes (the rope/yarn settings, the sliding
+#: window, the sliding/full ``layer_types`` alternation and the quantization config are the real
+#: ones for every shape). ``layers`` may be overridden for quick runs.
+GPT_OSS_20B: TinySizes = {"hidden": 2880, "intermediate": 2880, "layers": 24, "experts": 32, "top_k": 4,
+                          "vocab": CHAT_VOCAB, "heads": 64, "kv_heads": 8, "head_dim": HEAD_DIM,
+                          "sliding_window": 128}
+
+#: Named shapes for ``quantreg tiny-model --shape``: ``tiny`` is the demo's few-MB model with the chat
+#: vocabulary (:data:`CHAT_VOCAB`), ``20b`` GPT-OSS-20B at real size (~13 GB at 24 layers).
+SHAPES: dict[str, TinySizes] = {"tiny": {"vocab": CHAT_VOCAB}, "20b": GPT_OSS_20B}
+
+
 def tiny_gpt_oss_config(
     *,
     hidden: int = 128,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,6 +46,29 @@ if TYPE_CHECKING:
 #: (codes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives): sqrt(68.5 / 8).
 _E2M1_UNIFORM_RMS = math.sqrt(68.5 / 8)
 SAFETENSORS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+
+
+#: Tensors with more elements than this are drawn a slice of rows at a time (same values as one
+#: draw: the generator's stream is consumed row by row either way), so writing a real-size layer never
+#: holds its int64/float32 intermediates at once (a 20B gate_up block tensor is 265 M bytes: drawn
+#: whole as int64 it would need 2.1 GB).
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def _rows(shape: tuple[int, ...], dtype: torch.dtype, draw: Any) -> torch.Tensor:
+    """``draw(sub_shape)`` for the whole of ``shape``, in slices along dim 0 when it is big."""
+    numel = math.prod(shape)
+    if numel <= _CHUNK_ELEMENTS or shape[0] == 1:
+        out: torch.Tensor = draw(shape).to(dtype)
+        return out
+    per_row = numel // shape[0]
+    step = max(1, _CHUNK_ELEMENTS // per_row)
+    result = torch.empty(shape, dtype=dtype)
+    for lo in range(0, shape[0], step):
+        hi = min(shape[0], lo + step)
+        result[lo:hi] = draw((hi - lo, *shape[1:])).to(dtype)
+    return result
 
 
 def _e8m0_scales(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> torch.Tensor:
@@ -58,25 +82,28 @@ def _e8m0_scales(shape: tuple[int, ...], fan_in: int, gen: torch.Generator) -> t
     For K = 128 this is 2**-6 .. 2**-4.
     """
     centre = round(-math.log2(_E2M1_UNIFORM_RMS * math.sqrt(fan_in)))
-    jitter = torch.randint(-1, 2, shape, generator=gen)
-    return (jitter + (E8M0_BIAS + centre)).clamp(1, 254).to(torch.uint8)
+    return _rows(shape, torch.uint8, lambda sub: (torch.randint(-1, 2, sub, generator=gen)
+                                                  + (E8M0_BIAS + centre)).clamp(1, 254))
 
 
 def _mxfp4_blocks(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Uniform random packed E2M1 bytes (two 4-bit codes per byte, low nibble first)."""
-    return torch.randint(0, 256, shape, generator=gen, dtype=torch.int64).to(torch.uint8)
+    return _rows(shape, torch.uint8, lambda sub: torch.randint(0, 256, sub, generator=gen, dtype=torch.int64))
 
 
 def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator, mean: float = 0.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=gen) * std + mean).to(torch.bfloat16)
+    return _rows(shape, torch.bfloat16, lambda sub: torch.randn(sub, generator=gen) * std + mean)
 
 
-def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0) -> dict[str, torch.Tensor]:
-    """All checkpoint tensors for ``config``, deterministic in ``seed``.
+def gpt_oss_tensor_groups(config: dict[str, Any], *, seed: int = 0) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+    """The checkpoint's tensors one group at a time: ``("head", ...)`` (embedding, final norm,
+    lm_head), then ``("layer N", ...)`` for each layer; deterministic in ``seed``.
 
-    Magnitudes are chosen so a forward pass is finite and informative: dense weights are
-    ~N(0, 1/fan_in) so activations stay O(1); norms are ~1; the lm_head is scaled up so
-    logits spread over several nats and greedy decoding is not decided by bf16 rounding.
+    Why groups: a real-size checkpoint (13 GB at GPT-OSS-20B's 24 layers) is written one group per
+    safetensors shard, so only one group is ever in memory. Magnitudes are chosen so a forward
+    pass is finite and informative: dense weights are ~N(0, 1/fan_in) so activations stay O(1);
+    norms are ~1; the lm_head is scaled up so logits spread over several nats and greedy decoding
+    is not decided by bf16 rounding.
     """
     gen = torch.Generator().manual_seed(seed)
     hidden = int(config["hidden_size"])
@@ -91,13 +118,14 @@ def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0) -> dict[str, 
     kv_dim = int(config["num_key_value_heads"]) * head_dim
     inv_h = 1.0 / math.sqrt(hidden)
 
-    t: dict[str, torch.Tensor] = {
+    yield "head", {
         "model.embed_tokens.weight": _normal((vocab, hidden), 1.0, gen),
         "model.norm.weight": _normal((hidden,), 0.05, gen, mean=1.0),
         "lm_head.weight": _normal((vocab, hidden), 3.0 * inv_h, gen),
     }
     for i in range(n_layers):
         p = f"model.layers.{i}."
+        t: dict[str, torch.Tensor] = {}
         t[p + "input_layernorm.weight"] = _normal((hidden,), 0.05, gen, mean=1.0)
         t[p + "post_attention_layernorm.weight"] = _normal((hidden,), 0.05, gen, mean=1.0)
         t[p + "self_attn.q_proj.weight"] = _normal((q_dim, hidden), inv_h, gen)
@@ -118,7 +146,13 @@ def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0) -> dict[str, 
         t[e + "down_proj_blocks"] = _mxfp4_blocks((n_exp, hidden, inter // BLOCK_SIZE, BLOCK_BYTES), gen)
         t[e + "down_proj_scales"] = _e8m0_scales((n_exp, hidden, inter // BLOCK_SIZE), inter, gen)
         t[e + "down_proj_bias"] = _normal((n_exp, hidden), 0.1, gen)
-    return t
+        yield f"layer {i}", t
+
+
+def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """All checkpoint tensors for ``config`` in one dict (:func:`gpt_oss_tensor_groups` merged);
+    for small configs only."""
+    return {name: value for _, group in gpt_oss_tensor_groups(config, seed=seed) for name, value in group.items()}
 
 
 def dequantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -141,20 +175,25 @@ def dequantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 
 def write_tiny_gpt_oss(
-    directory: str | Path, *, seed: int = 0, mxfp4: bool = True, **sizes: Unpack[TinySizes]
+    directory: str | Path, *, seed: int = 0, mxfp4: bool = True, sharded: bool = False,
+    progress: Callable[[str], None] | None = None, **sizes: Unpack[TinySizes]
 ) -> Path:
-    """Write ``config.json``, ``generation_config.json`` and ``model.safetensors`` into ``directory``.
+    """Write ``config.json``, ``generation_config.json`` and the weights into ``directory``.
 
     No tokenizer is written: the harness runs vLLM with ``skip_tokenizer_init=True`` and
-    token-id prompts, which is all a quantization test needs.
+    token-id prompts, which is all a quantization test needs (``quantreg tiny-model`` adds one).
 
     ``mxfp4=False`` writes the bf16 twin of the same seed: identical weights, experts
     dequantised (exactly) to bf16 and no ``quantization_config``, so vLLM builds its
     unquantized MoE method. It is a reference the MXFP4 path can be compared against, and a
     model vLLM-CPU can run on machines without AMX (where vLLM 0.32 has no MXFP4 MoE backend).
     ``sizes`` are :func:`~quantreg.models.gpt_oss.tiny_gpt_oss_config`'s (its defaults: 2 layers,
-    4 experts, hidden = intermediate = 128). Returns the directory as a :class:`~pathlib.Path`
-    (created if missing).
+    4 experts, hidden = intermediate = 128; :data:`~quantreg.models.gpt_oss.GPT_OSS_20B` is the real
+    size). ``sharded=True`` streams: one ``model-0000K-of-0000N.safetensors`` per group of
+    :func:`gpt_oss_tensor_groups` (the head, then each layer) plus ``model.safetensors.index.json``,
+    the layout of the published checkpoints, so peak memory is one layer (~0.5 GB at 20B width),
+    not the file size; otherwise one ``model.safetensors``. ``progress`` gets one line per group
+    written. Returns the directory as a :class:`~pathlib.Path` (created if missing).
     """
     from safetensors.torch import save_file
 
@@ -162,9 +201,6 @@ def write_tiny_gpt_oss(
     out.mkdir(parents=True, exist_ok=True)
     config = tiny_gpt_oss_config(mxfp4=mxfp4, **sizes)
     vocab = int(config["vocab_size"])
-    tensors = tiny_gpt_oss_tensors(config, seed=seed)
-    if not mxfp4:
-        tensors = dequantize_experts(tensors)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     # The real generation_config minus do_sample: vLLM folds generation_config into its
     # default sampling params, and a random model should decode greedily unless asked.
@@ -175,7 +211,30 @@ def write_tiny_gpt_oss(
         "transformers_version": "4.55.0.dev0",
     }
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / SAFETENSORS_NAME), metadata={"format": "pt"})
+    groups = gpt_oss_tensor_groups(config, seed=seed)
+    if not sharded:
+        tensors = {name: value for _, group in groups for name, value in group.items()}
+        if not mxfp4:
+            tensors = dequantize_experts(tensors)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / SAFETENSORS_NAME),
+                  metadata={"format": "pt"})
+        return out
+    count = 1 + int(config["num_hidden_layers"])
+    weight_map: dict[str, str] = {}
+    total = 0
+    for index, (label, group) in enumerate(groups, start=1):
+        if not mxfp4:
+            group = dequantize_experts(group)
+        shard = f"model-{index:05d}-of-{count:05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in group.items()}, str(out / shard), metadata={"format": "pt"})
+        size = sum(v.numel() * v.element_size() for v in group.values())
+        total += size
+        weight_map.update(dict.fromkeys(group, shard))
+        del group
+        if progress is not None:
+            progress(f"[{index}/{count}] {label}: {shard} ({size / 1e9:.2f} GB, {total / 1e9:.2f} GB so far)")
+    index_json = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / INDEX_NAME).write_text(json.dumps(index_json, indent=2) + "\n")
     return out
 
 
@@ -185,8 +244,15 @@ def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
 
     from ..files import require_regular
 
-    path = str(Path(directory) / SAFETENSORS_NAME)
-    require_regular(path, expected="a safetensors file")  # load_file's own open would block on a FIFO
-    loaded: dict[str, torch.Tensor] = load_file(path)
+    index = Path(directory) / INDEX_NAME
+    if index.is_file():  # sharded (write_tiny_gpt_oss(..., sharded=True)): every shard the index names
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = [SAFETENSORS_NAME]
+    loaded: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        path = str(Path(directory) / shard)
+        require_regular(path, expected="a safetensors file")  # load_file's own open would block on a FIFO
+        loaded.update(load_file(path))
     return loaded
 

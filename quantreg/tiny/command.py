@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ..envelope import envelope
@@ -21,15 +22,27 @@ from ..problems import printable, problem_json
 CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
 
 
-def write_tiny_model(directory: str | Path, *, bf16: bool = False, seed: int = 0) -> Path:
-    """Checkpoint (config, generation config, safetensors) plus tokenizer files in ``directory``."""
+def write_tiny_model(directory: str | Path, *, bf16: bool = False, seed: int = 0, shape: str = "tiny",
+                     layers: int | None = None, progress: Callable[[str], None] | None = None) -> Path:
+    """Checkpoint (config, generation config, safetensors) plus tokenizer files in ``directory``.
+
+    ``shape`` names a preset of :data:`quantreg.models.gpt_oss.SHAPES` (``tiny``: a few MB; ``20b``:
+    GPT-OSS-20B's real sizes, written one shard per layer so memory stays at one layer);
+    ``layers`` overrides its layer count.
+    """
     import importlib
 
+    from ..models.gpt_oss import SHAPES
     from .tokenizer import write_tokenizer
 
+    sizes = dict(SHAPES[shape])
+    if layers is not None:
+        sizes["layers"] = layers
     checkpoint = importlib.import_module(CHECKPOINT_MODULE)  # imports torch
-    # GPT-OSS's vocabulary size, so chat requests (rendered by vLLM with openai-harmony ids) fit.
-    out: Path = checkpoint.write_tiny_gpt_oss(directory, mxfp4=not bf16, seed=seed, vocab=CHAT_VOCAB)
+    # GPT-OSS's vocabulary size (every shape), so chat requests (rendered by vLLM with
+    # openai-harmony ids) fit.
+    out: Path = checkpoint.write_tiny_gpt_oss(directory, mxfp4=not bf16, seed=seed, sharded=shape != "tiny",
+                                              progress=progress, **sizes)
     write_tokenizer(out)
     return out
 
@@ -72,7 +85,9 @@ def _prepare(target: Path, force: bool) -> None:
                             "(nothing was written)")
 
 
-def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool = False) -> Path:
+def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool = False, shape: str = "tiny",
+                     layers: int | None = None, seed: int = 0,
+                     progress: Callable[[str], None] | None = None) -> Path:
     """Write the model into a fresh temporary directory beside ``directory``, then rename it into place.
 
     Why: a symlinked ``config.json`` inside ``directory`` used to be written through, and an
@@ -90,7 +105,7 @@ def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool =
     parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))
     try:
-        write_tiny_model(fresh, bf16=bf16)
+        write_tiny_model(fresh, bf16=bf16, shape=shape, layers=layers, seed=seed, progress=progress)
         _prepare(target, force)  # again: something may have appeared meanwhile
         aside = None
         if target.is_symlink() or target.exists():
@@ -105,12 +120,27 @@ def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool =
     return target
 
 
-def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = False, force: bool = False) -> int:
-    """``quantreg tiny-model``: write the model (atomically, never over what exists unless ``--force``)."""
+def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = False, force: bool = False,
+                       shape: str = "tiny", layers: int | None = None, seed: int = 0) -> int:
+    """``quantreg tiny-model``: write the model (atomically, never over what exists unless ``--force``).
+
+    A real-size shape takes minutes: one progress line per shard goes to stderr (none under
+    ``--json``, whose stdout is the only output a tool reads).
+    """
     import sys
 
+    def progress(line: str) -> None:
+        print(f"quantreg tiny-model: {line}", file=sys.stderr, flush=True)
+
+    if layers is not None and layers < 1:
+        message = f"--layers must be at least 1, got {layers}"
+        if as_json:
+            print(json.dumps({"directory": printable(directory), **envelope([problem_json(message)])}, indent=2))
+        print(f"quantreg tiny-model: {message}", file=sys.stderr)
+        return 2
     try:
-        out = write_atomically(directory, bf16=bf16, force=force).resolve()
+        out = write_atomically(directory, bf16=bf16, force=force, shape=shape, layers=layers, seed=seed,
+                               progress=None if as_json else progress).resolve()
     except TargetRefused as exc:
         if as_json:
             print(json.dumps({"directory": printable(directory),
@@ -119,8 +149,10 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
         return 2
     files = sorted(p.name for p in out.iterdir())
     if as_json:
+        config = json.loads((out / "config.json").read_text())
         data: dict[str, Any] = {"directory": str(out), "quantization": "bf16" if bf16 else "mxfp4", "files": files,
-                                **envelope([])}
+                                "shape": shape, "layers": config["num_hidden_layers"],
+                                "bytes": sum(p.stat().st_size for p in out.iterdir()), **envelope([])}
         print(json.dumps(data, indent=2))
     else:
         print(serve_hint(out, bf16))

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Build the llama.cpp side of the whole-model bench (bench/wholemodel_bench.py) into its OWN
+# environment, outside the repository: llama.cpp is the engine quantreg is compared against, not a
+# dependency, and its build (cmake + g++ of the vendored llama.cpp, ~10-30 min on 2 cores) must not
+# touch quantreg's .venv or CI.
+#   QUANTREG_LLAMA_ENV   directory of that environment (default ~/.cache/quantreg-bench/llama-venv)
+# It holds: the virtualenv (llama-cpp-python 0.3.36 built with -DGGML_NATIVE=ON, gguf 0.19.0, and
+# what llama.cpp's converter imports) and src/ = the unpacked llama-cpp-python sdist, whose
+# vendor/llama.cpp/convert_hf_to_gguf.py is the converter the bench runs (never committed here).
+# Idempotent: a finished environment is left as it is (marker file .ready).
+set -euo pipefail
+ENV_DIR=${QUANTREG_LLAMA_ENV:-$HOME/.cache/quantreg-bench/llama-venv}
+PY=${PYTHON:-python3}
+LLAMA_VERSION=0.3.36
+GGUF_VERSION=0.19.0
+if [ -f "$ENV_DIR/.ready" ]; then
+  echo "llama_setup: $ENV_DIR ready already"
+  exit 0
+fi
+mkdir -p "$ENV_DIR"
+[ -x "$ENV_DIR/bin/python" ] || "$PY" -m venv "$ENV_DIR"
+PIP="$ENV_DIR/bin/python -m pip"
+$PIP install -q --upgrade pip
+# Build back-end first (wheels), so the sdist's metadata and build run without an isolated build
+# environment (which, with --no-binary, would compile the back-end's own dependencies too).
+$PIP install -q "scikit-build-core[pyproject]>=0.9.2"
+# The sdist once, from the registry (pip's cache serves it again): built from this file and unpacked
+# so the bench can run the vendored converter of exactly the llama.cpp it measures.
+mkdir -p "$ENV_DIR/sdist" "$ENV_DIR/src"
+$PIP download -q --no-deps --no-binary llama-cpp-python --no-build-isolation -d "$ENV_DIR/sdist" "llama-cpp-python==$LLAMA_VERSION"
+SDIST=$(ls "$ENV_DIR"/sdist/llama_cpp_python-"$LLAMA_VERSION".tar.gz)
+tar -xzf "$SDIST" -C "$ENV_DIR/src"
+# The converter's imports (torch from the same pinned CPU build quantreg's .venv uses).
+$PIP install -q "gguf==$GGUF_VERSION" numpy safetensors sentencepiece protobuf "transformers<5.18" "torch==2.13.0"
+# The engine itself, native ISA (AVX-512 where the host has it).
+CMAKE_ARGS="-DGGML_NATIVE=ON" $PIP install -q --no-build-isolation "$SDIST"
+"$ENV_DIR/bin/python" -c "import llama_cpp, gguf; print('llama_setup: llama_cpp', llama_cpp.__version__, 'gguf ok')"
+touch "$ENV_DIR/.ready"
+echo "llama_setup: $ENV_DIR ready"

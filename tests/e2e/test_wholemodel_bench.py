@@ -1,0 +1,80 @@
+"""The whole-model bench (bench/wholemodel_bench.py) end to end at tiny size: no timing asserted.
+
+One run: ``quantreg tiny-model`` writes the checkpoint, two vLLM-CPU variants (the registry's own
+choice, and a ``--vllm-table LABEL=TABLE`` variant routed to ``mxfp4_reference``) and -- when
+``bench/llama_setup.sh``'s environment exists -- llama.cpp on the GGUF its own converter made
+from the same weights, interleaved for one round. The llama.cpp environment takes 10-30 minutes
+to build, more than CI's budget allows, so without it that half is skipped *by the bench*, which
+names the reason in its result (checked here); nothing stands in for llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_MXFP4 = "quantreg_cpu_mxfp4.method:CpuMxfp4MoEMethod"
+REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (mxfp4_reference) is not installed")
+    tmp = tmp_path_factory.mktemp("wholemodel")
+    table = tmp / "reference.yaml"
+    table.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
+                     "    method: mxfp4_reference\n")
+    out = tmp / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.wholemodel_bench", "--shape", "tiny", "--layers", "2",
+                           "--rounds", "1", "--decode-tokens", "6", "--prefill-tokens", "24", "--work-dir", str(tmp),
+                           "--llama-dense", "q8_0", "--vllm-table", f"reference={table}", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "decode step" in proc.stdout
+    data: dict[str, object] = json.loads(out.read_text())
+    return data
+
+
+def test_both_vllm_variants_measured_with_their_methods(result: dict[str, object], mxfp4_kernel_available: bool,
+                                                        host_kind: object) -> None:
+    engines = result["engines"]
+    assert isinstance(engines, dict)
+    default = engines["vLLM-CPU + quantreg (registry's choice)"]
+    # The registry's choice on this host: vLLM's own kernel with AMX, plugin #2 without.
+    assert default["moe_methods"] == [VLLM_MXFP4_METHOD if mxfp4_kernel_available else CPU_MXFP4]
+    assert engines["reference"]["moe_methods"] == [REFERENCE]
+    assert engines["reference"]["table"].endswith("reference.yaml")
+    for engine in (default, engines["reference"]):
+        assert len(engine["rounds"]) == 1
+        assert engine["held_bytes"]["experts"] > 0 and engine["held_bytes"]["embedding"] == 201088 * 128 * 2
+        split = engine["split"]
+        assert split["steps"] == 3 and split["moe_calls_per_step"] == 2  # 6 tokens: forwards 1..4, 3 periods
+        for key in ("moe_ms", "attention_dense_ms", "lm_head_ms", "step_ms"):
+            assert split[key] > 0, (key, split)
+        assert engine["startup_split"]["weights_processing_s"] > 0
+        assert engine["peak_rss_bytes"] > 0 and engine["bandwidth_fraction"] > 0
+    assert default["startup_split"]["moe_repack_layers"] == 2
+
+
+def test_llama_half_ran_or_was_skipped_by_name(result: dict[str, object]) -> None:
+    engines, skipped = result["engines"], result["skipped"]
+    assert isinstance(engines, dict) and isinstance(skipped, dict)
+    label = "llama.cpp, dense q8_0"
+    if label in skipped:
+        assert "no llama environment" in skipped[label] and "llama_setup.sh" in skipped[label]
+        assert result["ratios"] == {}
+        return
+    llama = engines[label]
+    assert llama["gguf"].endswith("-q8_0.gguf")
+    assert llama["held_bytes"]["experts"] > 0  # the GGUF's *_exps tensors (MXFP4)
+    assert len(llama["rounds"]) == 1 and llama["decode_tok_s"] > 0
+    ratios = result["ratios"]
+    assert isinstance(ratios, dict)
+    assert set(ratios) == {f"vLLM-CPU + quantreg (registry's choice) / {label}", f"reference / {label}"}
