@@ -8,7 +8,8 @@ The bound, and why: greedy tokens must be equal until the first step at which th
 had a near tie: its chosen token and the int8 run's token within ``TIE_BOUND`` = 0.25 nats in the
 bf16 run (the tiny random model's logits are nearly flat over 201,088 tokens and held in bf16, whose
 step at their magnitude is 0.0625-0.125, so ties within one to four steps are common; measured: the
-runs part only at gaps of 0 and 0.0625); after that the sequences legitimately part. On the common prefix every chosen token's logprob is within
+runs part only at gaps of 0 and 0.0625); after that the sequences legitimately part. On the common
+prefix every chosen token's logprob is within
 ``LOGPROB_BOUND`` = 1.5 nats: int8 per-channel weights with per-token int8 activations change a
 layer's output by at most ~1.2e-2 of its largest value (bench/results/dense_int8.json; ``verify:``
 checks the lm_head below 0.02 in this very run), and the tiny model's logits reach ~35, so a
