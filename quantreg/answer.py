@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .decision import NOT_TRIED, ChainStep
-from .keys import Key
+from .keys import Key, as_key
 from .methods import VLLM_METHOD
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def answer(registry: Registry, key: Key | tuple[str, str, str], findings: Sequen
     asked them (doctor, plan over devices); by default they are asked here, once per device and
     registry (:meth:`Registry.findings`).
     """
-    key = Key(*key)
+    key = as_key(key)
     decision = registry.resolve(key)
     notes = chain_notes(decision)
     limitation: str | None = None

@@ -90,7 +90,7 @@ def line_for(
         "time": utc_time(now),
         "pid": os.getpid(),
         "role": role,
-        "key": dict(decision.key._asdict()),
+        "key": decision.key.as_json(),
         "method": decision.method,
         "rule": decision.source if decision.rule is not None else None,
         "layers": int(layer_count),

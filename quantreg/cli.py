@@ -29,7 +29,7 @@ from . import environment, settings
 from .decision import Decision
 from .envelope import envelope, left_out, left_out_lines
 from .host import host_facts
-from .keys import Key
+from .keys import EXPERTS, LAYER_KINDS, Key
 from .loading import load_tables
 from .problems import printable, problem_json
 from .registry import Registry
@@ -130,7 +130,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     registry = _registry(args)
     _warn_faults(registry)
     with _plugin_output_to_stderr():  # resolving runs probes, findings run plugin code
-        ans = answer(registry, Key(args.quant_format, args.model_type, args.device))
+        ans = answer(registry, Key(args.quant_format, args.model_type, args.device, args.layer))
     for fault in ans.problems:
         print(f"warning: {fault}", file=sys.stderr)
     decision = ans.decision
@@ -275,6 +275,10 @@ def _doctor(args: argparse.Namespace) -> int:
     data["stale_tuned"] = [{"rule": r.location, "field": s.field, "recorded": s.recorded, "running": s.running}
                            for r, s in stale]
     warnings += [f"tuned rule {r.location} is stale: {s.text()}" for r, s in stale]
+    with _plugin_output_to_stderr():
+        dense = _dense_decisions(registry, device)
+    if dense:  # only with dense rules: every other doctor answer keeps its JSON
+        data["dense"] = dense
     lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
     lines += [f"device:    {device or 'unknown'} ({how})", f"vLLM hook: {'ok' if hook_ok else 'NO'} ({hook_reason})",
               "plugins:"]
@@ -296,6 +300,7 @@ def _doctor(args: argparse.Namespace) -> int:
     for entry in passed:
         lines.append(f"chain:     {entry['key']} -> {entry['method']} [{entry['rule']}]")
         lines += [f"  {step['method']}: passed over: {step['reason']}" for step in entry["passed_over"]]
+    lines += [f"dense:     {d['key']} -> {d['method']} [{d['rule']}]" for d in dense]
     lines += [f"info: {f}" for f in findings if f.level == "info"]
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
@@ -315,10 +320,28 @@ def _passed_over(registry: Registry) -> list[dict[str, Any]]:
         named = [f[0] for f in fields if f and len(f) == 1]
         if len(named) != 3:
             continue
-        decision = registry.resolve(Key(*named))
-        if decision.rule is rule and decision.passed_over:
-            out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source,
-                        "passed_over": [{"method": s.method, "reason": s.reason} for s in decision.passed_over]})
+        for kind in rule.match.layers:  # a dense rule's kinds too (issue 30)
+            decision = registry.resolve(Key(named[0], named[1], named[2], kind))
+            if decision.rule is rule and decision.passed_over:
+                out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source,
+                            "passed_over": [{"method": s.method, "reason": s.reason} for s in decision.passed_over]})
+    return out
+
+
+def _dense_decisions(registry: Registry, device: str | None) -> list[dict[str, str]]:
+    """What the dense rules (issue 30) decide on this host: each dense kind a rule names, for its
+    fixed fields (a wildcard quant format or model type shown as ``*``, the device doctor found)."""
+    out: list[dict[str, str]] = []
+    for rule in registry.index.rules:
+        if rule.match.layer is None:
+            continue
+        fields = (rule.match.quant_format, rule.match.model_type, rule.match.device or ((device,) if device else None))
+        key_values = [f[0] if f and len(f) == 1 else "*" for f in fields]
+        for kind in rule.match.layers:
+            if kind == EXPERTS:
+                continue
+            decision = registry.resolve(Key(key_values[0], key_values[1], key_values[2], kind))
+            out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source})
     return out
 
 
@@ -465,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("quant_format", help="vLLM's quant format name, e.g. gpt_oss_mxfp4, fp8, compressed-tensors")
     p.add_argument("model_type", help="the model type of config.json, e.g. gpt_oss, deepseek_v3, mixtral")
     p.add_argument("device", help="vLLM's device type, e.g. cpu, cuda, hpu, xpu")
+    p.add_argument("--layer", default=EXPERTS, choices=LAYER_KINDS,
+                   help="which layers: the routed experts (default), attention, dense or lm_head")
     p = add("validate", cmd_validate, "check tables; exit 1 and print FILE:LINE: problems if any")
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")

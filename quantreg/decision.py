@@ -88,7 +88,7 @@ class Decision:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "key": dict(self.key._asdict()),
+            "key": self.key.as_json(),
             "method": self.method,
             "rule": rule_json(self.rule) if self.rule is not None else None,
             "options": dict(self.options),

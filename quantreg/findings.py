@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .keys import Key
+from .keys import EXPERTS, Key, as_key
 from .problems import quantreg_logger
 
 if TYPE_CHECKING:
@@ -52,7 +52,15 @@ class Finding:
 
     def as_json(self) -> dict[str, Any]:
         return {"level": self.level, "message": self.message, "plugin": self.plugin,
-                "key": list(self.key) if self.key is not None else None}
+                "key": _key_list(self.key)}
+
+
+def _key_list(key: Key | None) -> list[str] | None:
+    """A finding's key as a list: three values for the experts (as always), four for another layer kind."""
+    if key is None:
+        return None
+    key = as_key(key)
+    return list(key) if key.layer == EXPERTS else [*key, key.layer]
 
 
 RegisterFinding = Callable[[Finding], None]

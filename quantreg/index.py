@@ -10,6 +10,10 @@ fixed), so a key costs at most eight dictionary probes plus the rules that reall
 rule's value lists are expanded into hash keys only while that is about as cheap as the rule's
 text; wider rules go to a per-field inverted index (see :class:`Index`), so no table under the
 size cap can blow up memory through a cross product.
+
+The layer kind (``Match.layer``, issue 30) is not hashed: few rules name it, so the index hashes
+the three fields as before and drops candidates of another kind (one tuple test per candidate),
+and two rules of disjoint kinds are never ambiguous.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from itertools import product
 
-from .keys import Key
+from .keys import EXPERTS, Key
 from .problems import Problem
 from .table.file import Rule
 from .table.located import gc_paused
@@ -93,6 +97,8 @@ class Index:
             for rule, sets in by_value.get(key[pick], ()):
                 if all(s is None or v in s for s, v in zip(sets, key)):
                     found.append(rule)
+        layer = key.layer if isinstance(key, Key) else EXPERTS
+        found = [r for r in found if layer in r.match.layers]
         found.sort(key=lambda r: (tuple(-x for x in r.rank), self._order[id(r)]))
         return found
 
@@ -121,7 +127,9 @@ class Index:
         order = self._order
 
         def add(ra: Rule, rb: Rule) -> bool:
-            """Record a pair once; True when the report is full."""
+            """Record a pair once (if they decide a common layer kind); True when the report is full."""
+            if not ra.match.layers_overlap(rb.match):
+                return False
             a, b = (ra, rb) if order[id(ra)] < order[id(rb)] else (rb, ra)
             pair = (order[id(a)], order[id(b)])
             if pair not in seen:

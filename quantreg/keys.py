@@ -1,7 +1,14 @@
-"""The question quantreg answers: which MoE method for this (quant format, model type, device).
+"""The question quantreg answers: which method for this (quant format, model type, device[, layer kind]).
 
-A key is three plain strings so that it can be logged, cached and compared without vLLM.
+A key is plain strings so that it can be logged, cached and compared without vLLM.
 A match is the rule-side pattern for a key: each field is a wildcard or a set of values.
+
+The layer kind (issue 30) says which layers a decision is for: ``experts`` (vLLM's routed
+experts, the only kind before it), ``attention`` (the attention's linear layers), ``dense``
+(every other linear layer) and ``lm_head``. A key or rule that does not name it is about the
+experts, so every table written before the layer kind existed keeps its decisions, its JSON and
+its fingerprint: the kind is shown (``str``, :meth:`Key.as_json`, the rule JSON) only when it is
+not ``experts``, and it never takes part in the three-field pattern hashing of the index.
 """
 
 from __future__ import annotations
@@ -13,17 +20,76 @@ from typing import NamedTuple
 
 FIELDS: tuple[str, str, str] = ("quant_format", "model_type", "device")
 WILDCARD = "*"
+LAYER = "layer"
+"""The optional fourth match key: which kind of layer a rule decides."""
+EXPERTS = "experts"
+LAYER_KINDS: tuple[str, ...] = (EXPERTS, "attention", "dense", "lm_head")
+"""Every layer kind, in the order tools list them; ``experts`` is what an absent ``layer`` means."""
 
 
-class Key(NamedTuple):
-    """One decision point; the same three values vLLM knows when it builds a MoE layer."""
-
+class _KeyFields(NamedTuple):
     quant_format: str
     model_type: str
     device: str
 
+
+class Key(_KeyFields):
+    """One decision point; the values vLLM knows when it builds a layer (the kind defaults to the experts).
+
+    Still a tuple of the three strings (``q, m, d = key``, ``*key``, ``_asdict()`` as before the
+    layer kind existed); the kind is an attribute beside them, part of equality and hash only
+    when it is not ``experts``, so an experts key still equals and hashes like its three values.
+    Build a key from another with :func:`as_key`, not ``Key(*key)`` (which drops the kind).
+    """
+
+    layer: str = EXPERTS
+
+    def __new__(cls, quant_format: str, model_type: str, device: str, layer: str = EXPERTS) -> Key:
+        self = super().__new__(cls, quant_format, model_type, device)
+        if layer != EXPERTS:
+            self.__dict__["layer"] = layer
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, tuple):
+            return NotImplemented
+        return tuple.__eq__(self, other) is True and self.layer == getattr(other, "layer", EXPERTS)
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return tuple.__hash__(self) if self.layer == EXPERTS else hash((*self, self.layer))
+
+    def __repr__(self) -> str:
+        shown = tuple.__repr__(self)
+        return f"Key{shown}" if self.layer == EXPERTS else f"Key{shown[:-1]}, layer={self.layer!r})"
+
     def __str__(self) -> str:
-        return f"({self.quant_format}, {self.model_type}, {self.device})"
+        if self.layer == EXPERTS:
+            return f"({self.quant_format}, {self.model_type}, {self.device})"
+        return f"({self.quant_format}, {self.model_type}, {self.device}, {self.layer})"
+
+    def _replace(self, **changes: str) -> Key:
+        values = {**self._asdict(), "layer": self.layer, **changes}
+        return Key(**values)
+
+    def as_json(self) -> dict[str, str]:
+        """The key as JSON; ``layer`` only when it is not ``experts``, so MoE keys keep their JSON."""
+        data = {"quant_format": self.quant_format, "model_type": self.model_type, "device": self.device}
+        if self.layer != EXPERTS:
+            data["layer"] = self.layer
+        return data
+
+    def of_layer(self, layer: str) -> Key:
+        """The same (quant format, model type, device) for another layer kind."""
+        return Key(self.quant_format, self.model_type, self.device, layer)
+
+
+def as_key(key: Key | tuple[str, ...]) -> Key:
+    """``key`` itself if it is a :class:`Key` (keeping its kind), else a key of the (3 or 4) values."""
+    return key if isinstance(key, Key) else Key(*key)
 
 
 @dataclass(frozen=True)
@@ -36,14 +102,28 @@ class Match:
     quant_format: tuple[str, ...] | None = None
     model_type: tuple[str, ...] | None = None
     device: tuple[str, ...] | None = None
+    layer: tuple[str, ...] | None = None
+    """The layer kinds written in the rule; ``None`` (not written) means ``experts`` only. Never a
+    wildcard: a rule that decides other layers says which, so no old rule starts deciding them."""
 
     def fields(self) -> tuple[tuple[str, ...] | None, ...]:
+        """The three hashed fields (the layer kind is checked beside them, see :attr:`layers`)."""
         return (self.quant_format, self.model_type, self.device)
 
     @property
+    def layers(self) -> tuple[str, ...]:
+        """The layer kinds this match decides."""
+        return self.layer if self.layer is not None else (EXPERTS,)
+
+    @property
     def specificity(self) -> int:
-        """Number of non-wildcard fields: the more a rule names, the more it wins."""
-        return sum(f is not None for f in self.fields())
+        """Number of non-wildcard fields written: the more a rule names, the more it wins.
+
+        A written ``layer`` counts one (``{layer: lm_head}`` beats ``{layer: [dense, lm_head]}``
+        only by priority, as two lists on any field do); an absent one counts nothing, so the
+        specificity of every rule written without it is what it was.
+        """
+        return sum(f is not None for f in self.fields()) + (self.layer is not None)
 
     @property
     def pattern(self) -> tuple[bool, bool, bool]:
@@ -52,14 +132,20 @@ class Match:
         return (q, m, d)
 
     def matches(self, key: Key) -> bool:
-        return all(f is None or v in f for f, v in zip(self.fields(), key))
+        return key.layer in self.layers and all(f is None or v in f for f, v in zip(self.fields(), key))
 
     def overlaps(self, other: Match) -> bool:
         """True when some key matches both patterns (used to find ambiguous rules)."""
+        if not self.layers_overlap(other):
+            return False
         for a, b in zip(self.fields(), other.fields()):
             if a is not None and b is not None and not set(a) & set(b):
                 return False
         return True
+
+    def layers_overlap(self, other: Match) -> bool:
+        """Do the two matches decide a common layer kind?"""
+        return self.layers is other.layers or not set(self.layers).isdisjoint(other.layers)
 
     def expand(self, fixed: tuple[bool, bool, bool]) -> Iterator[tuple[str, ...]]:
         """Every concrete tuple of values on the ``fixed`` fields (all must be fixed here)."""
@@ -84,4 +170,6 @@ class Match:
                 parts.append("[" + "|".join(f[:limit]) + f"|... +{len(f) - limit}]")
             else:
                 parts.append("[" + "|".join(f) + "]")
+        if self.layer is not None and self.layer != (EXPERTS,):  # the experts' rules read as they always did
+            parts.append(self.layer[0] if len(self.layer) == 1 else "[" + "|".join(self.layer) + "]")
         return "(" + ", ".join(parts) + ")"

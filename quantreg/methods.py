@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from . import settings
 from .environment import installed_vllm_version, module_available, probe_timeout
-from .keys import WILDCARD, Key
+from .keys import EXPERTS, LAYER_KINDS, WILDCARD, Key
 from .problems import printable
 from .version_spec import check_specifier, satisfies
 
@@ -101,6 +101,12 @@ class Method:
     expert_layout: str | None = None
     host: tuple[str, ...] = ()
     plugin: str = field(default="", compare=False)
+    layers: tuple[str, ...] = (EXPERTS,)
+    """The layer kinds the method can decide (:data:`quantreg.keys.LAYER_KINDS`): a MoE method
+    (``experts``, the default) subclasses vLLM's ``FusedMoEMethodBase``; a method for
+    ``attention`` / ``dense`` / ``lm_head`` layers subclasses vLLM's ``QuantizeMethodBase`` and is
+    built as ``cls(vllm_method, **options)`` with the method vLLM chose for the layer. A chain
+    passes over a method for a key of another kind (docs/dense.md)."""
 
     @property
     def keeps_vllm(self) -> bool:
@@ -135,21 +141,24 @@ class Method:
             return Availability(True, "no probe; device and requirements satisfied")
         return run_probe(self.probe, probe_timeout())
 
-    def load(self) -> type[Any]:
-        """Import the target; it must be a class, and a ``FusedMoEMethodBase`` when vLLM is loaded."""
+    def load(self, layer: str = EXPERTS) -> type[Any]:
+        """Import the target; it must be a class, and (when vLLM is loaded) a ``FusedMoEMethodBase``
+        for the experts, a ``QuantizeMethodBase`` for the other layer kinds."""
         obj = load_object(self.target)
         if not isinstance(obj, type):
             raise TypeError(f"method '{self.name}' target {self.target} is a {type(obj).__name__}, not a class")
-        base = _vllm_base_class()
+        base = _vllm_base_class(layer)
         if base is not None and not issubclass(obj, base):
             raise TypeError(
-                f"method '{self.name}' target {self.target} does not subclass vLLM's FusedMoEMethodBase"
+                f"method '{self.name}' target {self.target} does not subclass vLLM's {base.__name__}"
             )
         return obj
 
     def build(self, moe_config: Any, context: BuildContext) -> Any:
-        """Load the target and construct it the documented way (see :func:`construct`)."""
-        return construct(self.load(), moe_config, context)
+        """Load the target and construct it the documented way (see :func:`construct`).
+
+        For a dense layer kind ``moe_config`` is the method vLLM chose for the layer."""
+        return construct(self.load(context.key.layer), moe_config, context)
 
 
 def check_method(method: Any) -> str | None:
@@ -175,6 +184,10 @@ def check_method(method: Any) -> str | None:
     bad = host_requirements_problem(method.host)
     if bad:
         return f"method '{name}': {bad}"
+    if (not isinstance(method.layers, tuple) or not method.layers
+            or any(not isinstance(k, str) or k not in LAYER_KINDS for k in method.layers)):
+        return (f"method '{name}': layers must be a non-empty tuple of {', '.join(LAYER_KINDS)}, "
+                f"got {_shown(method.layers)}")
     if method.vllm_version is not None:
         if not isinstance(method.vllm_version, str):
             return f"method '{name}': vllm_version must be a string such as '>=0.30,<0.40' or None, " \
@@ -302,13 +315,13 @@ def construct(cls: type[Any], moe_config: Any, context: BuildContext) -> Any:
     return cls(moe_config, **options)
 
 
-def _vllm_base_class() -> type[Any] | None:
-    """vLLM's ``FusedMoEMethodBase`` when vLLM is already imported; never imports vLLM itself."""
+def _vllm_base_class(layer: str = EXPERTS) -> type[Any] | None:
+    """vLLM's base class for ``layer``'s methods when vLLM is already imported; never imports vLLM itself."""
     if "vllm" not in sys.modules:
         return None
-    from .vllm.platform import fused_moe_method_base
+    from .vllm.platform import fused_moe_method_base, quantize_method_base
 
-    return fused_moe_method_base()
+    return fused_moe_method_base() if layer == EXPERTS else quantize_method_base()
 
 
 def run_probe(probe: Probe | str, timeout: float) -> Availability:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import jsonread
 from .files import ReadRefused, inside, read_regular
-from .keys import Key
+from .keys import EXPERTS, LAYER_KINDS, Key
 from .models.moe_config import (
     EXPERT_COUNT_KEYS,
     INTERMEDIATE_KEYS,
@@ -402,8 +402,23 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
         expert_bytes = per_layer * len(ck.moe_layers) if per_layer is not None else None
     else:
         expert_bytes = 0
-    return {"method": decision.method, "rule": decision.source, "expert_bytes": expert_bytes,
+    data = {"method": decision.method, "rule": decision.source, "expert_bytes": expert_bytes,
             "warnings": warnings, **ans.to_json()}
+    dense = dense_plan(registry, key)
+    if dense:  # only where a table has dense rules: every other plan keeps its JSON
+        data["dense"] = dense
+    return data
+
+
+def dense_plan(registry: Registry, key: Key) -> dict[str, dict[str, str]]:
+    """The decision for each dense layer kind of ``key`` (issue 30), when any rule names a dense kind."""
+    if not any(r.match.layer is not None and set(r.match.layers) - {EXPERTS} for r in registry.index.rules):
+        return {}
+    out = {}
+    for kind in LAYER_KINDS[1:]:
+        decision = registry.resolve(key.of_layer(kind))
+        out[kind] = {"method": decision.method, "rule": decision.source}
+    return out
 
 
 def plan(model_dir: str | os.PathLike[str], devices: Sequence[str], registry: Registry, *,
@@ -457,6 +472,7 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
     for device, d in data["devices"].items():
         lines.append(f"{device:<9} {d['method']} [{d['rule']}]  experts hold {_human(d['expert_bytes'])}")
         lines += [f"  warning {w}" for w in d["warnings"]]
+        lines += [f"  {kind:<9} {v['method']} [{v['rule']}]" for kind, v in d.get("dense", {}).items()]
     lines += [f"problem   {p['text'] if isinstance(p, Mapping) else p}" for p in data["problems"]]
     return "\n".join(printable(line) for line in lines)  # paths and values from outside: one line each, encodable
 

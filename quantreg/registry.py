@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .index import Index
-from .keys import Key
+from .keys import Key, as_key
 from .loading import all_limitations, collect_findings, load
 from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
@@ -120,6 +120,9 @@ class Registry:
         check reads host facts (no torch, no vLLM), so the answer is cheap and fixed per process.
         """
         if not keeps_vllm(method):
+            m = self.methods.get(method)
+            if m is not None and key.layer not in m.layers:  # a MoE method for an lm_head key, or back
+                return Availability(False, f"decides {', '.join(m.layers)} layers, not {key.layer}")
             return self.availability(method, key.device)
         found = self._vllm_availability.get(key)
         if found is None:
@@ -207,7 +210,7 @@ class Registry:
         return f"Installed here: '{name}' serves it ({where})" + (f"; also {others}" if others else "")
 
     def resolve(self, key: Key | tuple[str, str, str]) -> Decision:
-        key = Key(*key)
+        key = as_key(key)
         with self._lock:
             found = self._decisions.get(key)
             if found is None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import settings
 from .host import AMX_FLAGS, HostFacts, host_facts, parse_cpuinfo
-from .keys import WILDCARD, Key
+from .keys import EXPERTS, WILDCARD, Key, as_key
 
 Check = Callable[[], bool]
 PatternValue = str | tuple[str, ...]
@@ -48,6 +48,9 @@ class VllmLimitation:
     plugin: str = ""
 
     def matches(self, key: Key) -> bool:
+        """Limitations are about vLLM's MoE kernels: a dense layer's own method (a GEMM) is not limited."""
+        if as_key(key).layer != EXPERTS:
+            return False
         return all(_field_matches(p, v) for p, v in
                    zip((self.quant_format, self.model_type, self.device), key))
 
@@ -183,7 +186,7 @@ def vllm_backend_note(key: Key | tuple[str, str, str],
     ``limitations`` defaults to :data:`BUILTIN_LIMITATIONS`; pass those of
     :func:`quantreg.loading.plugin_limitations` as well to include plugins' knowledge. Several notes are joined.
     """
-    key = Key(*key)
+    key = as_key(key)
     pool: Sequence[VllmLimitation] = tuple(BUILTIN_LIMITATIONS if limitations is None else limitations)
     notes = [lim.note() for lim in pool if lim.matches(key) and lim.holds()]
     return "; ".join(notes) if notes else None

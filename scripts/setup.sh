@@ -44,12 +44,15 @@ quiet "$VENV/bin/python" -m build --outdir "$DIST" ./plugins/hpu_mxfp4
 phase "building quantreg-cpu-mxfp4 (compiles its kernel: about 30 s)"
 quiet "$VENV/bin/python" -m build --sdist --outdir "$DIST" ./plugins/cpu_mxfp4
 quiet $PIP wheel -v --no-deps --wheel-dir "$DIST" "$DIST"/quantreg_cpu_mxfp4-[0-9]*.tar.gz
+# quantreg-cpu-int8-dense is pure Python (it calls vLLM-CPU's own int8 ops)
+quiet "$VENV/bin/python" -m build --outdir "$DIST" ./plugins/cpu_int8_dense
 # Wheel names use underscores: quantreg-[0-9]* is the core only, never quantreg_<plugin>-*.
 CORE_WHEEL=$(realpath "$(ls "$DIST"/quantreg-[0-9]*.whl)")
 PLUGIN_WHEEL=$(realpath "$(ls "$DIST"/quantreg_hpu_mxfp4-[0-9]*.whl)")
 CPU_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_mxfp4-[0-9]*.whl)")
-phase "installing the three wheels"
-$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL"
-$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL"
+DENSE_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_int8_dense-[0-9]*.whl)")
+phase "installing the four wheels"
+$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL"
+$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL"
 $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 phase "$VENV ready ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null | tail -1))"

@@ -229,7 +229,7 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
     say(f"\n{line}")
     if as_json:
         print(json.dumps({
-            "ok": ok, "key": key._asdict(), "work": str(work),
+            "ok": ok, "key": key.as_json(), "work": str(work),
             "explain_default": default.resolve(key).to_json(), "explain_demo": demo.resolve(key).to_json(),
             "runs": {name: {"ok": r.ok, "elapsed_s": r.elapsed_s, "token_ids": r.token_ids,
                             "moe_methods": r.moe_quant_methods, "worker_pids": r.worker_pids}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..keys import FIELDS, WILDCARD, Match
+from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, WILDCARD, Match
 from ..methods import Method, valid_name
 from ..problems import Problem, did_you_mean, type_name
 from . import cache as tablecache
@@ -96,6 +96,8 @@ def rule_json(rule: Rule) -> dict[str, Any]:
         "specificity": rule.match.specificity,
         "note": rule.note,
     }
+    if rule.match.layer is not None:  # only when written: tables without it keep their JSON and fingerprint
+        data["match"]["layer"] = list(rule.match.layer)
     if rule.verify is not None:
         data["verify"] = rule.verify.to_json()
     if rule.tuned is not None:
@@ -244,7 +246,8 @@ class _Checker:
 
             verify = parse_verify(item["verify"], f"{where}.verify", key_lines.get("verify", line), self.fail,
                                   # a broken match is reported already; do not add a float64 complaint to it
-                                  match.quant_format if match is not None else FLOAT64_FORMATS)
+                                  match.quant_format if match is not None and EXPERTS in match.layers
+                                  else FLOAT64_FORMATS)  # a dense layer's float64 is its own weight
         tuned = None
         if "tuned" in item:
             from .tuned import parse_tuned
@@ -286,9 +289,13 @@ class _Checker:
             self.fail(line, where, f"expected a mapping of {', '.join(FIELDS)}, got {type_name(raw)}")
             return None
         key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
-        self.unknown_keys(raw, FIELDS, where)
+        self.unknown_keys(raw, (*FIELDS, LAYER), where)
         values: dict[str, tuple[str, ...] | None] = {}
         ok = True
+        if LAYER in raw:
+            layers = self.layer_kinds(raw[LAYER], key_lines.get(LAYER, line), f"{where}.{LAYER}")
+            ok &= layers is not None
+            values[LAYER] = layers
         for name in FIELDS:
             v = raw.get(name, WILDCARD)
             vline = key_lines.get(name, line)
@@ -319,6 +326,28 @@ class _Checker:
         if not ok:
             return None
         return Match(**values)
+
+    def layer_kinds(self, v: Any, line: int, where: str) -> tuple[str, ...] | None:
+        """``layer``: one kind or a list of kinds (no wildcard: a rule deciding other layers names them)."""
+        expected = f"expected one of {', '.join(LAYER_KINDS)} or a list of them"
+        items = v if isinstance(v, list) else [v]
+        if isinstance(v, list) and not v:
+            self.fail(line, where, f"empty list; {expected}")
+            return None
+        ok = True
+        for x in items:
+            if x == WILDCARD:
+                self.fail(line, where, f"'*' is not a layer kind (a rule without 'layer' decides the experts); "
+                                       f"list the kinds: [{', '.join(LAYER_KINDS)}]")
+                ok = False
+            elif not isinstance(x, str) or x not in LAYER_KINDS:
+                shown = repr(x) if isinstance(x, str) else type_name(x)
+                hint = did_you_mean(x, LAYER_KINDS) if isinstance(x, str) else ""
+                self.fail(line, where, f"unknown layer kind {shown}{hint}; {expected}")
+                ok = False
+        if not ok:
+            return None
+        return tuple(k for k in LAYER_KINDS if k in items)  # one order, so equal matches compare equal
 
     def name(self, v: str, line: int, where: str, *, match_value: bool = False) -> bool:
         """A method name (ASCII) or, with ``match_value``, a match value (any script's letters, see docs/tables.md)."""

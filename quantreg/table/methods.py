@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..keys import WILDCARD
+from ..keys import EXPERTS, LAYER_KINDS, WILDCARD
 from ..methods import EXPERT_LAYOUTS, Method, host_requirements_problem, keeps_vllm, valid_name, valid_target
 from ..problems import did_you_mean
 
-METHOD_KEYS = ("target", "devices", "requires", "options", "description", "expert_layout", "host")
+METHOD_KEYS = ("target", "devices", "requires", "options", "description", "expert_layout", "host", "layers")
 
 Fail = Callable[[int | None, str, str], None]
 
@@ -78,8 +78,15 @@ def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_layer: bool
             fail(spec_lines.get("expert_layout"), f"{where}.expert_layout",
                  f"expected one of {', '.join(EXPERT_LAYOUTS)}{did_you_mean(str(layout), EXPERT_LAYOUTS)}")
             continue
-        if devices is None or requires is None or host is None or (options is not None and opts is None):
+        layers = _strings(spec.get("layers", [EXPERTS]), fail, spec_lines.get("layers"), f"{where}.layers")
+        if layers is not None and (not layers or any(k not in LAYER_KINDS for k in layers)):
+            fail(spec_lines.get("layers", mline), f"{where}.layers",
+                 f"expected a non-empty list of {', '.join(LAYER_KINDS)}")
+            continue
+        if (devices is None or requires is None or host is None or layers is None
+                or (options is not None and opts is None)):
             continue
         out.append(Method(name=name, target=target, devices=devices, requires=requires, options=opts,
-                          description=description, expert_layout=layout, host=host, plugin=plugin_name))
+                          description=description, expert_layout=layout, host=host, layers=layers,
+                          plugin=plugin_name))
     return tuple(out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..keys import FIELDS, WILDCARD
+from ..keys import FIELDS, LAYER, LAYER_KINDS, WILDCARD
 from ..methods import EXPERT_LAYOUTS, NAME_RE, TARGET_RE
 from .file import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 from .verify import FLOAT64, FLOAT64_FORMATS, VERIFY_KEYS
@@ -88,7 +88,10 @@ def table_schema() -> dict[str, Any]:
         "match": {
             "type": ["object", "null"],
             "additionalProperties": False,
-            "properties": {f: match_value for f in FIELDS},
+            "properties": {**{f: match_value for f in FIELDS}, LAYER: {
+                "anyOf": [{"enum": list(LAYER_KINDS)},
+                          {"type": "array", "minItems": 1, "items": {"enum": list(LAYER_KINDS)}}],
+                "description": "which layers the rule decides (absent: experts); no wildcard"}},
         },
         "method": {
             "anyOf": [name, {"type": "array", "minItems": 1, "uniqueItems": True, "items": name}],
@@ -137,6 +140,9 @@ def table_schema() -> dict[str, Any]:
                              "description": "what the method needs of the host, e.g. [cpu:avx2, cpu:fma]"},
                     "options": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "description": {"type": "string"},
+                    "layers": {"anyOf": [{"enum": list(LAYER_KINDS)},
+                                         {"type": "array", "minItems": 1, "items": {"enum": list(LAYER_KINDS)}}],
+                               "description": "the layer kinds the method decides (default experts)"},
                     "expert_layout": {"enum": list(EXPERT_LAYOUTS),
                                       "description": "how the method holds expert weights (quantreg plan)"},
                 },

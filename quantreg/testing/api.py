@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..keys import EXPERTS
 from ..methods import VLLM_METHOD, Method
 from ..problems import did_you_mean
 from ..registry import Registry
@@ -82,6 +83,13 @@ def run_checks(
         report.results.append(CheckResult(first.id, first.title, status, why))
         report.results += [CheckResult(c.id, c.title, Status.SKIPPED, rest, c.needs_device)
                            for c in others if c.id in selected]
+        return report
+    if EXPERTS not in found.layers:  # a dense method (issue 30): real linear layers and lm_heads
+        from .dense import run_dense_suite
+
+        report.target, report.plugin = found.target, found.plugin
+        with one_thread():
+            run_dense_suite(found, report, device, tolerance, shape)
         return report
     ctx = Context(found, registry, device, tolerance, option_sets, selected, harness, checks.PROBE_BUDGET_S, shape)
     ctx.progress = progress

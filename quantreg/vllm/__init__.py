@@ -16,6 +16,7 @@ from ..problems import QuantregError, describe, printable, quantreg_logger
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup, versions
 from .context import report_problems
+from .dense import LINEAR_MODULE, LM_HEAD_MODULE, LOADER_MODULE, DenseSeam
 from .fingerprint import PublishedFingerprint
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
@@ -26,6 +27,10 @@ logger = quantreg_logger("vllm.quantreg")
 
 _seam = Seam()
 _hook = PostImportHook(MODULE, _seam.patch_module)
+_dense = DenseSeam(_seam)
+_dense_hooks = (PostImportHook(LINEAR_MODULE, _dense.patch_linear),
+                PostImportHook(LM_HEAD_MODULE, _dense.patch_lm_head),
+                PostImportHook(LOADER_MODULE, _dense.patch_loader))
 _keepers = QuantConfigGuard()
 _registered = False
 _table_fingerprint = PublishedFingerprint(settings.FINGERPRINT, "effective table", "its parent process",
@@ -91,6 +96,8 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
         _registered = True
         return
     _hook.arm()
+    for hook in _dense_hooks:  # linear layers and the lm_head (issue 30): patched when vLLM imports them
+        hook.arm()
     _keepers.arm(registry)  # vllm-gaudi-like strips follow the table (never raises; post-import hooks only)
     _registered = True
     versions.warn_if_untested()
@@ -123,6 +130,9 @@ def unregister() -> None:
     _table_fingerprint.withdraw()
     startup.forget()
     _hook.disarm()
+    for hook in _dense_hooks:
+        hook.disarm()
+    _dense.unpatch()
     _keepers.disarm()
     multinode.withdraw()
     _seam.unpatch()

@@ -26,3 +26,12 @@ def vllm_device() -> tuple[str | None, str]:
     except Exception as exc:  # vLLM missing or broken: doctor reports, never crashes
         return None, f"vLLM not importable: {type(exc).__name__}: {exc}"
     return str(current_platform.device_type), "vllm.platforms.current_platform.device_type"
+
+
+def quantize_method_base() -> type[Any] | None:
+    """vLLM's ``QuantizeMethodBase`` (every linear and lm_head method's base), or ``None`` if missing."""
+    try:
+        from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    except Exception:  # a vLLM without it: the class check is skipped, like without vLLM
+        return None
+    return QuantizeMethodBase  # type: ignore[no-any-return]

@@ -108,7 +108,7 @@ class _Report:
         from ..audit import utc_time
 
         _audit_line({"event": "verify", "time": utc_time(), "pid": os.getpid(), "prefix": self.prefix,
-                     "key": dict(self.key._asdict()), "method": self.method, "against": self.against,
+                     "key": self.key.as_json(), "method": self.method, "against": self.against,
                      "phase": phase, "call": call, "error": error, "tolerance": self.spec.tolerance, "ok": ok})
 
     def cannot(self, why: str, *, when: str = "load") -> None:

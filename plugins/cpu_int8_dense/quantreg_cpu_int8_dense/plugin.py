@@ -1,0 +1,39 @@
+"""quantreg hook implementations: the ``cpu_int8_dense`` method (strings only; no torch, no vLLM).
+
+Written as a third party would: only quantreg's documented plugin API. The packaged table
+``dense_int8.yaml`` is NOT registered through ``register_tables``: installing the plugin changes
+no decision (the default stays faithful to the checkpoint's bf16 dense weights); an operator
+turns it on by naming that table (``QUANTREG_CONFIG``) or writing its one rule in their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import quantreg
+
+PACKAGE = "quantreg_cpu_int8_dense"
+METHOD = "cpu_int8_dense"
+
+
+def table_path() -> Path:
+    """The opt-in table shipped with the plugin (``QUANTREG_CONFIG=$(python -m quantreg_cpu_int8_dense)``)."""
+    return Path(str(resources.files(PACKAGE).joinpath("dense_int8.yaml")))
+
+
+@quantreg.hookimpl
+def register_methods(register: Callable[[quantreg.Method], None]) -> None:
+    register(quantreg.Method(
+        name=METHOD,
+        target=f"{PACKAGE}.method:CpuInt8DenseMethod",
+        devices=("cpu",),
+        requires=("torch", "vllm"),
+        host=("cpu:avx2",),
+        probe=f"{PACKAGE}.probe:ops_available",
+        options=(),
+        layers=("attention", "dense", "lm_head"),
+        description="bf16 dense weights quantised once at load to int8 per output channel, activations per token, "
+                    "vLLM-CPU's oneDNN W8A8 GEMM (VNNI where present)",
+    ))

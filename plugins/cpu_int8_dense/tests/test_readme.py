@@ -1,0 +1,40 @@
+"""The README's commands, run: the opt-in table named by `python -m quantreg_cpu_int8_dense` turns the
+method on for the lm_head key, and without it the same key keeps vLLM's own method."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BIN = Path(sys.executable).parent
+
+
+def _shell(command: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    base["PATH"] = f"{BIN}{os.pathsep}{base.get('PATH', '')}"
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env={**base, **env}, timeout=300)
+
+
+def test_readme_explain_command_and_the_opt_in() -> None:
+    commands = re.findall(r"^\$ (.+)$", README.read_text(), re.MULTILINE)
+    explain = [c for c in commands if "quantreg explain" in c]
+    assert len(explain) == 1 and "QUANTREG_CONFIG=$(python -m quantreg_cpu_int8_dense)" in explain[0]
+    done = _shell(explain[0])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[:2] == ["key      (gpt_oss_mxfp4, gpt_oss, cpu, lm_head)",
+                                            "method   cpu_int8_dense"]
+    plain = _shell(explain[0].split(") ", 1)[1])  # the same command without the table: vLLM's own method
+    assert plain.returncode == 0, plain.stderr
+    assert "method   vllm" in plain.stdout.splitlines()[1]
+
+
+def test_the_shipped_table_holds_the_readme_rule() -> None:
+    from quantreg_cpu_int8_dense.plugin import table_path
+
+    shipped = table_path().read_text()
+    assert "match: {model_type: gpt_oss, device: cpu, layer: [attention, lm_head]}" in shipped
+    assert "match: {model_type: gpt_oss, device: cpu, layer: [attention, lm_head]}" in README.read_text()

