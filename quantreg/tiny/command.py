@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..envelope import envelope
-from ..models.gpt_oss import CHAT_VOCAB
 from ..problems import printable, problem_json
 
 #: Where the checkpoint writer lives today (another branch may move it; only this line changes).
