@@ -28,16 +28,40 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .environment import dist_version, installed_vllm_version
 from .host import host_facts
 
 if TYPE_CHECKING:
-    from .registry import Registry
+    from .methods import Method
+
+
+class _PluginFacts(Protocol):
+    """What pins read of a loaded plugin (``quantreg.plugins.PluginInfo``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def distribution(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+
+
+class Registry(Protocol):
+    """What pins read of the registry: its methods and the plugins that registered them.
+
+    A structural type, not ``quantreg.registry.Registry``: the registry imports this module to check
+    a tuned rule, so naming the class here would close an import circle (tests/test_layering.py).
+    """
+
+    @property
+    def methods(self) -> Mapping[str, Method]: ...
+    @property
+    def plugin_infos(self) -> Sequence[_PluginFacts]: ...
 
 BANDWIDTH_FACTOR = 4.0
 """Measured bandwidth is noisy on a shared host (the best of the scans moved 4x between two processes

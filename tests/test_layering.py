@@ -57,11 +57,11 @@ CORE_FLOORS: tuple[tuple[str, ...], ...] = (
      "quantreg.models", "quantreg.models.gpt_oss", "quantreg.models.moe_config", "quantreg.problems",
      "quantreg.settings", "quantreg.table", "quantreg.tiny", "quantreg.version_spec"),
     ("quantreg.environment", "quantreg.formats.mxfp4_compiled", "quantreg.hookcall", "quantreg.host",
-     "quantreg.table.located", "quantreg.tiny.tokenizer"),
+     "quantreg.table.located", "quantreg.tiny.tokenizer", "quantreg.writing"),
     ("quantreg.formats.mxfp4", "quantreg.methods", "quantreg.table.identity", "quantreg.table.yamlfile",
      "quantreg.vllm_limits"),
-    ("quantreg.models.gpt_oss_moe", "quantreg.table.cache", "quantreg.table.methods", "quantreg.table.tuned",
-     "quantreg.table.verify", "quantreg.tiny.checkpoint"),
+    ("quantreg.models.gpt_oss_moe", "quantreg.pins", "quantreg.table.cache", "quantreg.table.methods",
+     "quantreg.table.tuned", "quantreg.table.verify", "quantreg.tiny.checkpoint"),
     ("quantreg.table.file",),
     ("quantreg.decision", "quantreg.index", "quantreg.mode", "quantreg.table.schema"),
     ("quantreg.audit", "quantreg.findings", "quantreg.keepers"),
@@ -231,9 +231,9 @@ def test_the_module_map_in_design_md_lists_every_module_and_nothing_else() -> No
 #: for quantreg/vllm/coverage.py), optionally followed by a topic. Tests of a property of the whole
 #: project, not of one module, are named by the property and listed here. (tests/e2e/ holds the
 #: real-vLLM scenarios, named by scenario.)
-WHOLE_PROJECT_TESTS = ("bad_tables", "core_names", "doc_links", "exports", "fingerprint_content", "hook_docs",
-                       "layering", "no_torch", "one_pass", "plugin_imports", "registered_fields", "skip_policy",
-                       "validate_limits")
+WHOLE_PROJECT_TESTS = ("bad_tables", "core_names", "doc_links", "escaping", "exports", "fingerprint_content",
+                       "hook_docs", "layering", "messages", "no_torch", "one_pass", "plugin_imports",
+                       "registered_fields", "skip_policy", "validate_limits")
 
 
 def test_test_files_are_named_for_the_module_they_test() -> None:

@@ -9,7 +9,7 @@ activation without any error. :func:`cpu_op` finds a name in the module that has
 and :func:`fused_experts_cpu` requires the activation and passes it wherever the signature takes it
 (0.32 has no ``act_method``: its kernel computes SwiGLU-OAI when ``alpha``/``limit`` are given).
 
-Imports vLLM only when called. ``tests/test_cpu_ops.py`` runs it against 0.32's layout (the
+Imports vLLM only when called. ``tests/test_vllm_cpu_ops.py`` runs it against 0.32's layout (the
 installed vLLM) and a fake 0.34 layout built in the test (0.34 cannot run on this CPU: it has no
 CPU Triton build on x86, see docs/compat.md).
 """

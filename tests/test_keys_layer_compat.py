@@ -6,7 +6,7 @@ layer and the method names it uses registered by an in-test plugin, then records
 the rules' JSON and the decision (method and winning rule) for every key the tables name (plus
 values no table names). ``tests/data/layer_key_golden.json`` is the same function's output on the
 code before the layer kind existed (main at d35c799, written by ``python
-tests/test_layer_key_compat.py --write`` with that tree first on ``sys.path``); the test compares
+tests/test_keys_layer_compat.py --write`` with that tree first on ``sys.path``); the test compares
 the current code's output with it, key by key.
 """
 
