@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import logging
 import os
 import sys
 import threading
@@ -38,9 +37,9 @@ import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .problems import describe, printable
+from .problems import describe, printable, quantreg_logger
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 SLOW_SECONDS = 1.0
 """An import or hook call taking longer than this is logged (WARNING) while it runs and when it ends."""

@@ -18,8 +18,8 @@ Fields (every one optional: only what a table records is checked)::
       vllm: 0.32.0+cpu
       torch: 2.13.0+cpu
       quantreg: 0.1.0
-      plugins: {quantreg-cpu-mxfp4: 0.1.0}          # the distribution of each measured method
-      kernels: {cpu_mxfp4: <sha256>}                # the compiled extension files a measured method ships
+      plugins: {DISTRIBUTION: VERSION}            # the distribution of each measured method
+      kernels: {METHOD: <sha256>}                  # the compiled extension files a measured method ships
       shape: {experts: 32, hidden: 2880, intermediate: 2880, top_k: 4}   # checked where a shape is known
 """
 

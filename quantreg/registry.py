@@ -173,7 +173,8 @@ class Registry:
         The registry's own answer, not a literal: the non-``vllm`` methods of the rules that match
         the key, in precedence order (a plugin's packaged rule for the key names its method there),
         then methods of plugins whose rules name the key's quant format on another device, when
-        they run on this one (plugin #1's ``mxfp4_reference``). Only methods available here count.
+        they run on this one (e.g. a CPU reference method that a Gaudi plugin registers).
+        Only methods available here count.
         """
         found: list[tuple[str, str]] = []
         seen: set[str] = set()

@@ -113,7 +113,7 @@ def test_plugin_2_build_failure_file_is_escaped(tmp_path: Path, monkeypatch: pyt
     record = tmp_path / "BUILD_FAILED.txt"
     record.write_text(f"g++ failed\n{FORGED}\x1b[31m", encoding="utf-8")
     monkeypatch.setattr(probe, "BUILD_FAILED", record)
-    monkeypatch.setattr(probe.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(probe, "LIBRARY", tmp_path / "libquantreg_cpu_mxfp4.so")  # not built
     reason = run_probe(probe.kernel_available, 5.0).reason
     assert "g++ failed" in reason
     _assert_not_forged(reason, "BUILD_FAILED.txt")

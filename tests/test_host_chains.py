@@ -109,8 +109,11 @@ def test_nothing_runs_falls_back_and_says_vllm_will_fail(tmp_path: Path, monkeyp
     """)
     decision = registry_on("avx2", table, monkeypatch).resolve(GPT_OSS_CPU)
     assert decision.method == "vllm" and decision.fallback is not None
-    assert decision.fallback.startswith("no method in the chain is available here; vLLM keeps its own method; "
-                                        "and vLLM's own method cannot run here: ")
+    # vllm is in this chain, so its refusal is said once, by its chain step (issue 33: each reason once)
+    assert decision.fallback == "no method in the chain is available here; vLLM keeps its own method"
+    vllm_step = decision.chain[0]
+    assert vllm_step.method == "vllm" and not vllm_step.available
+    assert vllm_step.reason.startswith("vLLM's own method cannot run here: ")
 
 
 def test_audit_line_records_the_host_facts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

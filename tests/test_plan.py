@@ -122,7 +122,9 @@ def test_mapping_table_key_layers_experts_and_routed_decision(checkpoint: Path, 
     assert set(cpu) == {"method", "rule", "expert_bytes", "warnings", "line", "notes", "findings", "vllm_limitation"}
     assert (cpu["method"], cpu["rule"]) == (REFERENCE, f"{table}:3")
     # without torch the reference cannot run: vLLM's own method keeps the packed layout, with a fallback warning
-    assert cpu["expert_bytes"] == 3 * packed_bytes() and (cpu["warnings"] == []) == REFERENCE_RUNS
+    # a collision line names the run table's rule over plugin #2's packaged one (issue 33): not a fault
+    faults = [w for w in cpu["warnings"] if " takes keys " not in w]
+    assert cpu["expert_bytes"] == 3 * packed_bytes() and (faults == []) == REFERENCE_RUNS
     cuda = data["devices"]["cuda"]
     assert cuda["method"] == "vllm" and cuda["rule"].endswith("registry.yaml:5")
     assert cuda["expert_bytes"] == 3 * packed_bytes()  # vLLM keeps the checkpoint's packed layout

@@ -57,7 +57,9 @@ def test_register_is_cheap_lazy_and_idempotent() -> None:
     assert not [m for m in added if m.startswith("vllm.model_executor")], added
     hooks_only = (".plugin", ".keeper")  # plugin #1's hook module and its keeper value (strings only)
     assert not [m for m in added if m.startswith("quantreg_hpu_mxfp4.") and not m.endswith(hooks_only)], added
-    assert result["armed"] == 2  # the seam's hook and plugin #1's keeper hook; registering twice arms each once
+    # the MoE seam's hook, the dense seam's three (linear layers, the lm_head, the model loader) and
+    # plugin #1's keeper hook; registering twice arms each once
+    assert result["armed"] == 5
     assert result["installed_before"] is False  # nothing patched until vLLM imports the module itself
     assert result["wrapped"] is True
     assert result["restored"] is True

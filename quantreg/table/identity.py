@@ -157,7 +157,7 @@ def _package_name(path: str, search: tuple[str, ...], cwd: str) -> str | None:
             continue
         found.append((len(rel.parts), i, rel))
     # The deepest sys.path entry names it, so it is asked first: an editable checkout puts both the
-    # repository and plugins/hpu_mxfp4 on sys.path, and asking the shallower one for its owner
+    # repository and a plugin directory under plugins/ on sys.path, and asking the shallower one for its owner
     # (``plugins``) would cost the full metadata scan for a name no distribution provides.
     for _, _, rel in sorted(found):
         dists = _owners(rel.parts[0])

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..keys import EXPERTS
 from ..methods import VLLM_METHOD, Method
-from ..problems import did_you_mean
+from ..problems import did_you_mean, printable
 from ..registry import Registry
 from . import checks
 from .context import Context
@@ -122,7 +122,8 @@ def check_method_command(name: str, *, device: str | None = None, config: Sequen
     started = time.monotonic()
 
     def progress(check: str) -> None:  # stderr, so stdout stays the table (or the JSON)
-        print(f"check-method [{time.monotonic() - started:.0f}s]: {check} (shape {shape}) ...", file=sys.stderr,
+        print(f"check-method [{time.monotonic() - started:.0f}s]: {printable(check)} (shape {printable(shape)}) ...",
+              file=sys.stderr,
               flush=True)
 
     with quiet_vllm():

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..envelope import envelope
-from ..files import WriteRefused
+from ..files import WriteRefused, read_regular
 from ..problems import printable, problem_json
 from ..writing import dir_target_problem, replace_directory
 
@@ -99,13 +99,13 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
     import sys
 
     def progress(line: str) -> None:
-        print(f"quantreg tiny-model: {line}", file=sys.stderr, flush=True)
+        print(f"quantreg tiny-model: {printable(line)}", file=sys.stderr, flush=True)
 
     if layers is not None and layers < 1:
         message = f"--layers must be at least 1, got {layers}"
         if as_json:
             print(json.dumps({"directory": printable(directory), **envelope([problem_json(message)])}, indent=2))
-        print(f"quantreg tiny-model: {message}", file=sys.stderr)
+        print(f"quantreg tiny-model: {printable(message)}", file=sys.stderr)
         return 2
     problem = dir_target_problem(directory, force=force, replace_symlink=True)
     try:
@@ -122,7 +122,7 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
         return 2
     files = sorted(p.name for p in out.iterdir())
     if as_json:
-        config = json.loads((out / "config.json").read_text())
+        config = json.loads(read_regular(out / "config.json", 1 << 20))  # the file it just wrote
         data: dict[str, Any] = {"directory": str(out), "quantization": "bf16" if bf16 else "mxfp4", "files": files,
                                 "shape": shape, "layers": config["num_hidden_layers"],
                                 "bytes": sum(p.stat().st_size for p in out.iterdir()), **envelope([])}

@@ -27,14 +27,13 @@ vLLM imports their modules (:mod:`.importhook`).
 from __future__ import annotations
 
 import functools
-import logging
 import re
 import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..keys import EXPERTS, Key
-from ..problems import QuantregError, describe, printable
+from ..problems import QuantregError, describe, printable, quantreg_logger
 from . import startup
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
     from ..registry import Registry
     from .seam import Seam
 
-logger = logging.getLogger("vllm.quantreg")
+logger = quantreg_logger("vllm.quantreg")
 
 LINEAR_MODULE = "vllm.model_executor.layers.linear"
 LM_HEAD_MODULE = "vllm.model_executor.layers.vocab_parallel_embedding"

@@ -16,7 +16,6 @@ weights. ``layers`` counts decoder layers by their index; the lm_head (no index)
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -25,10 +24,11 @@ from vllm.model_executor.layers.linear import LinearMethodBase
 from ..decision import Decision
 from ..error_measure import relative_error
 from ..mode import Mode
+from ..problems import quantreg_logger
 from ..table.verify import FLOAT64, layer_index
 from .verify import _Report
 
-logger = logging.getLogger("vllm.quantreg.verify")
+logger = quantreg_logger("vllm.quantreg.verify")
 LOAD_TOKENS = 4
 _OWN = ("_inner", "_spec", "_report", "_shadow", "_bias", "_calls", "_next", "_active")
 
