@@ -303,7 +303,9 @@ class Summary:
 
 def _key_text(raw: Any) -> str:
     if isinstance(raw, dict):
-        return f"({raw.get('quant_format')}, {raw.get('model_type')}, {raw.get('device')})"
+        # the layer kind only when the trail names one (dense layers, issue 30): an experts key reads as before
+        layer = f", layer {raw.get('layer')}" if raw.get("layer") not in (None, "experts") else ""
+        return f"({raw.get('quant_format')}, {raw.get('model_type')}, {raw.get('device')}){layer}"
     return str(raw)
 
 

@@ -163,7 +163,7 @@ def test_problems_warn_once_when_lenient_and_raise_when_strict(caplog: pytest.Lo
 @pytest.mark.vllm
 def test_malformed_run_settings_do_not_stop_a_lenient_engine_core(tmp_path: Path) -> None:
     """vLLM's real plugin loading in a spawned EngineCore: warnings, the good run table still read, exit 0."""
-    from test_startup import ROUTE, result_of, run_probe
+    from test_vllm_startup import ROUTE, result_of, run_probe
 
     route = tmp_path / "route.yaml"
     route.write_text(ROUTE)
