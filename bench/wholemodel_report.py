@@ -6,9 +6,9 @@
 Why: a 2-core 24 GB host cannot keep GPT-OSS-20B's 24 layers alive in three engines at once, so the
 comparison is measured at few layers (same run, engines interleaved) and extrapolated. A decode step
 is ``fixed + layers x per_layer`` for every engine (the lm_head, the token pick and the scheduler are
-paid once per step; each layer adds its attention and its routed experts), so two layer counts
-give both terms: ``per_layer = (t_b - t_a) / (b - a)``, ``fixed = t_a - a x per_layer``, and a
-24-layer step is ``fixed + 24 x per_layer``. Prefill is extrapolated the same way on the seconds per
+paid once per step; each layer adds its attention and its routed experts), so two or more layer
+counts give both terms (a least-squares line; its residuals say how linear the runs were), and a
+24-layer step is ``fixed + 24 x per_layer``. A run at 24 layers itself is shown beside the line. Prefill is extrapolated the same way on the seconds per
 512-token prompt. Standard library only, plus matplotlib for ``--png`` (run it with an interpreter
 that has it, e.g. the llama environment of ``bench/llama_setup.sh`` after ``pip install matplotlib``).
 """
@@ -29,23 +29,30 @@ def load(paths: list[Path]) -> list[dict[str, Any]]:
     return sorted(results, key=lambda r: int(r["layers"]))
 
 
-def fit(results: list[dict[str, Any]], label: str, key: str) -> dict[str, float] | None:
-    """``fixed`` and ``per_layer`` seconds of one engine's step (decode) or prompt (prefill), from
-    the smallest and largest layer counts that measured it."""
+def fit(results: list[dict[str, Any]], label: str, key: str) -> dict[str, float | list[int] | list[float]] | None:
+    """``fixed`` and ``per_layer`` seconds of one engine's step (decode) or prompt (prefill): a
+    least-squares line through every layer count that measured it (two points give the line
+    through both), with each point's residual, so a third layer count shows whether the step is
+    really linear in layers or one run was disturbed."""
     points = [(int(r["layers"]), r["engines"][label]) for r in results if label in r["engines"]]
-    if len(points) < 2:
+    layers = sorted({a for a, _ in points})
+    if len(layers) < 2:
         return None
-    (a, ra), (b, rb) = points[0], points[-1]
-    if a == b:
-        return None
-    if key == "decode":
-        ta, tb = 1.0 / ra["decode_tok_s"], 1.0 / rb["decode_tok_s"]
-    else:
-        ta, tb = ra["settings_prefill"] / ra["prefill_tok_s"], rb["settings_prefill"] / rb["prefill_tok_s"]
-    per_layer = (tb - ta) / (b - a)
-    fixed = ta - a * per_layer
-    return {"from_layers": [a, b], "t_a": ta, "t_b": tb, "per_layer_s": per_layer, "fixed_s": fixed,
-            "at_target_s": fixed + TARGET_LAYERS * per_layer}
+    xs: list[float] = []
+    ts: list[float] = []
+    for a, rec in points:
+        xs.append(float(a))
+        if key == "decode":
+            ts.append(1.0 / rec["decode_tok_s"])
+        else:
+            ts.append(rec["settings_prefill"] / rec["prefill_tok_s"])
+    n = len(xs)
+    mx, mt = sum(xs) / n, sum(ts) / n
+    per_layer = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
+    fixed = mt - per_layer * mx
+    residuals = [t - (fixed + per_layer * x) for x, t in zip(xs, ts)]
+    return {"from_layers": [int(x) for x in xs], "t": ts, "residual_s": residuals, "per_layer_s": per_layer,
+            "fixed_s": fixed, "at_target_s": fixed + TARGET_LAYERS * per_layer}
 
 
 def extrapolate(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -94,15 +101,17 @@ def markdown(results: list[dict[str, Any]], extra: dict[str, Any]) -> str:
                              f"{s['lm_head_ms']:.1f} ms, the rest (scheduler, sampling, Python) {s['rest_ms']:.1f} ms")
         lines.append("")
     if extra:
-        lines.append(f"**Extrapolated to {TARGET_LAYERS} layers** (step = fixed + layers x per_layer, from the "
-                     "two layer counts above):")
+        lines.append(f"**Extrapolated to {TARGET_LAYERS} layers** (step = fixed + layers x per_layer, a least-squares "
+                     "line through the layer counts above; the largest residual says how far one run sits off it):")
         lines.append("")
-        lines.append("| engine | decode: fixed ms + per layer ms | decode tok/s at 24 | prefill: fixed s + per layer s"
-                     " | prefill tok/s at 24 |")
-        lines.append("|---|---|---|---|---|")
+        lines.append("| engine | layer counts | decode: fixed ms + per layer ms | largest residual ms | decode tok/s at 24 "
+                     "| prefill: fixed s + per layer s | prefill tok/s at 24 |")
+        lines.append("|---|---|---|---|---|---|---|")
         for label, x in extra.items():
             d, p = x["decode"], x["prefill"]
-            lines.append(f"| {label} | {d['fixed_s'] * 1e3:.1f} + {d['per_layer_s'] * 1e3:.2f} x L | "
+            worst = max(abs(v) for v in d["residual_s"]) * 1e3
+            lines.append(f"| {label} | {', '.join(str(n) for n in d['from_layers'])} | "
+                         f"{d['fixed_s'] * 1e3:.1f} + {d['per_layer_s'] * 1e3:.2f} x L | {worst:.1f} | "
                          f"{x['decode_tok_s_24']:.2f} | {p['fixed_s']:.3f} + {p['per_layer_s']:.3f} x L | "
                          f"{x['prefill_tok_s_24']:.1f} |")
         lines.append("")

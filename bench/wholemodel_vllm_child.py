@@ -90,8 +90,9 @@ def held_bytes(model: Any) -> dict[str, float]:
     experts of every MoE layer: a token reads top_k / E of them), ``embedding`` (a token reads one
     row), ``dense`` (everything else, read whole every step: attention, router, norms, lm_head).
     Counted from the live modules (parameters, buffers, and a quantreg method's
-    ``resident_bytes()`` for experts it keeps outside parameters), so a table that changes what is
-    held (a dense int8 rule) changes the count."""
+    ``resident_bytes()`` for weights a method keeps outside parameters -- plugin #2's repacked
+    experts, a dense int8 method's prepacked copy), so a table that changes what is held (a dense
+    int8 rule) changes the count."""
     from quantreg.testing.vllm_probes import moe_layers
 
     def size(module: Any) -> int:
@@ -100,6 +101,7 @@ def held_bytes(model: Any) -> dict[str, float]:
 
     experts = 0
     seen: set[int] = set()
+    moe_modules = {id(module) for _, module in moe_layers(model)}
     for _, module in moe_layers(model):
         experts += size(module)
         seen.update(id(t) for t in list(module.parameters()) + list(module.buffers()))
@@ -108,6 +110,10 @@ def held_bytes(model: Any) -> dict[str, float]:
             experts += int(resident())
     embedding = 0
     dense = 0
+    for module in model.modules():  # dense methods that keep weights outside parameters
+        resident = getattr(getattr(module, "quant_method", None), "resident_bytes", None)
+        if callable(resident) and id(module) not in moe_modules:
+            dense += int(resident())
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
         if id(tensor) in seen:
             continue
