@@ -8,9 +8,10 @@ comparison is measured at few layers (same run, engines interleaved) and extrapo
 is ``fixed + layers x per_layer`` for every engine (the lm_head, the token pick and the scheduler are
 paid once per step; each layer adds its attention and its routed experts), so two or more layer
 counts give both terms (a least-squares line; its residuals say how linear the runs were), and a
-24-layer step is ``fixed + 24 x per_layer``. A run at 24 layers itself is shown beside the line. Prefill is extrapolated the same way on the seconds per
-512-token prompt. Standard library only, plus matplotlib for ``--png`` (run it with an interpreter
-that has it, e.g. the llama environment of ``bench/llama_setup.sh`` after ``pip install matplotlib``).
+24-layer step is ``fixed + 24 x per_layer``. A run at 24 layers itself is shown beside the line.
+Prefill is extrapolated the same way on the seconds per 512-token prompt. Standard library only,
+plus matplotlib for ``--png`` (run it with an interpreter that has it, e.g. the llama environment
+of ``bench/llama_setup.sh`` after ``pip install matplotlib``).
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ def markdown(results: list[dict[str, Any]], extra: dict[str, Any]) -> str:
         lines.append(f"**Extrapolated to {TARGET_LAYERS} layers** (step = fixed + layers x per_layer, a least-squares "
                      "line through the layer counts above; the largest residual says how far one run sits off it):")
         lines.append("")
-        lines.append("| engine | layer counts | decode: fixed ms + per layer ms | largest residual ms | decode tok/s at 24 "
-                     "| prefill: fixed s + per layer s | prefill tok/s at 24 |")
+        lines.append("| engine | layer counts | decode: fixed ms + per layer ms | largest residual ms "
+                     "| decode tok/s at 24 | prefill: fixed s + per layer s | prefill tok/s at 24 |")
         lines.append("|---|---|---|---|---|---|---|")
         for label, x in extra.items():
             d, p = x["decode"], x["prefill"]

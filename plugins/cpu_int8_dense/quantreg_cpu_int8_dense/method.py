@@ -59,9 +59,10 @@ class CpuInt8DenseMethod(LinearMethodBase):  # type: ignore[misc]
         self.vllm_method = vllm_method
         self.handler: Any = None
         self.n = 0
+        self.k = 0
 
     def __getattr__(self, name: str) -> Any:  # embedding(), tie_weights() for an lm_head: vLLM's own
-        if name in ("vllm_method", "handler", "n"):
+        if name in ("vllm_method", "handler", "n", "k"):
             raise AttributeError(name)
         return getattr(self.vllm_method, name)
 
@@ -73,12 +74,18 @@ class CpuInt8DenseMethod(LinearMethodBase):  # type: ignore[misc]
         if weight.dim() != 2 or not weight.is_floating_point():
             raise ValueError(f"expected a 2-D floating-point weight, got {tuple(weight.shape)} {weight.dtype}")
         q, scale = quantize_per_channel(weight.detach())
-        self.n = q.shape[0]
+        self.n, self.k = q.shape
         self.handler = ops.create_onednn_scaled_mm(q.t(), scale, weight.dtype, True, False, 32)
         del q
         # only the int8 copy (inside the oneDNN handler) stays; the bf16 weight is released
         layer.weight = None
         layer.quantreg_int8_scale = scale  # per-channel scales, for tools and verification
+
+    def resident_bytes(self) -> int:
+        """Bytes this method keeps outside the layer's parameters: the int8 weight inside the oneDNN
+        handler and the float32 per-channel scales. Tools that count what a layer reads per token
+        (the whole-model bench) would otherwise see nothing once the bf16 weight is released."""
+        return self.n * self.k + self.n * 4
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
