@@ -13,7 +13,18 @@ ENV_DIR=${QUANTREG_LLAMA_ENV:-$HOME/.cache/quantreg-bench/llama-venv}
 PY=${PYTHON:-python3}
 LLAMA_VERSION=0.3.36
 GGUF_VERSION=0.19.0
-if [ -f "$ENV_DIR/.ready" ]; then
+# The engine is built for the host's ISA (-DGGML_NATIVE=ON) except AMX: llama.cpp's AMX back-end
+# (ggml_backend_amx_mul_mat, used when the compiler targets AMX-INT8) segfaults at the first
+# forward on the AMX host kind (measured here on GPT-OSS GGUFs at 20B width, 1 or 2 threads, every
+# layer count; upstream ggml-org/llama.cpp#20824, fix proposed in #26954). Without it llama.cpp
+# runs its AVX-512-VNNI repacked kernels, as on AVX-512 hosts without AMX; the bench's JSON keeps
+# llama.cpp's own system line, which says AMX_INT8 = 0.
+CMAKE_ARGS_WANTED="-DGGML_NATIVE=ON"
+if grep -q 'amx_tile' /proc/cpuinfo 2>/dev/null; then
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  CMAKE_ARGS_WANTED="$CMAKE_ARGS_WANTED -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
+fi
+if [ -f "$ENV_DIR/.ready" ] && [ "$(cat "$ENV_DIR/.ready")" = "$CMAKE_ARGS_WANTED" ]; then
   echo "llama_setup: $ENV_DIR ready already"
   exit 0
 fi
@@ -33,7 +44,7 @@ tar -xzf "$SDIST" -C "$ENV_DIR/src"
 # The converter's imports (torch from the same pinned CPU build quantreg's .venv uses).
 $PIP install -q "gguf==$GGUF_VERSION" numpy safetensors sentencepiece protobuf "transformers<5.18" "torch==2.13.0"
 # The engine itself, native ISA (AVX-512 where the host has it).
-CMAKE_ARGS="-DGGML_NATIVE=ON" $PIP install -q --no-build-isolation "$SDIST"
-"$ENV_DIR/bin/python" -c "import llama_cpp, gguf; print('llama_setup: llama_cpp', llama_cpp.__version__, 'gguf ok')"
-touch "$ENV_DIR/.ready"
+CMAKE_ARGS="$CMAKE_ARGS_WANTED" $PIP install -q --no-build-isolation --force-reinstall --no-deps "$SDIST"
+"$ENV_DIR/bin/python" -c "import llama_cpp, gguf; print('llama_setup: llama_cpp', llama_cpp.__version__, 'gguf ok'); print(llama_cpp.llama_print_system_info().decode())"
+echo "$CMAKE_ARGS_WANTED" > "$ENV_DIR/.ready"  # a change of build flags rebuilds
 echo "llama_setup: $ENV_DIR ready"

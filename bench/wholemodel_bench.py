@@ -314,14 +314,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if together:
             measure(engines)
-        else:
+        else:  # one engine failing (a crash, an OOM kill) costs its row, not the others' measurements
             for e in engines:
-                measure([e])
+                try:
+                    measure([e])
+                except RuntimeError as exc:
+                    results.pop(e.label, None)
+                    skipped[e.label] = "failed: " + " | ".join(str(exc).strip().splitlines()[-3:])
+                    print(f"[wholemodel] {e.label} failed, going on: {exc}", file=sys.stderr, flush=True)
                 e.close()
     finally:
         for e in engines:
             e.close()
-    bw = max(bandwidth)
+    if not results:
+        raise SystemExit("no engine finished: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    bw = max(bandwidth or [read_bandwidth()])
     for r in results.values():
         for key in ("ttft_s", "decode_tok_s", "prefill_tok_s"):
             r[key] = median(x[key] for x in r["rounds"])
