@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .environment import dist_version, installed_vllm_version
 from .host import host_facts
+from .installed import dist_version, installed_vllm_version
 
 if TYPE_CHECKING:
     from .methods import Method

@@ -23,8 +23,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from ..environment import dist_name_version
 from ..files import ReadRefused, read_regular
+from ..installed import dist_name_version
 
 #: Largest ``top_level.txt`` / ``RECORD`` read (torch's RECORD is ~2 MB).
 MAX_RECORD_BYTES = 64 << 20
