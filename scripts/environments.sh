@@ -100,7 +100,7 @@ for name in "${ENVS[@]}"; do
   t1=$SECONDS
   # -rfEs: every failure, error and skip with its reason, so the summary below can show them
   # shellcheck disable=SC2046
-  env QUANTREG_FULL_ENV=$full "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider $(tests_of "$name") \
+  env QUANTREG_FULL_ENV=$full "$venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider $(tests_of "$name") \
     "${PYTEST_ARGS[@]}" >"$log" 2>&1
   rc=$?
   tail=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|error)" "$log" | tail -1 | tr -d '=' | xargs)
