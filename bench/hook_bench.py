@@ -8,6 +8,12 @@ Python's ``-X importtime`` report, bracketed by markers, gives the imports ``reg
 it runs in children of its own, because timing every import (and writing a line per import to a
 pipe) slows the imports it measures: ``hook_ms`` is timed in plain children, as vLLM runs.
 
+What is measured is the install in this interpreter's environment: children run
+``bench/hook_child.py`` by path from a directory outside the checkout, with the checkout off
+``PYTHONPATH``, so a wheel install is timed as a wheel (site-packages) and ``pip install -e .`` as
+editable (the source tree through its ``.pth``). Each result says which (``install``), the tables'
+names in the fingerprint (the same under both installs) and how many full metadata scans ran (0).
+
 Baseline: ``import vllm`` in the same process (the start-up work vLLM does before calling us).
 Bytecode: children may write ``__pycache__`` (as pip does at install) and one uncounted warm-up
 child runs first, so import times are not source compilation. The warm-up also fills a fresh
@@ -20,10 +26,15 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
-from bench.common import Metric, child_main, last_json_line, median, python_env, run_python
+from bench.common import ROOT, Metric, child_main, last_json_line, median, python_env
+
+CHILD = Path(__file__).with_name("hook_child.py")
 
 _IMPORT_LINE = re.compile(r"^import time:\s+(\d+)\s+\|\s+(\d+)\s+\|\s*(\S+)")
 START, END = "QUANTREG-BENCH-HOOK-START", "QUANTREG-BENCH-HOOK-END"
@@ -55,7 +66,11 @@ def import_self_us(stderr: str) -> tuple[int, int, int, int]:
 
 def one_child(env: dict[str, str], importtime: bool = False) -> dict[str, Any]:
     """One fresh process; with ``importtime``, also the self times of the imports (not for ``hook_ms``)."""
-    proc = run_python([*(["-X", "importtime"] if importtime else []), "-m", "bench.hook_child"], env=env, timeout=300)
+    with tempfile.TemporaryDirectory(prefix="quantreg-bench-hook-") as outside:
+        proc = subprocess.run([sys.executable, *(["-X", "importtime"] if importtime else []), str(CHILD)],
+                              cwd=outside, env=env, capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"hook_child failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     result = last_json_line(proc.stdout)
     if not importtime:
         return result
@@ -65,10 +80,18 @@ def one_child(env: dict[str, str], importtime: bool = False) -> dict[str, Any]:
     return result
 
 
+def install_kind(quantreg_file: str) -> str:
+    """``wheel`` when quantreg was imported from site-packages, else ``editable`` (a source tree)."""
+    return "wheel" if "site-packages" in Path(quantreg_file).parts else "editable"
+
+
 def run(quick: bool) -> list[Metric]:
     cache = tempfile.TemporaryDirectory(prefix="quantreg-bench-cache-")
     env = python_env(QUANTREG_CACHE_DIR=cache.name)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    # the checkout off the path: quantreg is imported as installed (wheel or editable), not from the source tree
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                        if p and Path(p).resolve() != ROOT.resolve())
     no_cache = {**env, "QUANTREG_CACHE_DIR": "off"}
     processes = 2 if quick else 12
     one_child(env)  # warm-up: writes bytecode and the table cache, warms the page cache; not counted
@@ -102,7 +125,10 @@ def run(quick: bool) -> list[Metric]:
                "tables": runs[0]["tables"],
                "methods": runs[0]["methods"], "problems": runs[0]["problems"],
                "cache_off_ms": median(off_ms), "cache_off_samples_ms": off_ms,
-               "cache_off_modules": len(runs_off[0]["modules_added"])},
+               "cache_off_modules": len(runs_off[0]["modules_added"]),
+               "install": install_kind(runs[0]["quantreg_file"]), "quantreg_file": runs[0]["quantreg_file"],
+               "table_names": runs[0]["table_names"],
+               "full_scans": max(r["full_scans"] for r in runs)},
     )
     imported_methods = sorted({m for r in runs for m in r["method_modules_imported"]})
     reg_ms = [r["register_import_us"] / 1e3 for r in timed]

@@ -1,7 +1,11 @@
 """One fresh process for :mod:`bench.hook_bench`: import vLLM, then run quantreg's entry point.
 
-Run with ``python -X importtime -m bench.hook_child``: the markers on stderr bracket the imports
-``register()`` causes, so the parent can add up their self times. Prints one JSON line.
+Run by path (``python [-X importtime] bench/hook_child.py``) from a directory outside the checkout:
+``quantreg`` and the plugins are then imported as installed (a wheel's copy in site-packages, or an
+editable install's source tree), never from a checkout that happens to be the current directory.
+The markers on stderr bracket the imports ``register()`` causes, so the parent can add up their
+self times. Prints one JSON line, with where ``quantreg`` came from, the tables' names in the
+fingerprint and the number of full metadata scans (``packages_distributions``) register() caused.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Mapping
 
 
 def main() -> None:
@@ -18,6 +23,14 @@ def main() -> None:
     import_vllm_s = time.perf_counter() - start
     from importlib import metadata
 
+    scans: list[int] = []
+    full_scan = metadata.packages_distributions
+
+    def counted_scan() -> Mapping[str, list[str]]:
+        scans.append(1)
+        return full_scan()
+
+    metadata.packages_distributions = counted_scan
     (entry_point,) = [ep for ep in metadata.entry_points(group="vllm.general_plugins") if ep.name == "quantreg"]
     before = set(sys.modules)
     print("QUANTREG-BENCH-HOOK-START", file=sys.stderr, flush=True)
@@ -28,9 +41,12 @@ def main() -> None:
     print("QUANTREG-BENCH-HOOK-END", file=sys.stderr, flush=True)
     added = sorted(set(sys.modules) - before)
 
+    import quantreg
     from quantreg.registry import get_registry
+    from quantreg.table.identity import table_names
 
     registry = get_registry()
+    names = table_names([(t.path, str(t.layer)) for t in registry.tables])
     method_modules = sorted({m.target.partition(":")[0] for m in registry.methods.values()
                              if m.plugin != "quantreg.builtin"})
     print(json.dumps({
@@ -44,6 +60,9 @@ def main() -> None:
         "tables": len(registry.tables),
         "methods": sorted(registry.methods),
         "problems": [str(p) for p in registry.problems],
+        "quantreg_file": quantreg.__file__,
+        "table_names": sorted(names.values()),
+        "full_scans": len(scans),
     }))
 
 

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from . import environment, settings
+from . import host, installed, settings
 from .decision import Decision
 from .envelope import envelope, left_out, left_out_lines
 from .host import host_facts
@@ -87,7 +87,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     named = _device_warnings(registry, [args.device])
     for warning in named:
         print(f"warning: {warning}", file=sys.stderr)
-    device = args.device or environment.guess_device()
+    device = args.device or host.guess_device()
     rows: list[dict[str, Any]] = []
     for m in sorted(registry.methods.values(), key=lambda m: m.name):
         with _plugin_output_to_stderr():  # probes are plugin code too
@@ -227,14 +227,14 @@ def _doctor(args: argparse.Namespace) -> int:
     from .vllm import versions  # pure Python, imports no vLLM
 
     registry = _registry(args)
-    vllm = environment.vllm_distribution()
+    vllm = installed.vllm_distribution()
     if vllm:
         from .vllm.platform import vllm_device  # doctor asks vLLM itself (slow: imports it)
 
         device, how = vllm_device()
     else:
         device, how = None, "vLLM is not installed"
-    hook_ok, hook_reason = environment.startup_hook_status()
+    hook_ok, hook_reason = installed.startup_hook_status()
     mode = registry.mode()
     warnings: list[str] = [str(f) for f in registry.faults]
     with _plugin_output_to_stderr():  # plugins speak for their devices (doctor_findings hook)
@@ -247,11 +247,11 @@ def _doctor(args: argparse.Namespace) -> int:
     kernel = vllm_cpu_mxfp4_kernel()
     untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
     warnings += [untested] if untested else []
-    shadow = environment.shadowing_copy()
+    shadow = installed.shadowing_copy()
     warnings += [shadow] if shadow else []
     warnings += registry.collisions()  # a rule taking keys another plugin's packaged rule would decide
     data: dict[str, Any] = {
-        "versions": {n: environment.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
+        "versions": {n: installed.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
         | {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None},
         "device": device,
         "device_source": how,
@@ -467,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="extra rule table (run layer, beats QUANTREG_CONFIG); repeatable; a missing FILE "
                              "is an error")
     parser = _Parser(prog="quantreg", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"quantreg {environment.dist_version('quantreg')}")
+    parser.add_argument("--version", action="version", version=f"quantreg {installed.dist_version('quantreg')}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help: str, **extra: Any

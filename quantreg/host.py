@@ -23,6 +23,7 @@ from functools import cache
 
 from . import settings
 from .files import ReadRefused, read_regular
+from .installed import module_available
 
 CPUINFO = "/proc/cpuinfo"
 AMX_FLAGS = ("amx_tile", "amx_bf16")
@@ -103,6 +104,19 @@ def _read_cpuinfo() -> str:
         return read_regular(CPUINFO, _CPUINFO_LIMIT, head=True).decode("utf-8", errors="replace")
     except ReadRefused:
         return ""
+
+
+def guess_device() -> str:
+    """The device vLLM would most likely report, from what is installed and visible (no vLLM import).
+
+    Why here: which device a tool answers for (``explain``, ``plan``, the kit, plugins' findings)
+    is a fact of this host, like its CPU flags; vLLM's own answer is :mod:`quantreg.vllm.platform`'s.
+    """
+    if module_available("habana_frameworks"):
+        return "hpu"
+    if os.path.exists("/dev/nvidia0"):
+        return "cuda"
+    return "cpu"
 
 
 def memory_available() -> int | None:

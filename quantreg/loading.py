@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import builtin, settings
-from .environment import setting_problems
 from .hookcall import remade
 from .index import Index, ambiguity_problems
 from .methods import Method, check_method, keeps_vllm
@@ -189,6 +188,15 @@ def reference_problems(headers: Sequence[TableHeader], valid: set[str], known: M
     return problems
 
 
+def setting_problems(env: Mapping[str, str]) -> list[Problem]:
+    """Problems with the ``QUANTREG_*`` settings (:func:`quantreg.settings.problems`), one per variable.
+
+    ``QUANTREG_STRICT`` is left to :mod:`quantreg.mode` (it reports it with the mode).
+    """
+    return [Problem(settings.ENVIRONMENT, None, name, message) for name, message in settings.problems(env)
+            if name != settings.STRICT]
+
+
 def by_line(problems: Sequence[Problem]) -> list[Problem]:
     """Problems grouped by file (in the order files first appear), each file's sorted by line."""
     order: dict[str, int] = {}
@@ -266,12 +274,12 @@ def collect_findings(plugins: Plugins, resolve: Resolve, device: str | None) -> 
     three arguments), in registration order, through :meth:`Plugins.call_each` (the one caller:
     containment, "still ..." warning, the type check of each registered ``Finding`` and its
     fields). Raising hooks and bad registrations become ``error`` findings attributed to the plugin."""
-    from .environment import guess_device
     from .findings import HOOK, LEVELS, Finding
+    from .host import guess_device
 
     findings: list[Finding] = []
     # A device always: vLLM's, or (a tool run outside vLLM) the one it would most likely report, so no
-    # plugin has to guess it with core's helpers (plugin #1 once imported quantreg.environment to).
+    # plugin has to guess it with core's helpers (plugin #1 once imported core's device guess to).
     here = device if device is not None else guess_device()
     for plugin, item in plugins.call_each(HOOK, inline_failures=True, resolve=resolve, device=here):
         if isinstance(item, PluginFailure):

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from . import settings
-from .environment import installed_vllm_version, module_available, probe_timeout
+from .installed import installed_vllm_version, module_available
 from .keys import EXPERTS, LAYER_KINDS, WILDCARD, Key
 from .problems import printable
 from .version_spec import check_specifier, satisfies
@@ -139,7 +139,7 @@ class Method:
                 return Availability(False, f"requires vLLM {self.vllm_version}; installed is {installed}")
         if self.probe is None:
             return Availability(True, "no probe; device and requirements satisfied")
-        return run_probe(self.probe, probe_timeout())
+        return run_probe(self.probe, float(settings.value(settings.PROBE_TIMEOUT)))
 
     def load(self, layer: str = EXPERTS) -> type[Any]:
         """Import the target; it must be a class, and (when vLLM is loaded) a ``FusedMoEMethodBase``

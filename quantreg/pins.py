@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .environment import dist_version, installed_vllm_version
 from .host import host_facts
+from .installed import dist_version, installed_vllm_version
 
 if TYPE_CHECKING:
     from .methods import Method
@@ -112,26 +114,48 @@ def read_bandwidth_gbs() -> float:
 
 
 @functools.cache
-def compiled_sha256(distribution: str) -> str | None:
-    """sha256 over the compiled extension files ``distribution`` installs (name and bytes), ``None`` if none."""
+def compiled_sha256(distribution: str, package: str = "") -> str | None:
+    """sha256 over the compiled extension files ``distribution`` installs (name and bytes), ``None`` if none.
+
+    The files are those its ``RECORD`` lists; an editable install (``pip install -e``) records none
+    of its package's files, so then those under ``package``'s directory (the method's top-level
+    package, where it is imported from), named relative to its parent as ``RECORD`` names them: the
+    same names and the same hash under a wheel and an editable install of one build.
+    """
     try:
         dist = metadata.distribution(distribution)
     except metadata.PackageNotFoundError:
         return None
-    found = sorted(str(f) for f in (dist.files or ()) if str(f).endswith(COMPILED_SUFFIXES))
+    found = sorted((str(f), str(dist.locate_file(f))) for f in (dist.files or ()) if str(f).endswith(COMPILED_SUFFIXES))
+    if not found and package:
+        found = _package_compiled(package)
     if not found:
         return None
     digest = hashlib.sha256()
-    for name in found:
-        path = dist.locate_file(name)
+    for name, path in found:
         try:
-            with open(str(path), "rb") as handle:
+            with open(path, "rb") as handle:
                 digest.update(name.encode() + b"\0")
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
         except OSError:
             digest.update(name.encode() + b"\0missing")
     return digest.hexdigest()
+
+
+def _package_compiled(package: str) -> list[tuple[str, str]]:
+    """(name relative to the package's parent, path) of the compiled files under top-level ``package``."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return []
+    found = []
+    for location in (spec.submodule_search_locations or ()) if spec is not None else ():
+        parent = os.path.dirname(os.path.abspath(location))
+        for folder, _, files in os.walk(location):
+            found += [(os.path.relpath(os.path.join(folder, f), parent).replace(os.sep, "/"), os.path.join(folder, f))
+                      for f in files if f.endswith(COMPILED_SUFFIXES)]
+    return sorted(found)
 
 
 def method_distribution(registry: Registry, method: str) -> tuple[str, str] | None:
@@ -175,7 +199,8 @@ def running_pins(registry: Registry, methods: Iterable[str], shape: Mapping[str,
             continue
         plugins[owner[0]] = owner[1]
         if want("kernels"):
-            sha = compiled_sha256(owner[0])
+            package = registry.methods[method].target.split(":", 1)[0].split(".", 1)[0]
+            sha = compiled_sha256(owner[0], package)
             if sha is not None:
                 kernels[method] = sha
     if want("plugins"):

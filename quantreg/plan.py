@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from . import jsonread
 from .files import ReadRefused, inside, read_regular
 from .keys import EXPERTS, LAYER_KINDS, Key
+from .models.checkpoint import INDEX_NAME, checkpoint_index
 from .models.moe_config import (
     EXPERT_COUNT_KEYS,
     INTERMEDIATE_KEYS,
@@ -58,8 +59,6 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0
 MAX_HEADER = 100 * 1024 * 1024
 MAX_CONFIG = 16 * 1024 * 1024
 """Largest config.json read (real ones are a few KB)."""
-MAX_INDEX = 64 * 1024 * 1024
-"""Largest model.safetensors.index.json read (a 1T-parameter model's is ~10 MB)."""
 MAX_EXPERTS = 1 << 20
 MAX_COUNT = 1 << 40
 MAX_BYTES_TOTAL = 1 << 50
@@ -107,35 +106,9 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     return header
 
 
-def checkpoint_index(directory: str | os.PathLike[str]) -> tuple[dict[str, str] | None, list[str]]:
-    """``model.safetensors.index.json``'s ``weight_map`` (tensor name -> shard file), read the one way
-    (bounded, regular file, finite JSON), and what is wrong with it; ``None`` when there is no index
-    or it is unusable. Entries that are not strings are left out (and named as a problem).
-
-    Why one reader: ``plan`` (shapes from the shards' headers) and ``tune`` (the expert tensors)
-    both follow the index; each had its own parse with its own checks.
-    """
-    index = Path(directory) / "model.safetensors.index.json"
-    if not os.path.lexists(index):
-        return None, []
-    try:
-        data = jsonread.loads(read_regular(index, MAX_INDEX, expected="a JSON file"))
-    except (ReadRefused, jsonread.JsonRefused) as exc:
-        line = f":{exc.line}" if isinstance(exc, jsonread.JsonRefused) and exc.line else ""
-        return None, [f"{printable(str(index))}{line}: not a readable index: {printable(str(exc))}"]
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict):
-        return None, [f"{printable(str(index))}: weight_map: expected a mapping of tensor name to shard file"]
-    problems = []
-    if any(not isinstance(v, str) for v in weight_map.values()):
-        problems.append(f"{printable(str(index))}: weight_map: expected shard file names (strings); "
-                        "other entries ignored")
-    return {k: v for k, v in weight_map.items() if isinstance(k, str) and isinstance(v, str)}, problems
-
-
 def _safetensors_files(directory: Path, problems: list[str]) -> list[Path]:
     """The shards the index names (never outside ``directory``), else every ``*.safetensors`` there."""
-    index = directory / "model.safetensors.index.json"
+    index = directory / INDEX_NAME
     weight_map, found = checkpoint_index(directory)
     problems += found
     if weight_map is not None:
@@ -486,7 +459,7 @@ def plan_command(model_dir: str, devices: Sequence[str], config: Sequence[str], 
     ``use_vllm=None`` asks vLLM's quant config classes when vLLM is installed (imports vLLM and
     torch: a few seconds); ``False`` (a ``--no-vllm`` flag) uses the mapping table only.
     """
-    from .environment import guess_device
+    from .host import guess_device
     from .registry import Registry
 
     registry = Registry.build(config=config)

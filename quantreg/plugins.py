@@ -25,10 +25,10 @@ from typing import Any
 import pluggy
 
 from . import builtin, hookspecs, settings
-from .environment import dist_directory, dist_name_version, dist_version
 from .files import ReadRefused, read_regular
 from .hookcall import FIELDS_CHECKED_BY, call, value_problem
 from .hookspecs import PROJECT
+from .installed import dist_directory, dist_name_version, dist_version
 from .problems import describe, printable, quantreg_logger
 
 logger = quantreg_logger("vllm.quantreg")

@@ -90,26 +90,7 @@ def _load(ref: str) -> Check:
     return fn
 
 
-# -- host facts (no vLLM, no torch): read in :mod:`quantreg.host` ------------------------------
-
-
-def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
-    """The ``flags`` of the first CPU: of ``cpuinfo`` text when given, else this host's (:func:`host_facts`)."""
-    if cpuinfo is not None:
-        return parse_cpuinfo(cpuinfo)[0]
-    return host_facts().cpu_flags
-
-
-def is_x86() -> bool:
-    return host_facts().is_x86
-
-
-def has_amx(cpuinfo: str | None = None) -> bool:
-    """AMX tiles and bf16 (``amx_tile`` and ``amx_bf16``), what vLLM's CPU MXFP4 kernel needs.
-
-    vLLM asks ``torch.cpu._is_amx_tile_supported()``; the kernel computes in bf16, so both flags.
-    """
-    return all(flag in cpu_flags(cpuinfo) for flag in AMX_FLAGS)
+# -- vLLM's own CPU MXFP4 kernel on this host (the facts: :mod:`quantreg.host`, the one home) -------
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,11 @@ PyYAML) and the test tools (pytest, hypothesis, jsonschema), ``pytest tests`` ha
 no error. What needs an optional stack is skipped with the reason, in one place, here:
 
 * a test module whose import needs torch, vLLM, tokenizers, ... is reported as a skipped module
-  ("needs torch (not installed)") instead of a collection error (:func:`pytest_make_collect_report`);
-* a test marked ``vllm`` is skipped when vLLM is not installed (:func:`pytest_runtest_setup`);
+  ("needs torch (not installed)") instead of a collection error (:class:`OptionalStacks`, which
+  sees the plugins' tests too);
+* a test marked ``vllm`` is skipped when vLLM is not installed (the same plugin);
 * a test that imports an optional stack inside its body is skipped when that import fails
-  (:func:`pytest_runtest_call`), the same message.
+  (the same plugin), the same message.
 
 Skips only for what is absent (issue 31.4): each of these skips only when the *top-level*
 package is not installed. A missing submodule of an installed package (vLLM moving
@@ -80,6 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(PhaseClock(), "quantreg-phase-clock")
     if not config.pluginmanager.has_plugin("quantreg-skip-policy"):
         config.pluginmanager.register(SkipPolicy(), "quantreg-skip-policy")
+    if not config.pluginmanager.has_plugin("quantreg-optional-stacks"):
+        config.pluginmanager.register(OptionalStacks(), "quantreg-optional-stacks")
 
 
 #: Optional stacks: quantreg's core never needs them; tests that do are skipped without them.
@@ -97,24 +100,6 @@ def _missing_optional(exc: BaseException | None) -> str | None:
                 return top
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, Any]:
-    report = yield
-    if report.failed and isinstance(collector, pytest.Module):
-        excinfo = getattr(report, "_quantreg_excinfo", None)
-        missing = _missing_optional(excinfo) if excinfo is not None else None
-        if missing is None and "ModuleNotFoundError" in str(report.longrepr):
-            for name in OPTIONAL:
-                if f"No module named '{name}" in str(report.longrepr) and not importable(name):
-                    missing = name
-                    break
-        if missing is not None:
-            report.outcome = "skipped"
-            report.longrepr = (str(collector.path), None, f"Skipped: needs {missing} (not installed)")
-            report.result = []
-    return report
 
 
 #: marker -> (module it needs, the skip reason)
@@ -137,20 +122,44 @@ def _optional_stack() -> Iterator[None]:
         pytest.skip(f"needs {missing} (not installed)")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
-    for marker, (module, reason) in NEEDS.items():
-        if item.get_closest_marker(marker) is not None and not importable(module):
-            pytest.skip(reason)
-    for mark in item.iter_markers("needs"):
-        missing = [m for m in mark.args if not importable(m)]
-        if missing:
-            pytest.skip(f"needs {', '.join(missing)} (not installed)")
-    with _optional_stack():  # a fixture that imports an optional stack
-        return (yield)
+class OptionalStacks:
+    """The skips for an absent optional stack, for every test of the run: tests/ and plugins/*/tests.
 
+    Registered as a plugin (not as conftest hooks, which pytest scopes to this directory) so that a
+    plugin's test module importing torch where torch is absent (core + plugin #1, issue 31.4) is a
+    skip naming torch, not a collection error, and its ``vllm`` / ``needs`` markers count as here.
+    """
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
-    with _optional_stack():
-        return (yield)
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector: pytest.Collector) -> Generator[None, Any, Any]:
+        report = yield
+        if report.failed and isinstance(collector, pytest.Module):
+            excinfo = getattr(report, "_quantreg_excinfo", None)
+            missing = _missing_optional(excinfo) if excinfo is not None else None
+            if missing is None and "ModuleNotFoundError" in str(report.longrepr):
+                for name in OPTIONAL:
+                    if f"No module named '{name}" in str(report.longrepr) and not importable(name):
+                        missing = name
+                        break
+            if missing is not None:
+                report.outcome = "skipped"
+                report.longrepr = (str(collector.path), None, f"Skipped: needs {missing} (not installed)")
+                report.result = []
+        return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        for marker, (module, reason) in NEEDS.items():
+            if item.get_closest_marker(marker) is not None and not importable(module):
+                pytest.skip(reason)
+        for mark in item.iter_markers("needs"):
+            missing = [m for m in mark.args if not importable(m)]
+            if missing:
+                pytest.skip(f"needs {', '.join(missing)} (not installed)")
+        with _optional_stack():  # a fixture that imports an optional stack
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        with _optional_stack():
+            return (yield)

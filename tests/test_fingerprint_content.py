@@ -84,7 +84,7 @@ def test_packaged_tables_are_named_relative_to_their_distribution() -> None:
 
 def test_doctor_warns_when_a_source_tree_in_the_cwd_shadows_this_copy(tmp_path: Path) -> None:
     """``python -m vllm...`` started in a clone's root imports ``./quantreg``, the command the installed one."""
-    from quantreg.environment import shadowing_copy
+    from quantreg.installed import shadowing_copy
 
     assert shadowing_copy(str(tmp_path)) is None  # nothing to shadow
     (tmp_path / "quantreg").mkdir()

@@ -7,14 +7,17 @@ the rules' JSON and the decision (method and winning rule) for every key the tab
 values no table names). ``tests/data/layer_key_golden.json`` is the same function's output on the
 code before the layer kind existed (main at d35c799, written by ``python
 tests/test_keys_layer_compat.py --write`` with that tree first on ``sys.path``); the test compares
-the current code's output with it, key by key. The golden file was written on a host without AMX,
-where vLLM's own CPU MXFP4 method cannot run: the test simulates that host kind (``simulate("avx2")``)
-so it compares the same decisions on every host kind.
+the current code's output with it, key by key.
+
+The golden decisions were taken on a host without AMX (there the built-in limitation passes
+``vllm`` over in ``[vllm, cpu_mxfp4]``); both the test and the writer therefore simulate that host
+kind (:data:`HOST_KIND`, through the host-facts seam), so the comparison holds on either kind.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from itertools import product
@@ -29,6 +32,7 @@ TABLES = ("registry.yaml", "plugins/cpu_mxfp4/quantreg_cpu_mxfp4/rules.yaml",
           "plugins/hpu_mxfp4/quantreg_hpu_mxfp4/rules.yaml",
           "docs/examples/quantreg-example-plugin/quantreg_example_plugin/rules.yaml",
           *sorted(f"tests/good_tables/{p.name}" for p in (ROOT / "tests" / "good_tables").glob("*.yaml")))
+HOST_KIND = "avx2"
 EXTRA = {"quant_format": ("never_named_q", "gpt_oss_mxfp4"), "model_type": ("never_named_m", "gpt_oss"),
          "device": ("never_named_d", "cpu")}
 
@@ -85,7 +89,7 @@ def normalised(data: dict[str, Any], root: Path) -> dict[str, Any]:
 def test_tables_without_a_layer_key_keep_decisions_and_fingerprints(monkeypatch: pytest.MonkeyPatch) -> None:
     from quantreg.host import simulate
 
-    for name, value in simulate("avx2").items():  # the golden's host kind: no AMX, so no vLLM CPU MXFP4
+    for name, value in simulate(HOST_KIND).items():
         monkeypatch.setenv(name, value)
     golden = json.loads(GOLDEN.read_text())
     now = normalised(snapshot(ROOT), ROOT)
@@ -98,6 +102,9 @@ def test_tables_without_a_layer_key_keep_decisions_and_fingerprints(monkeypatch:
 
 
 if __name__ == "__main__":  # the golden file's writer (see the module docstring)
-    if sys.argv[1:] == ["--write"]:  # on a host without AMX, or with simulate("avx2")'s environment
+    if sys.argv[1:] == ["--write"]:
+        from quantreg.host import simulate
+
+        os.environ.update(simulate(HOST_KIND))
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(normalised(snapshot(ROOT), ROOT), indent=1, sort_keys=True) + "\n")

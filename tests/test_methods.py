@@ -17,8 +17,7 @@ import pytest
 from core_support import PluginSite, _Registers
 
 import quantreg
-from quantreg import Registry
-from quantreg.environment import probe_timeout
+from quantreg import Registry, settings
 from quantreg.methods import check_method, run_probe
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -42,7 +41,7 @@ def test_check_method_accepts_the_documented_forms() -> None:
 
 def test_an_infinite_timeout_does_not_overflow_in_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUANTREG_PROBE_TIMEOUT", "inf")
-    assert probe_timeout() == threading.TIMEOUT_MAX
+    assert settings.value(settings.PROBE_TIMEOUT) == threading.TIMEOUT_MAX
     probed = quantreg.Method(name="probed", target="qrt_x:Y", probe=lambda: (True, "here"))
     registry = Registry.build(env={"QUANTREG_PROBE_TIMEOUT": "inf"}, entry_points=False,
                               plugins=[("p", _Registers(probed))])

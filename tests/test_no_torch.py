@@ -36,7 +36,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def test_import_and_everyday_commands_never_import_torch_or_vllm(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import contextlib, io, json, sys
-        import quantreg, quantreg.cli, quantreg.table.schema, quantreg.environment
+        import quantreg, quantreg.cli, quantreg.table.schema, quantreg.installed, quantreg.host
         after_import = sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r})
         registry = quantreg.Registry.build()
         registry.resolve(("gpt_oss_mxfp4", "gpt_oss", "hpu"))

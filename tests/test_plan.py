@@ -259,10 +259,9 @@ def test_header_reader_matches_the_safetensors_package(tmp_path: Path) -> None:
 def test_cpu_without_amx_gets_the_vllm_cannot_note(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     key = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
     """Both host kinds through the host-facts seam (quantreg.host.simulate), on any machine."""
-    from quantreg.host import simulate
+    from quantreg.host import AMX_FLAGS, parse_cpuinfo, simulate
 
-    assert vllm_limits.has_amx(WITH_AMX) and not vllm_limits.has_amx(NO_AMX)
-    monkeypatch.setattr(vllm_limits, "is_x86", lambda: True)
+    assert parse_cpuinfo(WITH_AMX)[0] >= set(AMX_FLAGS) and not parse_cpuinfo(NO_AMX)[0] & set(AMX_FLAGS)
     for name, value in simulate("avx2").items():
         monkeypatch.setenv(name, value)
     note = vllm_backend_note(key)
@@ -279,9 +278,11 @@ def test_cpu_without_amx_gets_the_vllm_cannot_note(checkpoint: Path, monkeypatch
 
 
 def test_cpu_flags_reads_proc_cpuinfo_format() -> None:
-    assert vllm_limits.cpu_flags(WITH_AMX) >= {"amx_tile", "amx_bf16"}
-    assert vllm_limits.cpu_flags("garbage") == frozenset()
-    here = vllm_limits.cpu_flags(None)
+    from quantreg.host import host_facts, parse_cpuinfo
+
+    assert parse_cpuinfo(WITH_AMX)[0] >= {"amx_tile", "amx_bf16"}
+    assert parse_cpuinfo("garbage")[0] == frozenset()
+    here = host_facts().cpu_flags
     if Path("/proc/cpuinfo").exists():
         assert here  # this Linux host's real flags
 

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 import quantreg
 from quantreg import Key, Layer, Method, Registry, get_registry, resolve, set_registry
-from quantreg.environment import installed_vllm_version, module_available
 from quantreg.index import MAX_AMBIGUITIES
+from quantreg.installed import installed_vllm_version, module_available
 from quantreg.loading import config_paths
 from quantreg.methods import load_object, version_satisfies
 from quantreg.version_spec import check_specifier
@@ -482,7 +482,7 @@ def test_vllm_version_requirement(fake_vllm: type) -> None:
 
 @pytest.mark.usefixtures("vllm_not_loaded")
 def test_installed_vllm_version_without_importing_vllm() -> None:
-    from quantreg.environment import vllm_distribution
+    from quantreg.installed import vllm_distribution
 
     dist = vllm_distribution()
     assert installed_vllm_version() == (dist[1] if dist else None)

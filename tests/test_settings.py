@@ -23,7 +23,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from quantreg import Registry, settings
-from quantreg.environment import DEFAULT_PROBE_TIMEOUT, read_seconds
+from quantreg.loading import setting_problems
 from quantreg.problems import QuantregError
 from quantreg.vllm.context import RunSettings, parse_run_settings, report_problems
 
@@ -183,16 +183,18 @@ def test_malformed_run_settings_do_not_stop_a_lenient_engine_core(tmp_path: Path
 
 @pytest.mark.usefixtures("clean_env")
 @pytest.mark.parametrize("raw,seconds", [("inf", threading.TIMEOUT_MAX), ("1e308", threading.TIMEOUT_MAX),
-                                         ("0.5", 0.5), (" 3 ", 3.0), ("1e-9", 0.01), ("", DEFAULT_PROBE_TIMEOUT)])
+                                         ("0.5", 0.5), (" 3 ", 3.0), ("1e-9", 0.01), ("", 10.0)])
 def test_timeouts_are_clamped_to_what_threading_allows(raw: str, seconds: float) -> None:
-    assert read_seconds({"QUANTREG_PROBE_TIMEOUT": raw}, "QUANTREG_PROBE_TIMEOUT", 10.0) == (seconds, None)
+    assert settings.parsed(settings.PROBE_TIMEOUT, {"QUANTREG_PROBE_TIMEOUT": raw}) == (seconds, None)
+    assert setting_problems({"QUANTREG_PROBE_TIMEOUT": raw}) == []
 
 
 @pytest.mark.usefixtures("clean_env")
 @pytest.mark.parametrize("raw", ["nan", "-1", "0", "abc", "-inf", "1,5"])
 def test_unreadable_timeouts_are_located_problems(raw: str) -> None:
-    value, problem = read_seconds({"QUANTREG_PROBE_TIMEOUT": raw}, "QUANTREG_PROBE_TIMEOUT", 10.0)
-    assert value == 10.0 and problem is not None
+    value, _ = settings.parsed(settings.PROBE_TIMEOUT, {"QUANTREG_PROBE_TIMEOUT": raw})
+    [problem] = setting_problems({"QUANTREG_PROBE_TIMEOUT": raw})
+    assert value == 10.0
     assert str(problem) == (f"environment: QUANTREG_PROBE_TIMEOUT: {raw!r} is not a positive number of seconds "
                             "(e.g. 10, 0.5, inf); using the default 10")
 

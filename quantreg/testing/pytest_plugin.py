@@ -132,7 +132,7 @@ def quantreg_registry() -> Registry:
 
 @pytest.fixture(scope="session")
 def quantreg_device(pytestconfig: pytest.Config) -> str:
-    from ..environment import guess_device
+    from ..host import guess_device
 
     chosen = pytestconfig.getoption("quantreg_device") or pytestconfig.getini("quantreg_device")
     return str(chosen) if chosen else guess_device()

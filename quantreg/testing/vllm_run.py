@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..environment import installed_vllm_version
+from ..installed import installed_vllm_version
 from ..vllm.versions import no_mxfp4_backend_message
 from ..writing import fresh_directory, make_directory, open_log, replace_file
 

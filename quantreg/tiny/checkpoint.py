@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from quantreg.formats.mxfp4 import BLOCK_BYTES, BLOCK_SIZE, E8M0_BIAS, dequantize_mxfp4
+from quantreg.models.checkpoint import INDEX_NAME, checkpoint_index
 from quantreg.models.gpt_oss import TinySizes, tiny_gpt_oss_config
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 #: (codes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives): sqrt(68.5 / 8).
 _E2M1_UNIFORM_RMS = math.sqrt(68.5 / 8)
 SAFETENSORS_NAME = "model.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
 
 
 #: Tensors with more elements than this are drawn a slice of rows at a time (same values as one
@@ -246,11 +246,11 @@ def load_tensors(directory: str | Path) -> dict[str, torch.Tensor]:
 
     from ..files import require_regular
 
-    index = Path(directory) / INDEX_NAME
-    if index.is_file():  # sharded (write_tiny_gpt_oss(..., sharded=True)): every shard the index names
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        shards = [SAFETENSORS_NAME]
+    weight_map, problems = checkpoint_index(directory)
+    if problems:
+        raise ValueError("; ".join(problems))
+    # sharded (write_tiny_gpt_oss(..., sharded=True)): every shard the index names
+    shards = sorted(set(weight_map.values())) if weight_map is not None else [SAFETENSORS_NAME]
     loaded: dict[str, torch.Tensor] = {}
     for shard in shards:
         path = str(Path(directory) / shard)

@@ -21,10 +21,10 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from ..envelope import envelope
-from ..environment import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
 from ..files import WriteRefused
 from ..host import host_facts, memory_available
+from ..installed import dist_version, installed_vllm_version
 from ..keys import Key
 from ..pins import running_pins
 from ..plan import quant_format_of, read_checkpoint

@@ -103,9 +103,9 @@ def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
              "w13_bias": "gate_up_proj_bias", "w2_weight": "down_proj_blocks", "w2_weight_scale": "down_proj_scales",
              "w2_bias": "down_proj_bias"}
     from ..files import ReadRefused, inside, require_regular
-    from ..plan import checkpoint_index
+    from ..models.checkpoint import checkpoint_index
 
-    weight_map, problems = checkpoint_index(root)  # the one reader of the index (plan's too)
+    weight_map, problems = checkpoint_index(root)  # the one reader of the index (plan's, the tiny loader's)
     if problems:
         raise LookupError(problems[0])
     if weight_map is None:

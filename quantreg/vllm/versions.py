@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..environment import installed_vllm_version
+from ..installed import installed_vllm_version
 from ..problems import quantreg_logger
 from ..version_spec import release, satisfies
 

@@ -89,9 +89,10 @@ from pathlib import Path
 
 import torch
 
+from .probe import ISA_ENV  # the setting's one name: the probe (no torch) reads it too
+
 log = logging.getLogger("vllm.quantreg.cpu_mxfp4")
 
-ISA_ENV = "QUANTREG_CPU_MXFP4_ISA"
 PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
 PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")

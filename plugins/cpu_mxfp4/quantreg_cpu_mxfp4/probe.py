@@ -20,6 +20,7 @@ from pathlib import Path
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_mxfp4.so")
 """The kernel (a plain C library; kernel.LIBRARY)."""
 ISA_ENV = "QUANTREG_CPU_MXFP4_ISA"
+"""The setting forcing the kernel's ISA path: named here, where no torch is imported; kernel.py imports it."""
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
 BUILD_FAILED = Path(__file__).with_name("BUILD_FAILED.txt")
 """Written by setup.py when the build failed: the one line it printed."""

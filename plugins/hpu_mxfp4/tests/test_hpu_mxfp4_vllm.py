@@ -159,7 +159,7 @@ def factory_has(name: str) -> bool:
 
 
 def _vllm_before(*wanted: int) -> bool:
-    from quantreg.environment import installed_vllm_version
+    from quantreg.installed import installed_vllm_version
     from quantreg.vllm.versions import release
 
     found = release(installed_vllm_version() or "")

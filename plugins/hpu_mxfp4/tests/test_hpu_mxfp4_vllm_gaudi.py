@@ -81,6 +81,7 @@ def _registry(tmp_path: Path, method: str | None) -> quantreg.Registry:
     return quantreg.Registry.build(config=[table], env={})
 
 
+@pytest.mark.needs("torch", "vllm")  # the table's mxfp4_reference is chosen only where it can run
 def test_findings_when_the_table_keeps_the_config(tmp_path: Path) -> None:
     (finding,) = findings(_registry(tmp_path, "mxfp4_reference").resolve, "cpu", env={}, vllm_gaudi_installed=True)
     assert finding.level == "info" and finding.key == ("gpt_oss_mxfp4", "gpt_oss", "cpu")
@@ -119,6 +120,7 @@ def fake_vllm_gaudi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator
     sys.modules.pop("vllm_gaudi", None)
 
 
+@pytest.mark.needs("torch", "vllm")  # as above: the finding is about mxfp4_reference, chosen
 def test_doctor_hook_speaks_only_where_vllm_gaudi_is(fake_vllm_gaudi: None, tmp_path: Path) -> None:
     registry = _registry(tmp_path, "mxfp4_reference")
     mine = [f for f in registry.findings("cpu") if f.plugin == "hpu_mxfp4"]

@@ -1,8 +1,10 @@
-"""Facts about this host, found without importing vLLM or torch.
+"""What is installed here, found without importing it: modules, distributions and their versions
+(vLLM's among them), quantreg's start-up hook, and a source tree that would shadow this copy.
 
-Importing vLLM costs seconds, so everyday commands guess the device cheaply, the vLLM version
-comes from package metadata, and only ``quantreg doctor`` asks vLLM itself (through
-:mod:`quantreg.vllm.platform`, the one place that imports it).
+Why apart from :mod:`quantreg.host`: that module says what this *machine* is (CPU, memory, the
+device vLLM would report); this one says what *software* is on it. Importing vLLM costs seconds,
+so everyday commands read package metadata here, and only ``quantreg doctor`` asks vLLM itself
+(through :mod:`quantreg.vllm.platform`, the one place that imports it).
 """
 
 from __future__ import annotations
@@ -10,12 +12,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
 from importlib import metadata
 
-from . import settings
 from .files import ReadRefused, read_regular
-from .problems import Problem
 
 _HEADER_BYTES = 64 << 10
 """Read of a METADATA file's start: its Name and Version headers come first."""
@@ -24,35 +23,6 @@ VLLM_PLUGIN_GROUP = "vllm.general_plugins"
 HOOK_NAME = "quantreg"
 HOOK_VALUE = "quantreg.vllm:register"
 
-DEFAULT_PROBE_TIMEOUT = float(settings.BY_NAME[settings.PROBE_TIMEOUT].default)
-
-
-def read_seconds(env: Mapping[str, str], var: str, default: float) -> tuple[float, Problem | None]:
-    """A timeout in seconds from setting ``var``: ``(seconds, None)``, or ``(default, problem)`` if unreadable.
-
-    The parsing is :func:`quantreg.settings.parse_seconds` (huge values clamped to what
-    ``threading`` accepts, ``nan``/zero/negatives refused); kept here for its callers.
-    """
-    text = settings.raw(var, env)
-    if text is None:
-        return default, None
-    seconds, message = settings.parse_seconds(text, default)
-    return float(seconds), None if message is None else Problem(settings.ENVIRONMENT, None, var, message)
-
-
-def probe_timeout(env: Mapping[str, str] | None = None) -> float:
-    """``QUANTREG_PROBE_TIMEOUT`` in seconds, always a value ``threading`` accepts."""
-    return float(settings.value(settings.PROBE_TIMEOUT, env))
-
-
-def setting_problems(env: Mapping[str, str]) -> list[Problem]:
-    """Problems with the ``QUANTREG_*`` settings (:func:`quantreg.settings.problems`), one per variable.
-
-    ``QUANTREG_STRICT`` is left to :mod:`quantreg.mode` (it reports it with the mode).
-    """
-    return [Problem(settings.ENVIRONMENT, None, name, message) for name, message in settings.problems(env)
-            if name != settings.STRICT]
-
 
 def module_available(name: str) -> bool:
     """Is ``name`` importable? Found with ``find_spec``, so nothing is imported."""
@@ -60,15 +30,6 @@ def module_available(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def guess_device() -> str:
-    """The device vLLM would most likely report, from what is installed and visible."""
-    if module_available("habana_frameworks"):
-        return "hpu"
-    if os.path.exists("/dev/nvidia0"):
-        return "cuda"
-    return "cpu"
 
 
 def dist_version(name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""quantreg.environment: distribution names and versions read as the start-up hook reads them.
+"""quantreg.installed: distribution names and versions read as the start-up hook reads them.
 
 ``dist_name_version`` replaced ``Distribution.name`` / ``.version`` (an ``email`` parse of the
 whole METADATA per access) on ``register()``'s path (issue 24's start-up budget): it must give the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from quantreg.environment import dist_name_version, dist_version
+from quantreg.installed import dist_name_version, dist_version
 
 
 def test_every_installed_distribution_reads_as_importlib_reads_it() -> None:
