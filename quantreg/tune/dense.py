@@ -263,7 +263,7 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
         evidence: dict[str, Any] = {
             "at": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "host": host_facts().as_json(), "vllm": installed_vllm_version(), "torch": dist_version("torch"),
-            "tolerance": DEFAULT_TOLERANCE, "budget_s": round(left, 1), "rounds": rounds,
+            "tolerance": DEFAULT_TOLERANCE, "budget_s": budget, "rounds": rounds,  # the run's, as for the experts
             "shape": {**kind_shape, "weights": weights}, "load_avg": load_average(),
             "pins": running_pins(registry, [r.method for r in results if r.ok or r.method in lossy], kind_shape),
         }
