@@ -88,14 +88,6 @@ def load(layer: Any, part: str, tensors: Mapping[str, torch.Tensor]) -> None:
                 loader(param, tensors[what])
 
 
-def reference_weights(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The loaded layer's (weight [N, K], bias [N] or None) as vLLM holds them, copied before a method
-    converts or frees them: what the float64 reference multiplies."""
-    weight = layer.weight.detach().clone()
-    bias = getattr(layer, "bias", None)
-    return weight, (bias.detach().clone() if isinstance(bias, torch.Tensor) else None)
-
-
 def forward(layer: Any, part: str, x: torch.Tensor) -> Any:
     """The call vLLM makes: the linear layer's ``forward`` (output only), the lm_head's ``quant_method.apply``."""
     if part == "lm_head":

@@ -8,8 +8,8 @@ same way as every plugin method. The kind ``attention`` is timed as one decoder 
 ``qkv_proj`` then ``o_proj``; ``dense`` is the router; ``lm_head`` the lm_head.
 
 Correctness first, at every size timed: each built method runs :data:`CHECK_TOKENS` and is
-compared with ``x @ W.T (+ b)`` in float64 (``W``, ``b``: the weights vLLM loaded, copied before
-any method converts them), ``max |out - ref| / max |ref|`` over the whole output, computed in
+compared with ``x @ W.T (+ b)`` in float64 (``W``, ``b``: the checkpoint's, checked equal to what
+vLLM's loader wrote into every built layer), ``max |out - ref| / max |ref|`` over the whole output, computed in
 column blocks so a 201,088-wide lm_head never holds a whole float64 copy of its weight. A method
 past the tolerance is refused, as is one that fails to build, raises or returns anything but a
 finite ``[tokens, N]`` tensor. Whether a method is *lossy* (beyond bf16's own error) is judged by
@@ -112,6 +112,18 @@ def blocked_error(out: torch.Tensor, blocks: Sequence[torch.Tensor]) -> float:
     return diff / (scale if scale > 0 else 1.0)
 
 
+def source_weights(part: str, tensors: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight [N, K], bias or None) of ``part`` as one rank holds them: q, k, v stacked for the QKV layer.
+
+    The float64 reference multiplies these; every built layer is checked equal to them after vLLM's
+    loader ran (before any method converts its copy), so no second copy of a 1.2 GB lm_head is kept.
+    """
+    if part == "qkv_proj":
+        return (torch.cat([tensors[f"{s}_proj.weight"] for s in "qkv"]),
+                torch.cat([tensors[f"{s}_proj.bias"] for s in "qkv"]))
+    return tensors["weight"], tensors.get("bias")
+
+
 class DenseMeasurement:
     """The dense methods of one key (its layer kind), built once, then checked and timed side by side."""
 
@@ -155,8 +167,12 @@ class DenseMeasurement:
         for part in self.parts:
             layer = gd.build(part, self.shape)
             gd.load(layer, part, self.tensors[part])
-            if part not in self.refs:  # the weights vLLM loaded, before any method converts them
-                self.refs[part] = gd.reference_weights(layer)
+            if part not in self.refs:
+                self.refs[part] = source_weights(part, self.tensors[part])
+            weight, bias = self.refs[part]
+            if not torch.equal(layer.weight, weight) or (bias is not None and not torch.equal(layer.bias, bias)):
+                raise RuntimeError(f"vLLM's loader wrote {part}'s weights differently from the checkpoint's "
+                                   "(the float64 reference would not be this layer's)")
             if not keeps_vllm(name):
                 context = BuildContext(self.key, name, "quantreg tune", {}, str(layer.prefix), layer)
                 layer.quant_method = self.registry.methods[name].build(layer.quant_method, context)
