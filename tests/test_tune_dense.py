@@ -84,6 +84,18 @@ def test_a_checkpoint_without_the_dense_sizes_or_of_another_model_is_refused_by_
     assert not (tmp_path / "t.yaml").exists()
 
 
+def test_an_lm_head_that_cannot_fit_in_memory_is_refused_before_anything_is_allocated(tmp_path: Path) -> None:
+    config = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_hidden_layers": 1,
+              "num_local_experts": 4, "num_experts_per_tok": 2, "hidden_size": 2880, "intermediate_size": 2880,
+              "vocab_size": 1 << 30, "quantization_config": {"quant_method": "mxfp4"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = cli("tune", str(tmp_path), "--layers", "lm_head", "--json", "--out", str(tmp_path / "t.yaml"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    error = json.loads(out.stdout)["error"]
+    assert "measuring the lm_head layers at these sizes needs about" in error, error
+    assert "GiB is available here; nothing measured" in error and not (tmp_path / "t.yaml").exists()
+
+
 def test_a_method_beyond_twice_bf16s_error_is_lossy_and_refused_unless_allowed() -> None:
     assert not is_lossy(0.004, 0.003)          # within 2x bf16's own rounding
     assert is_lossy(0.011, 0.0035)             # an int8 copy: ~3x
