@@ -267,11 +267,12 @@ def test_start_up_checks_a_dense_rules_shape_pin_on_the_model_vllm_builds(
         result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         return result
 
+    # only the shape is this test's: a loaded shared host can move the bandwidth pin beyond its factor
     same = start(table)
-    assert "raised" not in same and not [m for lvl, m in same["log"] if "stale" in m], same
+    assert "raised" not in same and not [m for lvl, m in same["log"] if "is stale: shape:" in m], same
     assert any("(gpt_oss_mxfp4, gpt_oss, cpu, lm_head) -> vllm" in m for _, m in same["log"]), same
     lenient = start(elsewhere)
-    stale = [(lvl, m) for lvl, m in lenient["log"] if "is stale" in m]
+    stale = [(lvl, m) for lvl, m in lenient["log"] if "is stale: shape:" in m]
     assert len(stale) == 1 and stale[0][0] == "WARNING", lenient
     assert stale[0][1].startswith(f"quantreg: tuned rule for (gpt_oss_mxfp4, gpt_oss, cpu, lm_head) [{elsewhere}:")
     assert stale[0][1].endswith("is stale: shape: tuned with {hidden: 128, vocab: 1000}, running {hidden: 128, "
@@ -279,5 +280,5 @@ def test_start_up_checks_a_dense_rules_shape_pin_on_the_model_vllm_builds(
     assert "raised" not in lenient
     raised = start(strict)["raised"]
     assert raised.startswith("quantreg (strict): tuned rule for (gpt_oss_mxfp4, gpt_oss, cpu, lm_head)")
-    assert "was measured elsewhere: shape: tuned with {hidden: 128, vocab: 1000}, running {hidden: 128, " \
-           "vocab: 201088}" in raised and "\n" not in raised
+    assert "was measured elsewhere: " in raised and "\n" not in raised
+    assert "shape: tuned with {hidden: 128, vocab: 1000}, running {hidden: 128, vocab: 201088}" in raised
