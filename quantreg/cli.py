@@ -380,6 +380,12 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    if args.layers is not None or args.allow_lossy:  # dense layer kinds (issue 30): quantreg/tune/dense.py
+        from .tune.dense import tune_layers
+
+        return tune_layers(args.model_dir, args.layers or "experts", device=args.device, out=args.out,
+                           as_json=args.json, budget=args.budget, synthetic=args.synthetic,
+                           allow_lossy=args.allow_lossy, config=args.config)
     from .tune.command import tune_command  # measure.py imports torch and vLLM only once measuring starts
 
     return tune_command(args.model_dir, device=args.device, out=args.out, as_json=args.json, budget=args.budget,
@@ -509,8 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny (a few MB, default) or 20b: GPT-OSS-20B's real sizes, one shard per layer (~13 GB)")
     p.add_argument("--layers", type=int, metavar="N", help="number of layers (default: the shape's: 2 / 24)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
-    p = add("tune", cmd_tune, "measure every method that can run here on a checkpoint's MoE layer shapes and "
-            "write a user table ordering the correct ones by speed (never starts a server)")
+    p = add("tune", cmd_tune, "measure every method that can run here on a checkpoint's layer shapes (MoE, and "
+            "dense kinds with --layers) and write a user table ordering the correct ones by speed (never starts a "
+            "server)")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--device", default="cpu", help="device to measure on (only cpu)")
     p.add_argument("--out", metavar="TABLE", help="where to write the table (default tuned.yaml; '-': stdout)")
@@ -518,6 +525,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall-clock seconds for the whole run; bounds the timing rounds (default 120)")
     p.add_argument("--synthetic", action="store_true",
                    help="random valid weights of the checkpoint's shapes instead of its first MoE layer's")
+    p.add_argument("--layers", metavar="KINDS",
+                   help="layer kinds to measure and write rules for: experts (default), attention, dense, lm_head, "
+                        "comma-separated, or all")
+    p.add_argument("--allow-lossy", action="store_true",
+                   help="chain a dense method beyond 2x bf16's float64 error (an int8 copy); refused without it")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
     p = add("check-method", cmd_check_method,
             "run the plugin conformance suite on a registered method; exit 1 if a check fails")

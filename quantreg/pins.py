@@ -21,6 +21,11 @@ Fields (every one optional: only what a table records is checked)::
       plugins: {DISTRIBUTION: VERSION}            # the distribution of each measured method
       kernels: {METHOD: <sha256>}                  # the compiled extension files a measured method ships
       shape: {experts: 32, hidden: 2880, intermediate: 2880, top_k: 4}   # checked where a shape is known
+
+A dense rule (``layer: attention | dense | lm_head``) pins the shape of its kind instead
+(:func:`dense_shape`): ``{hidden, heads, kv_heads, head_dim}`` for attention, ``{hidden, experts}``
+for the router (``dense``), ``{hidden, vocab}`` for the lm_head; read from config.json by ``plan``
+and from vLLM's model config at start-up.
 """
 
 from __future__ import annotations
@@ -73,7 +78,35 @@ BANDWIDTH_SCANS = 15
 BANDWIDTH_BYTES = 64 << 20
 """Read per bandwidth sample: beyond any last-level cache of a host this runs on (so memory is measured)."""
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib")
-SHAPE_FIELDS = ("experts", "hidden", "intermediate", "top_k")
+SHAPE_FIELDS = ("experts", "hidden", "intermediate", "top_k", "heads", "kv_heads", "head_dim", "vocab")
+DENSE_SHAPE_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "attention": ("hidden", "heads", "kv_heads", "head_dim"),
+    "dense": ("hidden", "experts"),
+    "lm_head": ("hidden", "vocab"),
+}
+"""The shape fields each dense layer kind's weights depend on (GPT-OSS: qkv/o_proj, the router, the lm_head)."""
+CONFIG_NAMES = {"hidden": "hidden_size", "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
+                "head_dim": "head_dim", "vocab": "vocab_size", "experts": "num_local_experts"}
+"""config.json's (and vLLM's ``hf_config``'s) name of each dense shape field."""
+
+
+def dense_shape(config: Mapping[str, Any], kind: str) -> dict[str, int] | None:
+    """The shape a ``kind`` layer's weights have in a model of ``config`` (config.json's names), or ``None``.
+
+    ``head_dim`` defaults to ``hidden_size / num_attention_heads`` as in transformers; ``None`` when
+    a field the kind needs is missing or not a positive whole number (nothing to compare).
+    """
+    fields = DENSE_SHAPE_FIELDS.get(kind)
+    if fields is None:
+        return None
+    values = {f: config.get(CONFIG_NAMES[f]) for f in fields}
+    if "head_dim" in values and values["head_dim"] is None:
+        heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+        if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+            values["head_dim"] = hidden // heads
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values.values()):
+        return None
+    return {f: int(v) for f, v in values.items()}  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -377,20 +377,30 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
         expert_bytes = 0
     data = {"method": decision.method, "rule": decision.source, "expert_bytes": expert_bytes,
             "warnings": warnings, **ans.to_json()}
-    dense = dense_plan(registry, key)
+    dense = dense_plan(registry, key, ck.config)
     if dense:  # only where a table has dense rules: every other plan keeps its JSON
         data["dense"] = dense
     return data
 
 
-def dense_plan(registry: Registry, key: Key) -> dict[str, dict[str, str]]:
-    """The decision for each dense layer kind of ``key`` (issue 30), when any rule names a dense kind."""
+def dense_plan(registry: Registry, key: Key, config: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The decision for each dense layer kind of ``key`` (issue 30), when any rule names a dense kind.
+
+    A tuned dense rule's ``shape`` pin is compared with the kind's sizes in ``config`` (config.json):
+    a differing shape is a ``stale`` entry (only then: every other plan keeps its JSON)."""
     if not any(r.match.layer is not None and set(r.match.layers) - {EXPERTS} for r in registry.index.rules):
         return {}
-    out = {}
+    from .pins import dense_shape
+
+    out: dict[str, dict[str, Any]] = {}
     for kind in LAYER_KINDS[1:]:
         decision = registry.resolve(key.of_layer(kind))
         out[kind] = {"method": decision.method, "rule": decision.source}
+        shape = dense_shape(config, kind) if config and decision.rule is not None and decision.rule.tuned else None
+        if shape is not None and decision.rule is not None:
+            stale = [s.text() for s in registry.stale_evidence(decision.rule, shape) if s.field == "shape"]
+            if stale:
+                out[kind]["stale"] = stale
     return out
 
 
@@ -445,7 +455,9 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
     for device, d in data["devices"].items():
         lines.append(f"{device:<9} {d['method']} [{d['rule']}]  experts hold {_human(d['expert_bytes'])}")
         lines += [f"  warning {w}" for w in d["warnings"]]
-        lines += [f"  {kind:<9} {v['method']} [{v['rule']}]" for kind, v in d.get("dense", {}).items()]
+        for kind, v in d.get("dense", {}).items():
+            lines.append(f"  {kind:<9} {v['method']} [{v['rule']}]")
+            lines += [f"  warning {kind} tuned rule is stale: {t}" for t in v.get("stale", ())]
     lines += [f"problem   {p['text'] if isinstance(p, Mapping) else p}" for p in data["problems"]]
     return "\n".join(printable(line) for line in lines)  # paths and values from outside: one line each, encodable
 

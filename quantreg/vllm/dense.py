@@ -162,6 +162,8 @@ class DenseSeam:
             from ..answer import chain_notes
 
             raise QuantregError(f"quantreg (strict): {decision.summary()}; " + "; ".join(chain_notes(decision)))
+        if decision.rule is not None and decision.rule.tuned is not None:  # tune's evidence, the kind's shape too
+            self.seam.check_tuned_shape(decision, registry, model_dense_shape(kind), mode.strict)
         layer.__dict__[LAYER_MARK] = _Mark(key, vllms, decision.method)
         if decision.keeps_vllm:
             return
@@ -260,6 +262,19 @@ def _quant_config(layer: Any) -> Any:
     from .context import _current_vllm_config
 
     return getattr(_current_vllm_config(), "quant_config", None)
+
+
+def model_dense_shape(kind: str) -> dict[str, int] | None:
+    """The sizes a ``kind`` layer has in the model vLLM is building (its ``hf_config``; ``None`` unknown),
+    compared with a tuned dense rule's ``shape`` pin (:func:`quantreg.pins.dense_shape`)."""
+    from ..pins import CONFIG_NAMES, dense_shape
+    from .context import _current_vllm_config
+
+    model_config = getattr(_current_vllm_config(), "model_config", None)
+    hf_config = getattr(model_config, "hf_config", None)
+    if hf_config is None:
+        return None
+    return dense_shape({name: getattr(hf_config, name, None) for name in CONFIG_NAMES.values()}, kind)
 
 
 def _base_of(method: Any) -> Any:

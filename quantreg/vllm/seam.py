@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -204,12 +204,16 @@ class Seam:
         (the decision, the trail and the fingerprint carry the flag). Strict: one
         ``quantreg (strict):`` line naming every field, and no start.
         """
+        self.check_tuned_shape(decision, registry, layer_shape(moe_config), strict)
+
+    def check_tuned_shape(self, decision: Decision, registry: Registry, shape: Mapping[str, int] | None,
+                          strict: bool) -> None:
+        """:meth:`check_tuned` with the layer's shape given (the dense seam's: :func:`quantreg.pins.dense_shape`)."""
         rule = decision.rule
         if rule is None or rule.tuned is None or decision.key in self.stale_logged:
             return
         self.stale_logged.add(decision.key)
         texts = list(decision.stale)
-        shape = layer_shape(moe_config)
         if shape is not None:
             texts += [s.text() for s in registry.stale_evidence(rule, shape) if s.field == "shape"]
         if not texts:
