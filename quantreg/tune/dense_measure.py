@@ -321,7 +321,7 @@ def checkpoint_tensors(model_dir: str, names: Mapping[str, Mapping[str, str]]) -
     from safetensors import safe_open
 
     from ..files import ReadRefused, inside, require_regular
-    from ..plan import checkpoint_index
+    from ..models.checkpoint import checkpoint_index
 
     root = Path(model_dir)
     weight_map, problems = checkpoint_index(root)
