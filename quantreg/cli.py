@@ -383,7 +383,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tune.command import tune_command  # measure.py imports torch and vLLM only once measuring starts
 
     return tune_command(args.model_dir, device=args.device, out=args.out, as_json=args.json, budget=args.budget,
-                        synthetic=args.synthetic, config=args.config)
+                        synthetic=args.synthetic, config=args.config, tokens=args.tokens)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -518,6 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wall-clock seconds for the whole run; bounds the timing rounds (default 120)")
     p.add_argument("--synthetic", action="store_true",
                    help="random valid weights of the checkpoint's shapes instead of its first MoE layer's")
+    p.add_argument("--tokens", metavar="N,N,...", default=None,
+                   help="token counts per forward to time (default 1,2,4,...,512; 1, 64 and 256 always): where "
+                        "the fastest method differs between small and large counts beyond noise, two rules "
+                        "split the key at the crossover")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
     p = add("check-method", cmd_check_method,
             "run the plugin conformance suite on a registered method; exit 1 if a check fails")
