@@ -3,10 +3,9 @@
 Real vLLM layers at the tiny shape (the kit's harness, in the tune process), with a throwaway
 plugin installed as a real distribution (tests/e2e/tune_plugin/quantreg_tune_crossover.py): each
 method is ``mxfp4_reference`` plus a sleep that puts its curve where the test knows it is.
-Entry point ``crossing``: ``tune_decode`` (0.5 ms per token) against ``tune_prefill`` (8 ms
-flat): faster beyond the 5 % margin up to 8 tokens (4 vs 8 ms), a tie at 16 (8 vs 8 ms), slower
-from 32 on, so the crossover is 8 (the lower middle of the tie range 8..16, tune's rule).
-Entry point ``parallel``: ``tune_flat`` (2 ms flat) is faster than ``tune_prefill`` everywhere.
+Entry point ``crossing``: ``tune_decode`` (20 ms up to 8 tokens, 400 ms above) against
+``tune_prefill`` (200 ms flat): faster up to 8 tokens, slower from 16 on, so the crossover is 8.
+Entry point ``parallel``: ``tune_flat`` (100 ms flat) is faster than ``tune_prefill`` everywhere.
 Every other method is kept out (plugins #1, #2 and the dense plugin disabled; vLLM's own kernel
 believed absent through the host-facts seam) so the curves decide alone.
 
@@ -100,7 +99,8 @@ def test_crossing_curves_write_one_crossover_rule_pair(crossing: list[dict[str, 
     assert 'tokens: "<=8"' in first["text"] and 'tokens: ">8"' in first["text"]  # the spelling the key reads
     cross = first["split"]["crossover"]
     assert (cross["tokens"], cross["small"], cross["large"]) == (8, "tune_decode", "tune_prefill")
-    assert cross["small_wins"] == [1, 2, 4, 8] and min(cross["large_wins"]) == 32
+    # apart beyond noise where the sleeps differ 10x (and usually where they differ 2x: a noisy round may tie one)
+    assert cross["small_wins"] == [1, 2, 4, 8] and cross["large_wins"] and set(cross["large_wins"]) <= set(COUNTS[4:])
     # the envelope: within 5 % of the best (or within noise of it) at every measured count, said so
     env = cross["envelope"]
     assert env["ok"] and set(env["methods"]) == {str(t) for t in COUNTS}
