@@ -128,7 +128,6 @@ def test_tune_writes_the_same_crossover_table_twice_in_a_row(crossing: list[dict
 @pytest.mark.plugin1
 def test_curves_that_do_not_cross_write_the_single_rule(parallel: dict[str, Any]) -> None:
     assert decision(parallel["text"]) == [{"match": KEY, "method": ["tune_flat", "tune_prefill"]}]
-    assert "tokens:" not in parallel["text"]
     assert parallel["split"]["crossover"] is None
     assert parallel["split"]["single_envelope"]["ok"]
     assert parallel["split"]["text"].startswith("no crossover: one method for every token count (tune_flat")
