@@ -157,3 +157,13 @@ def test_tune_refuses_bad_token_counts_before_reading_anything(tmp_path: Path) -
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip() == ("quantreg tune: --tokens 1,abc: abc is not a token count; expected "
                                   "comma-separated whole numbers from 1 to 8192, e.g. 1,2,4,8,16,32,64")
+
+
+def test_methods_not_timed_at_every_count_keep_the_single_rule() -> None:
+    """Results timed at the score's counts only (a table from before --tokens): no split, said why."""
+    old = [Result("vllm", ok=True, ms={1: 5.0, 64: 40.0, 256: 70.0}), Result("cpu_mxfp4", ok=True, ms={1: 3.0})]
+    rules, decided = tune_table.tuned_rules(KEY, old, EVIDENCE, counts=COUNTS)
+    assert [r["method"] for r in rules] == [["vllm"]] and decided.crossover is None
+    assert decided.text() == ("no crossover: one method for every token count (vllm); the methods were not timed "
+                              "at every count of 1, 2, 4, 8, 16, 32, 64, 128, 256, 512")
+    assert decided.to_json()["single_envelope"] is None

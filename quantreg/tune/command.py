@@ -299,8 +299,8 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
             lines.append(f"chain    {printable(', '.join(data['chain'])) or 'none: no method passed'}")
             lines += [f"ranking  {printable(v.text())}" for v in verdicts]
         else:
-            for r in rules:
-                lines.append(f"rule     tokens {r['match']['tokens']}: {printable(', '.join(r['method']))}")
+            for written in rules:
+                lines.append(f"rule     tokens {written['match']['tokens']}: {printable(', '.join(written['method']))}")
         lines.append(f"tokens   {printable(decided.text())}")
         load = evidence["load_avg"]
         if load:

@@ -287,6 +287,8 @@ class Envelope:
     @property
     def worst(self) -> tuple[int, float]:
         """The token count where the envelope is furthest from the best, and that ratio."""
+        if not self.ratios:
+            return 0, 1.0
         t = max(sorted(self.ratios), key=lambda k: self.ratios[k])
         return t, self.ratios[t]
 
@@ -318,6 +320,8 @@ def envelope(results: Sequence[Result], methods: Mapping[int, str]) -> Envelope:
     beaten: list[tuple[int, Comparison]] = []
     for t, chosen in sorted(methods.items()):
         timed = {n: r for n, r in by_name.items() if r.ms.get(t)}
+        if chosen not in timed:  # not measured there: nothing to compare (split() never asks for it)
+            continue
         best[t] = min(sorted(timed), key=lambda n: float(timed[n].ms[t] or 0.0))
         ratios[t] = float(timed[chosen].ms[t] or 0.0) / float(timed[best[t]].ms[t] or 1.0)
         for name in sorted(timed):
@@ -363,8 +367,11 @@ class Split:
     candidates: list[Crossover] = field(default_factory=list)
 
     def text(self) -> str:
-        if self.single is None or self.single_envelope is None:
+        if self.single is None:
             return "no method passed"
+        if self.single_envelope is None:
+            return (f"no crossover: one method for every token count ({self.single}); the methods were not "
+                    f"timed at every count of {', '.join(map(str, self.counts))}")
         if self.crossover is not None:
             return self.crossover.text()
         lines = (f"no crossover: one method for every token count ({self.single}, envelope "
@@ -398,6 +405,8 @@ def split(results: Sequence[Result], counts: Sequence[int], single: str | None) 
     if single is None:
         return Split(counts, None, None)
     usable = [r for r in results if r.ok and all(r.ms.get(t) for t in counts)]
+    if single not in {r.method for r in usable}:
+        return Split(counts, single, None)
     single_env = envelope(usable, {t: single for t in counts})
     found = Split(counts, single, single_env)
     if single_env.ok:
