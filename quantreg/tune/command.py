@@ -295,10 +295,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
             mark = "ok  " if r.ok else ("no  " if "cannot run here" in str(r.error) else "FAIL")
             lines.append(f"  {mark} {printable(r.method)}: " + (times if r.ok else printable(str(r.error))))
             lines += [f"       warning: {printable(w)}" for w in r.warnings]
-        if decided.crossover is None:
-            lines.append(f"chain    {printable(', '.join(data['chain'])) or 'none: no method passed'}")
-            lines += [f"ranking  {printable(v.text())}" for v in verdicts]
-        else:
+        lines.append(f"chain    {printable(', '.join(data['chain'])) or 'none: no method passed'}")
+        lines += [f"ranking  {printable(v.text())}" for v in verdicts]
+        if decided.crossover is not None:  # the pair written instead of the one chain above
             for written in rules:
                 lines.append(f"rule     tokens {written['match']['tokens']}: {printable(', '.join(written['method']))}")
         lines.append(f"tokens   {printable(decided.text())}")

@@ -108,8 +108,8 @@ def tuned_rules(key: Key, results: Sequence[Result], evidence: Mapping[str, Any]
                       "tokens": tokens_value(cross.tokens, small)},
             "method": methods,
             "note": (f"quantreg tune: {winner} for forwards of {'at most' if small else 'more than'} "
-                     f"{cross.tokens} tokens, {other} {'above' if small else 'up to'} (measured crossover; "
-                     "tuned.ranking)"),
+                     f"{cross.tokens} tokens, {other} {'above' if small else f'up to {cross.tokens}'} "
+                     "(measured crossover; tuned.ranking)"),
             "tuned": {**copy.deepcopy(dict(evidence)),
                       "phase_weights": {str(t): round(w, 6) for t, w in sorted(side_weights.items())},
                       "ranking": [*(v.text() for v in verdicts), cross.text()],
