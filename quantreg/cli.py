@@ -389,7 +389,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tune.command import tune_command  # measure.py imports torch and vLLM only once measuring starts
 
     return tune_command(args.model_dir, device=args.device, out=args.out, as_json=args.json, budget=args.budget,
-                        synthetic=args.synthetic, config=args.config)
+                        synthetic=args.synthetic, config=args.config, tokens=args.tokens)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -530,6 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "comma-separated, or all")
     p.add_argument("--allow-lossy", action="store_true",
                    help="chain a dense method beyond 2x bf16's float64 error (an int8 copy); refused without it")
+    p.add_argument("--tokens", metavar="N,N,...", default=None,
+                   help="token counts per forward to time (default 1,2,4,...,512; 1, 64 and 256 always): where "
+                        "the fastest method differs between small and large counts beyond noise, two rules "
+                        "split the key at the crossover")
     add("schema", cmd_schema, "print the JSON Schema of a version-1 table")
     p = add("check-method", cmd_check_method,
             "run the plugin conformance suite on a registered method; exit 1 if a check fails")

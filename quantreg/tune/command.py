@@ -32,12 +32,31 @@ from ..problems import describe, printable, problem_json
 from ..registry import Registry
 from ..table.verify import FLOAT64_FORMATS
 from ..writing import file_target_problem
-from .rank import PHASE_WEIGHTS, TOKENS, ranked
-from .table import phase_text, render, rule_for, write_atomically
+from .rank import DEFAULT_TOKENS, PHASE_WEIGHTS, TOKENS, curve, order_with_noise, ranked
+from .table import phase_text, render, tuned_rules, write_atomically
 
 DEFAULT_BUDGET = 120.0
 """Seconds: a 20B-shaped layer (E=32, H=I=2880) on 2 cores builds, checks and times two methods within it."""
 DEFAULT_OUT = "tuned.yaml"
+MAX_TOKENS = 8192
+"""The largest token count ``--tokens`` accepts: a prefill chunk vLLM-CPU schedules, not a typo's 10**9."""
+
+
+def parse_tokens(text: str | None) -> tuple[list[int] | None, str | None]:
+    """``--tokens 1,8,64`` -> the counts to time (with the score's 1, 64, 256), or why not.
+
+    ``None``: the default, :data:`quantreg.tune.rank.DEFAULT_TOKENS`.
+    """
+    if text is None:
+        return sorted({*DEFAULT_TOKENS, *TOKENS}), None
+    counts = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= MAX_TOKENS:
+            return None, (f"--tokens {printable(text)}: {printable(part) or 'an empty item'} is not a token count; "
+                          f"expected comma-separated whole numbers from 1 to {MAX_TOKENS}, e.g. 1,2,4,8,16,32,64")
+        counts.add(int(part))
+    return sorted(counts | set(TOKENS)), None
 
 
 class ProgressLine:
@@ -164,13 +183,17 @@ def out_problem(out: str | None) -> str | None:
 
 
 def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None, as_json: bool = False,
-                 budget: float = DEFAULT_BUDGET, synthetic: bool = False, config: list[str] | None = None) -> int:
+                 budget: float = DEFAULT_BUDGET, synthetic: bool = False, config: list[str] | None = None,
+                 tokens: str | None = None) -> int:
     """Measure every method for the checkpoint's MoE key and write the tuned table; 0 when written."""
     if device != "cpu":
         return _fail(f"--device {device}: tune measures on the CPU only (the kit's harness builds CPU layers)",
                      as_json, 2, key="--device")
     if not budget > 0:
         return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2, key="--budget")
+    counts, bad_tokens = parse_tokens(tokens)
+    if counts is None:
+        return _fail(bad_tokens or "--tokens", as_json, 2, key="--tokens")
     problem = out_problem(out)
     if problem is not None:  # before minutes of measuring, not after
         return _fail(problem, as_json, 2, key="--out")
@@ -224,7 +247,7 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
                     path=model_dir)
     try:
         results, rounds = measure(registry, key, experts, layer_shape.top_k, tolerance=DEFAULT_TOLERANCE,
-                                  deadline=began + budget, progress=progress)
+                                  deadline=began + budget, progress=progress, tokens=counts)
     except (KeyboardInterrupt, MemoryError):
         raise
     except Exception as exc:  # the float64 reference and the inputs are tune's own: a fault there is a located line
@@ -241,9 +264,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
         # what the measurement depends on; checked wherever the rule decides (quantreg.pins)
         "pins": running_pins(registry, [r.method for r in results if r.ok], layer_shape.as_json()),
     }
-    rule = rule_for(key, results, evidence, prior=prior_chain)
+    rules, decided = tuned_rules(key, results, evidence, prior=prior_chain, counts=counts)
+    rule = rules[0] if rules else None
+    overall, verdicts = order_with_noise(results, prior=prior_chain)  # the one-rule chain, split or not
     target = None
-    text = render([rule]) if rule is not None else None
+    text = render(rules) if rules else None
     if text is not None and out != "-":
         try:
             target = str(write_atomically(DEFAULT_OUT if out is None else out, text))
@@ -253,10 +278,13 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
         sys.stdout.write(text)
     elapsed = time.monotonic() - began
     data = {"ok": rule is not None, "model": str(model_dir), "key": dict(key._asdict()), "out": target,
-            "chain": rule["method"] if rule else [], "phase": phase_text(PHASE_WEIGHTS),
-            "tokens": list(TOKENS), "rounds": rounds, "budget_s": budget, "elapsed_s": round(elapsed, 1),
+            "chain": [r.method for r in overall], "phase": phase_text(PHASE_WEIGHTS),
+            "tokens": counts, "rounds": rounds, "budget_s": budget, "elapsed_s": round(elapsed, 1),
             "results": [r.to_json() for r in ranked(results, prior=prior_chain)],
-            "ranking": rule["tuned"]["ranking"] if rule else [], "tuned": evidence,
+            "ranking": [v.text() for v in verdicts] + ([decided.text()] if rule else []), "tuned": evidence,
+            # one rule for decode and prefill: the curve, the crossover (or why none) and its envelope check
+            "curve": curve(results, counts), "split": decided.to_json(),
+            "rules": [{"match": dict(r["match"]), "method": r["method"]} for r in rules],
             **({"table": text} if out == "-" and as_json else {}), **envelope(None, registry, config or [])}
     if as_json:
         print(json.dumps(data))
@@ -268,7 +296,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
             lines.append(f"  {mark} {printable(r.method)}: " + (times if r.ok else printable(str(r.error))))
             lines += [f"       warning: {printable(w)}" for w in r.warnings]
         lines.append(f"chain    {printable(', '.join(data['chain'])) or 'none: no method passed'}")
-        lines += [f"ranking  {printable(v)}" for v in data["ranking"]]
+        lines += [f"ranking  {printable(v.text())}" for v in verdicts]
+        if decided.crossover is not None:  # the pair written instead of the one chain above
+            for written in rules:
+                lines.append(f"rule     tokens {written['match']['tokens']}: {printable(', '.join(written['method']))}")
+        lines.append(f"tokens   {printable(decided.text())}")
         load = evidence["load_avg"]
         if load:
             lines.append(f"load     {' '.join(f'{v:.2f}' for v in load)} (1/5/15 min load average at the end; "

@@ -6,8 +6,8 @@ the forward vLLM calls), never on a stand-in. vLLM's own method is built the sam
 layer's method chosen by ``RoutedExperts._get_quant_method`` itself) wherever no limitation says
 it cannot run here.
 
-Correctness first, at every size timed: each built method runs :data:`CHECK_TOKENS` inputs (1
-and 5 tokens plus every count :data:`~quantreg.tune.rank.TOKENS` times, so a method right at one
+Correctness first, at every size timed: each built method runs :func:`check_tokens` inputs (1
+and 5 tokens plus every count it times, :data:`~quantreg.tune.rank.DEFAULT_TOKENS` unless told, so a method right at one
 token and wrong at 64 or 256, above plugin #2's 48-tokens-per-expert switch to its GEMM path, is
 refused with the token count named) and is compared with the
 float64 reference (:mod:`quantreg.models.gpt_oss_moe`), computed one routed expert at a time so a
@@ -15,7 +15,7 @@ float64 reference (:mod:`quantreg.models.gpt_oss_moe`), computed one routed expe
 tolerance (the ``verify:`` default, :data:`quantreg.table.verify.DEFAULT_TOLERANCE`) is refused,
 as is one that fails to build or raises.
 
-Timing: per token count (:data:`quantreg.tune.rank.TOKENS`), every passing method runs the same
+Timing: per token count (``tokens``: 1, 2, 4, ... 512 by default), every passing method runs the same
 input; rounds are interleaved (method order rotated each round) so drift in the machine's load
 hits every method alike, one warm-up round is discarded, and the median is kept; every timed
 output is checked (shape, finite) outside the timed span. Rounds go on while the ``budget``
@@ -56,10 +56,16 @@ from ..models.gpt_oss_moe import (
 from ..problems import describe, printable
 from ..registry import Registry
 from ..testing.harness import MoeLayer, VllmMoeHarness
-from .rank import MIN_PAIRED_ROUNDS, TOKENS, Result, median, sanity
+from .rank import DEFAULT_TOKENS, MIN_PAIRED_ROUNDS, TOKENS, Result, median, sanity
 
-CHECK_TOKENS = tuple(sorted({1, 5, *TOKENS}))
-"""Token counts checked against the float64 reference: every count timed, and 5 (an odd decode batch).
+
+def check_tokens(tokens: Sequence[int] = DEFAULT_TOKENS) -> tuple[int, ...]:
+    """The counts checked against float64 when ``tokens`` are timed: those, 5 and the score's counts."""
+    return tuple(sorted({1, 5, *TOKENS, *tokens}))
+
+
+CHECK_TOKENS = check_tokens()
+"""Token counts checked against the float64 reference by default: every count timed, and 5 (an odd decode batch).
 
 The check routes to :func:`routed_subset` (``2 * top_k`` experts), so at 256 tokens each routed
 expert gets ~128 rows: above plugin #2's GEMM switch (48 per expert); at 64, ~32: below it."""
@@ -176,13 +182,14 @@ class Measurement:
     """The methods of one key, built once, then checked and timed side by side."""
 
     def __init__(self, registry: Registry, key: Key, experts: GptOssMxfp4Experts, top_k: int, *,
-                 tolerance: float, progress: Progress) -> None:
+                 tolerance: float, progress: Progress, tokens: Sequence[int] = DEFAULT_TOKENS) -> None:
         self.registry = registry
         self.key = key
         self.experts = experts
         self.top_k = top_k
         self.tolerance = tolerance
         self.progress = progress
+        self.tokens = tuple(sorted({*TOKENS, *tokens}))  # the score's counts always: every method needs them
         self.results: dict[str, Result] = {}
         self.layers: dict[str, MoeLayer] = {}
 
@@ -232,7 +239,7 @@ class Measurement:
         cases = []
         routed = routed_subset(self.experts.num_experts, self.top_k)
         dense: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for tokens in CHECK_TOKENS:
+        for tokens in check_tokens(self.tokens):
             x = random_hidden_states(tokens, self.experts.hidden, seed=SEED + tokens)
             logits = restrict_routing(
                 random_router_logits(tokens, self.experts.num_experts, seed=SEED + 100 + tokens), routed)
@@ -263,8 +270,9 @@ class Measurement:
             del self.layers[name]  # refused: not timed, memory back
         gc.collect()
 
-    def time_all(self, deadline: float, tokens: Sequence[int] = TOKENS) -> int:
+    def time_all(self, deadline: float, tokens: Sequence[int] | None = None) -> int:
         """Interleaved timing rounds until ``deadline`` (``time.monotonic()``); returns the rounds measured."""
+        tokens = self.tokens if tokens is None else tokens
         names = sorted(self.layers)
         if not names:
             return 0
@@ -352,9 +360,9 @@ def _moe_shape(experts: GptOssMxfp4Experts) -> Any:
 
 
 def measure(registry: Registry, key: Key, experts: GptOssMxfp4Experts, top_k: int, *, tolerance: float,
-            deadline: float, progress: Progress) -> tuple[list[Result], int]:
-    """All methods for ``key``: built, checked, timed until ``deadline``. Returns results and rounds timed."""
-    m = Measurement(registry, key, experts, top_k, tolerance=tolerance, progress=progress)
+            deadline: float, progress: Progress, tokens: Sequence[int] = DEFAULT_TOKENS) -> tuple[list[Result], int]:
+    """All methods for ``key``: built, checked, timed at ``tokens`` until ``deadline``. Returns results and rounds."""
+    m = Measurement(registry, key, experts, top_k, tolerance=tolerance, progress=progress, tokens=tokens)
     try:
         with VllmMoeHarness("cpu") as harness:
             m.build_all(harness)

@@ -237,3 +237,199 @@ def median(values: Sequence[float]) -> float:
         raise ValueError("median of no values")
     mid = n // 2
     return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+# -- one rule for decode and prefill: the crossover (issue 32, item 3) ---------------------------
+
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""The token counts ``tune`` times by default: decode (1) up to a long prefill chunk (512), doubling,
+so a crossover is located within a factor of two. :data:`TOKENS` (the score's counts) are always among them."""
+ENVELOPE_MARGIN = MARGIN
+"""The envelope (what the written rules give each token count) must be within this of the best method."""
+
+
+def at_tokens(a: Result, b: Result, tokens: int) -> Comparison:
+    """``a`` / ``b`` at one token count: the same paired-round bootstrap as the ranking, on that count alone."""
+    return compare(a, b, {tokens: 1.0})
+
+
+def curve(results: Sequence[Result], counts: Sequence[int]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """The evidence of a crossover: per passing method, per token count, the median ms and the spread."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for r in results:
+        if not r.ok:
+            continue
+        spread = r.spread()
+        out[r.method] = {str(t): {"ms": None if r.ms.get(t) is None else round(float(r.ms[t] or 0.0), 4),
+                                  "spread": None if t not in spread else round(spread[t], 4)} for t in counts}
+    return out
+
+
+@dataclass
+class Envelope:
+    """What a set of rules gives each measured token count, against the fastest method there.
+
+    ``ok`` follows the ranking's noise rule: the envelope fails at a token count only where some
+    method is faster than the envelope's method **beyond noise** by more than :data:`ENVELOPE_MARGIN`
+    (the 95 % interval of the paired round ratio entirely below ``1 / 1.05``). ``ratios`` are the
+    plain median ratios (envelope / best), reported whatever the verdict.
+    """
+
+    methods: dict[int, str]
+    best: dict[int, str]
+    ratios: dict[int, float]
+    beaten: list[tuple[int, Comparison]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.beaten
+
+    @property
+    def worst(self) -> tuple[int, float]:
+        """The token count where the envelope is furthest from the best, and that ratio."""
+        if not self.ratios:
+            return 0, 1.0
+        t = max(sorted(self.ratios), key=lambda k: self.ratios[k])
+        return t, self.ratios[t]
+
+    def text(self) -> str:
+        t, ratio = self.worst
+        worst = f"worst x{ratio:.3f} of the best ({self.best[t]}) at {_tok(t)}"
+        if self.ok and ratio <= 1.0 + ENVELOPE_MARGIN:
+            return f"within {ENVELOPE_MARGIN:.0%} of the best method at every measured token count ({worst})"
+        if self.ok:
+            return (f"within noise of the best method at every measured token count ({worst}: over "
+                    f"{ENVELOPE_MARGIN:.0%} by the medians, not beyond noise)")
+        where = "; ".join(f"at {_tok(t)}: {c.first} faster than {c.second} beyond noise (median ratio {c.ratio:.3g},"
+                          f" 95 % interval {c.low:.3g}-{c.high:.3g})" for t, c in self.beaten)
+        return f"NOT within {ENVELOPE_MARGIN:.0%} of the best method ({worst}); {where}"
+
+    def to_json(self) -> dict[str, Any]:
+        t, ratio = self.worst
+        return {"ok": self.ok, "methods": {str(k): v for k, v in sorted(self.methods.items())},
+                "best": {str(k): v for k, v in sorted(self.best.items())},
+                "ratio_to_best": {str(k): round(v, 4) for k, v in sorted(self.ratios.items())},
+                "worst_ratio": round(ratio, 4), "worst_at": t, "text": self.text()}
+
+
+def envelope(results: Sequence[Result], methods: Mapping[int, str]) -> Envelope:
+    """Check the envelope ``methods`` (token count -> method) against every passing method."""
+    by_name = {r.method: r for r in results if r.ok}
+    best: dict[int, str] = {}
+    ratios: dict[int, float] = {}
+    beaten: list[tuple[int, Comparison]] = []
+    for t, chosen in sorted(methods.items()):
+        timed = {n: r for n, r in by_name.items() if r.ms.get(t)}
+        if chosen not in timed:  # not measured there: nothing to compare (split() never asks for it)
+            continue
+        best[t] = min(sorted(timed), key=lambda n: float(timed[n].ms[t] or 0.0))
+        ratios[t] = float(timed[chosen].ms[t] or 0.0) / float(timed[best[t]].ms[t] or 1.0)
+        for name in sorted(timed):
+            if name == chosen:
+                continue
+            c = at_tokens(timed[name], timed[chosen], t)
+            if c.rounds >= MIN_PAIRED_ROUNDS and c.high < 1.0 / (1.0 + ENVELOPE_MARGIN):
+                beaten.append((t, c))
+                break
+    return Envelope(dict(methods), best, ratios, beaten)
+
+
+@dataclass
+class Crossover:
+    """One split: ``small`` for forwards of at most ``tokens`` tokens, ``large`` above; its envelope."""
+
+    tokens: int
+    small: str
+    large: str
+    small_wins: list[int]
+    large_wins: list[int]
+    envelope: Envelope
+
+    def text(self) -> str:
+        return (f"crossover at {_tok(self.tokens)}: {self.small} for <= {self.tokens} (faster than {self.large} "
+                f"beyond noise at {_counts(self.small_wins)}), {self.large} above (faster beyond noise at "
+                f"{_counts(self.large_wins)}); envelope {self.envelope.text()}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "small": self.small, "large": self.large,
+                "small_wins": self.small_wins, "large_wins": self.large_wins, "envelope": self.envelope.to_json(),
+                "text": self.text()}
+
+
+@dataclass
+class Split:
+    """What tune decided about token counts: a :class:`Crossover`, or why one method serves them all."""
+
+    counts: list[int]
+    single: str | None
+    single_envelope: Envelope | None
+    crossover: Crossover | None = None
+    candidates: list[Crossover] = field(default_factory=list)
+
+    def text(self) -> str:
+        if self.single is None:
+            return "no method passed"
+        if self.single_envelope is None:
+            return (f"no crossover: one method for every token count ({self.single}); the methods were not "
+                    f"timed at every count of {', '.join(map(str, self.counts))}")
+        if self.crossover is not None:
+            return self.crossover.text()
+        lines = (f"no crossover: one method for every token count ({self.single}, envelope "
+                 f"{self.single_envelope.text()})")
+        if not self.single_envelope.ok:
+            best = min(self.candidates, key=lambda c: c.envelope.worst[1], default=None)
+            lines += ("; no single crossover is within noise of the best either (the closest: "
+                      f"{best.text()})" if best is not None else
+                      "; no pair of methods crosses (each faster beyond noise on one side only)")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {"counts": self.counts, "single": self.single,
+                "single_envelope": None if self.single_envelope is None else self.single_envelope.to_json(),
+                "crossover": None if self.crossover is None else self.crossover.to_json(), "text": self.text()}
+
+
+def split(results: Sequence[Result], counts: Sequence[int], single: str | None) -> Split:
+    """Does one crossover (``small`` up to N tokens, ``large`` above) beat the single method ``single``?
+
+    Only when ``single`` is not within noise of the best at every count (:func:`envelope`): then
+    every ordered pair of passing methods whose per-count verdicts (:func:`at_tokens`, the ranking's
+    noise rule) put ``small`` ahead beyond noise only below ``large``'s wins is a candidate. Its
+    bound N lies between the last count ``small`` wins at and the first ``large`` wins at (counts
+    where they tie within noise: either side is as good); the lower middle of that range is
+    taken, a fixed function of the verdicts. The candidate whose envelope passes with the smallest
+    worst median ratio is the crossover (then the bound, then the names, decide a tie); none passes:
+    no crossover, said.
+    """
+    counts = sorted(set(counts))
+    if single is None:
+        return Split(counts, None, None)
+    usable = [r for r in results if r.ok and all(r.ms.get(t) for t in counts)]
+    if single not in {r.method for r in usable}:
+        return Split(counts, single, None)
+    single_env = envelope(usable, {t: single for t in counts})
+    found = Split(counts, single, single_env)
+    if single_env.ok:
+        return found
+    for a, b in itertools.permutations(sorted(usable, key=lambda r: r.method), 2):
+        verdicts = {t: at_tokens(a, b, t) for t in counts}
+        a_wins = [t for t, c in verdicts.items() if c.apart and c.ratio < 1.0]
+        b_wins = [t for t, c in verdicts.items() if c.apart and c.ratio > 1.0]
+        if not a_wins or not b_wins or max(a_wins) >= min(b_wins):
+            continue
+        bounds = [t for t in counts if max(a_wins) <= t < min(b_wins)]
+        n = bounds[(len(bounds) - 1) // 2]
+        env = envelope(usable, {t: a.method if t <= n else b.method for t in counts})
+        found.candidates.append(Crossover(n, a.method, b.method, a_wins, b_wins, env))
+    passing = [c for c in found.candidates if c.envelope.ok]
+    if passing:
+        found.crossover = min(passing, key=lambda c: (round(c.envelope.worst[1], 3), c.tokens, c.small, c.large))
+    return found
+
+
+def _tok(t: int) -> str:
+    return f"{t} token{'s' if t != 1 else ''}"
+
+
+def _counts(values: Sequence[int]) -> str:
+    return ", ".join(str(v) for v in sorted(values)) + (" tokens" if list(values) != [1] else " token")

@@ -8,6 +8,7 @@ file in the target's directory (same file system), is flushed and fsynced, then
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,11 +18,13 @@ import yaml
 
 from ..keys import Key
 from ..writing import replace_file
-from .rank import PHASE_WEIGHTS, Result, order_with_noise, ranked
+from .rank import PHASE_WEIGHTS, TOKENS, Result, Split, order_with_noise, ranked, split
 
 HEADER = """\
 # Written by `quantreg tune`: one rule per MoE key of the checkpoint, its chain ordered by measured
 # speed on this host, fastest first; two methods apart only beyond the measured noise (tuned.ranking).
+# Where the fastest method differs between small and large forwards beyond noise, two rules split the
+# key by the forward's token count (tokens: "<=N" / ">N"; tuned.ranking says where and why).
 # Score: {phase}. Start-up checks tuned.pins against the running host and builds.
 # Only methods that matched the float64 reference within the tolerance are in a chain; `tuned:` keeps
 # every measurement and why any method was refused, and `quantreg explain` shows it. Re-run tune after
@@ -56,10 +59,69 @@ def rule_for(key: Key, results: Sequence[Result], evidence: Mapping[str, Any],
     }
 
 
+class Quoted(str):
+    """A string written in double quotes (``tokens: "<=8"`` and ``tokens: ">8"`` look alike in the table)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(Quoted, lambda d, v: d.represent_scalar("tag:yaml.org,2002:str", str(v), style='"'))
+
+
+def tokens_value(bound: int, small: bool) -> str:
+    """The ``tokens`` match value of one side of a crossover at ``bound`` tokens: ``<=N`` or ``>N``."""
+    return Quoted(f"<={bound}" if small else f">{bound}")
+
+
+def tuned_rules(key: Key, results: Sequence[Result], evidence: Mapping[str, Any],
+                weights: Mapping[int, float] = PHASE_WEIGHTS, prior: Sequence[str] = (),
+                counts: Sequence[int] = TOKENS) -> tuple[list[dict[str, Any]], Split]:
+    """The rules tune writes for ``key`` and the token-count decision behind them.
+
+    One rule (:func:`rule_for`) unless :func:`quantreg.tune.rank.split` finds a crossover: then a
+    pair, ``tokens: "<=N"`` to the small-forward winner and ``tokens: ">N"`` to the large-forward
+    winner. Each side's chain is its winner, then the other passing methods ranked on that side's
+    token counts alone (equal weights, apart only beyond noise; fallbacks where the winner cannot
+    run). Both carry the whole evidence: the curve is every method's ``ms`` / ``spread`` at every
+    count in ``tuned.results``, the crossover and its envelope check are lines of ``tuned.ranking``.
+    """
+    single = rule_for(key, results, evidence, weights, prior)
+    if single is None:
+        return [], split(results, counts, None)
+    decided = split(results, counts, single["method"][0])
+    cross = decided.crossover
+    if cross is None:
+        single["tuned"]["ranking"].append(decided.text())
+        return [single], decided
+    rules = []
+    for small in (True, False):
+        winner = cross.small if small else cross.large
+        side = [t for t in decided.counts if (t <= cross.tokens) == small]
+        side_weights = {t: 1.0 / len(side) for t in side}
+        order, verdicts = order_with_noise(results, side_weights, [winner, *single["method"]])
+        methods = [winner, *(r.method for r in order if r.method != winner)]
+        other = cross.large if small else cross.small
+        rules.append({
+            "match": {"quant_format": key.quant_format, "model_type": key.model_type, "device": key.device,
+                      "tokens": tokens_value(cross.tokens, small)},
+            "method": methods,
+            "note": (f"quantreg tune: {winner} for forwards of {'at most' if small else 'more than'} "
+                     f"{cross.tokens} tokens, {other} {'above' if small else f'up to {cross.tokens}'} "
+                     "(measured crossover; tuned.ranking)"),
+            "tuned": {**copy.deepcopy(dict(evidence)),
+                      "phase_weights": {str(t): round(w, 6) for t, w in sorted(side_weights.items())},
+                      "ranking": [*(v.text() for v in verdicts), cross.text()],
+                      "results": [r.to_json(side_weights) for r in ranked(results, side_weights, methods)]},
+        })
+    return rules, decided
+
+
 def render(rules: Sequence[Mapping[str, Any]], weights: Mapping[int, float] = PHASE_WEIGHTS) -> str:
     """The table's YAML text (a header comment, then ``version: 1`` and the rules)."""
-    body = yaml.safe_dump({"version": 1, "rules": [dict(r) for r in rules]}, sort_keys=False,
-                          default_flow_style=None, width=120, allow_unicode=False)
+    body = yaml.dump({"version": 1, "rules": [dict(r) for r in rules]}, Dumper=_Dumper, sort_keys=False,
+                     default_flow_style=None, width=120, allow_unicode=False)
     return HEADER.format(phase=phase_text(weights)) + body
 
 

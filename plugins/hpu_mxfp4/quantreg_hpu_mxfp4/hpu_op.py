@@ -136,6 +136,15 @@ class ExpertWeights:
 
         return ExpertWeights(self.weight[start:end], part(self.scale), part(self.bias))
 
+    def pick(self, experts: Sequence[int]) -> ExpertWeights:
+        """The views of local experts ``experts``, in that order, repeats included (the gathered slots)."""
+        def part(values: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:
+            return None if values is None else tuple(values[e] for e in experts)
+
+        weight = part(self.weight)
+        assert weight is not None
+        return ExpertWeights(weight, part(self.scale), part(self.bias))
+
 
 @dataclass
 class MoeOp:
@@ -234,6 +243,39 @@ class MoeOp:
         if self.has_bias:
             return _bias_bf16_call(ops.bias_fused_weights)
         return _bf16_call(ops.fused_weights)
+
+
+@dataclass
+class GatheredMoeOp(MoeOp):
+    """``hpu_mxfp4_gathered``'s op: one kernel slot per routed (token, expert) pair.
+
+    For ``T`` tokens routed to ``top_k`` experts each, the fused MXFP4 kernel is called over
+    ``T * top_k`` *slots*: slot ``t * top_k + k`` holds the views of the expert token ``t``'s
+    ``k``-th choice (repeats allowed, nothing copied), and the routing table sends token ``t`` to
+    its own ``top_k`` slots (``experts_min=0``, ``experts_max=T*top_k-1``); a choice outside this
+    rank's experts (expert parallelism) gets slot id ``T*top_k``, outside the range, which the
+    kernel skips. So the kernel reads only the weights a small batch routes to, where the fused op
+    over every local expert reads all of them: the decode-time saving of vllm-gaudi #1731's
+    gathered path (``tokens * top_k <= 64`` there). Above a few dozen slots one expert's weights
+    are read once per slot that names it and the fused op wins: the table's ``tokens:`` bound
+    says where (docs/gaudi-crossover.md).
+
+    What it costs: one device-to-host read of the routing table per forward (the slot views are
+    chosen on the host), and one compiled graph per slot count on Gaudi (``hpu_backend``
+    recompiles for each bucketed token count, as for any shape). MXFP4 kernels only; never sliced.
+    """
+
+    def __call__(self, hidden_states: torch.Tensor, expert_routing_table: torch.Tensor,
+                 router_weights: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+        tokens, top_k = expert_routing_table.shape
+        slots = tokens * top_k
+        local = expert_routing_table.reshape(-1).to(torch.int64) - self.experts_min
+        owned = (local >= 0) & (local < self.num_local_experts)
+        picks = local.clamp(0, self.num_local_experts - 1).tolist()  # the one host read: views are chosen here
+        table = torch.where(owned, torch.arange(slots, dtype=torch.int64, device=local.device),
+                            torch.full_like(local, slots)).view(tokens, top_k)
+        return self._call(self.w13.pick(picks), self.w2.pick(picks), 0, slots - 1, hidden_states, table,
+                          router_weights, activation)
 
 
 def _bias_mxfp4_call(kernel: Kernel) -> Kernel:

@@ -35,7 +35,16 @@ from quantreg.vllm.moe_method import init_without_backend, upstream_mxfp4_method
 from quantreg.vllm.routing import InMethodRouting
 
 from . import routing, sequence_parallel
-from .hpu_op import ChunkPolicy, ExpertWeights, MoeOp, OpSet, hpu_ops, reference_ops, vllm_gaudi_chunk_policy
+from .hpu_op import (
+    ChunkPolicy,
+    ExpertWeights,
+    GatheredMoeOp,
+    MoeOp,
+    OpSet,
+    hpu_ops,
+    reference_ops,
+    vllm_gaudi_chunk_policy,
+)
 from .options import MethodOptions
 
 logger = logging.getLogger("vllm.quantreg.hpu_mxfp4")
@@ -57,6 +66,8 @@ class HpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
     dequantize_at_load: ClassVar[bool] = False
     # vllm-gaudi's runner leaves the DP all-gather to the method; stock vLLM's runner does it itself.
     dispatch_across_dp: ClassVar[bool] = True
+    #: The op the loaded experts are bound to (the gathered method binds :class:`~.hpu_op.GatheredMoeOp`).
+    op_class: ClassVar[type[MoeOp]] = MoeOp
 
     def __init__(self, moe: Any, quantreg_context: BuildContext | None = None, **options: Any) -> None:
         """``cls(moe_config, **options)``; quantreg's seam also passes ``quantreg_context`` (the layer's key)."""
@@ -106,7 +117,7 @@ class HpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
         if self._order == "pending":
             self._order = routing.order_for(self.method_options.routing, self.model_type, layer)
         w13, w2 = self._weights(layer, num_local, w13_bias, w2_bias)
-        layer.moe_op = MoeOp(
+        layer.moe_op = self.op_class(
             self._op_set(), w13, w2, experts_min, experts_max, mxfp4=not self.dequantize_at_load,
             alpha=self.method_options.alpha, limit=self.method_options.limit,
             chunks=self._chunk_policy(int(layer.global_num_experts)), max_experts_per_slice=self._slice_limit(),
@@ -216,6 +227,23 @@ class HpuMxfp4DequantMoEMethod(HpuMxfp4MoEMethod):
         if w13_bias is not None and w2_bias is not None:
             return moe_config.biased_moe_quant_config(w13_bias, w2_bias)
         return moe_config.FUSED_MOE_UNQUANTIZED_CONFIG
+
+
+class HpuMxfp4GatheredMoEMethod(HpuMxfp4MoEMethod):
+    """``hpu_mxfp4_gathered``: the fused MXFP4 kernel over one slot per routed (token, expert) pair.
+
+    vllm-gaudi #1731's gathered path as a table choice: for small batches (decode) the kernel
+    reads only the experts the batch routes to (:class:`~.hpu_op.GatheredMoeOp`); the table gives
+    it the forwards up to a token bound and ``hpu_mxfp4`` the rest (``tokens: "<=16"`` /
+    ``">16"`` for GPT-OSS's top-4: vllm-gaudi's ``tokens * top_k <= 64``). vllm-gaudi's
+    ``moe_chunk`` tuning is for the fused op over every expert: not applied here.
+    """
+
+    quantreg_name: ClassVar[str] = "hpu_mxfp4_gathered"
+    op_class: ClassVar[type[MoeOp]] = GatheredMoeOp
+
+    def _chunk_policy(self, global_num_experts: int) -> ChunkPolicy:
+        return ChunkPolicy()
 
 
 class Mxfp4ReferenceMoEMethod(HpuMxfp4MoEMethod):

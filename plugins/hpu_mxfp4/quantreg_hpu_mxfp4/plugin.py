@@ -1,4 +1,4 @@
-"""quantreg hook implementations: the three methods and the package's rule table.
+"""quantreg hook implementations: the four methods and the package's rule table.
 
 Everything here is strings and tuples, so listing plugins or resolving keys never imports
 torch, vLLM or the Gaudi stack; quantreg imports a target only when it is chosen or probed.
@@ -51,6 +51,17 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         probe=f"{PACKAGE}.probe:bf16_moe_available",
         options=(*OPTIONS, *SLICING_OPTIONS),
         description="MXFP4 dequantised to bf16 at load, Gaudi bf16 MoE kernel (bias_fused_weights / fused_weights)",
+    ))
+    register(quantreg.Method(
+        name="hpu_mxfp4_gathered",
+        expert_layout="packed",
+        target=f"{PACKAGE}.method:HpuMxfp4GatheredMoEMethod",
+        devices=("hpu",),
+        requires=("habana_frameworks",),
+        probe=f"{PACKAGE}.probe:native_mxfp4_available",
+        options=OPTIONS,
+        description="Gaudi native MXFP4 kernel over one slot per routed (token, expert) pair: reads only the "
+                    "experts a small batch routes to (vllm-gaudi #1731's gathered path; for decode)",
     ))
     register(quantreg.Method(
         name="mxfp4_reference",
