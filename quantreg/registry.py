@@ -230,7 +230,7 @@ class Registry:
             return self._decide_rule(key, matched, ())
         sides = token_sides(matched)
         if len(sides) == 1:  # the ranged rules lose everywhere (or one rule covers every count)
-            rng, covering, rest = sides[0]
+            _, covering, rest = sides[0]
             return self._decide_rule(key, covering, rest)
         from dataclasses import replace
 
