@@ -264,16 +264,13 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
         return known
 
     # -- the forward: one bisect, then the side ---------------------------------------------------
-    def _side(self, x: torch.Tensor) -> int:
-        return bisect_left(self._quantreg_bounds, x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1])
-
     def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None) -> Any:
-        i = self._side(x)
-        side = self._quantreg_sides[i]
+        shape = x.shape
+        side = self._quantreg_sides[bisect_left(self._quantreg_bounds,
+                                                shape[0] if len(shape) == 2 else x.numel() // shape[-1])]
         if not side.seen:
-            self._first(i, x)
-            side = self._quantreg_sides[self._side(x)]
+            side = self._first(side, x)
         try:
             return side.method.apply(layer=side.layer if side.layer is not None else layer, x=x,
                                      topk_weights=topk_weights, topk_ids=topk_ids, shared_experts=shared_experts,
@@ -287,11 +284,11 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
 
     def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        i = self._side(x)
-        side = self._quantreg_sides[i]
+        shape = x.shape
+        side = self._quantreg_sides[bisect_left(self._quantreg_bounds,
+                                                shape[0] if len(shape) == 2 else x.numel() // shape[-1])]
         if not side.seen:
-            self._first(i, x)
-            side = self._quantreg_sides[self._side(x)]
+            side = self._first(side, x)
         try:
             return side.method.apply_monolithic(layer=side.layer if side.layer is not None else layer, x=x,
                                                 router_logits=router_logits, input_ids=input_ids, **kwargs)
@@ -302,9 +299,8 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
                 raise
             return self.apply_monolithic(layer, x, router_logits, input_ids, **kwargs)
 
-    def _first(self, index: int, x: torch.Tensor) -> None:
+    def _first(self, side: Side, x: torch.Tensor) -> Side:
         """The first forward a side serves in this layer: one trail line (the trail shows both sides)."""
-        side = self._quantreg_sides[index]
         side.seen = True
         tokens = int(x.shape[0] if x.dim() == 2 else x.numel() // x.shape[-1])
         report = self._quantreg_report
@@ -317,6 +313,7 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
                         "rule": side.decision.source})
             except Exception as exc:  # the trail is best effort: never take a forward down
                 logger.warning("quantreg: split trail line not recorded: %s: %s", type(exc).__name__, exc)
+        return side
 
     def _live_failure(self, side: Side, exc: BaseException) -> bool:
         """A side raised on a live forward: drop it (its range goes to the other side) and retry; False
