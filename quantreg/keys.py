@@ -71,7 +71,7 @@ class TokenRange:
     def __str__(self) -> str:
         """The form a table writes (``<=N``, ``>N``); a two-sided range (from a partition) as ``N..M``."""
         if self.high is None:
-            return f">{self.low - 1}" if self.low > 1 else ">0"
+            return f">{self.low - 1}" if self.low > 1 else ">=1"
         if self.low == 1:
             return f"<={self.high}"
         return f"{self.low}..{self.high}"
