@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import quantreg
 from core_support import run_cli
 
+import quantreg
 from quantreg.audit import line_for
 from quantreg.keys import Key, Match, TokenRange
 from quantreg.methods import Method
@@ -88,7 +88,8 @@ def test_two_ranges_split_the_key(tmp_path: Path) -> None:
     d = reg.resolve(KEY)
     assert [(str(s.tokens), s.decision.method) for s in d.split] == [("<=8", "small"), (">8", "large")]
     assert d.is_split and d.method == "small"  # the top level reads as the first side (decode)
-    assert d.head() == f"{KEY} -> small for tokens<=8 [{tmp_path / 't.yaml'}:3], large for tokens>8 [{tmp_path / 't.yaml'}:5]"
+    where = tmp_path / "t.yaml"
+    assert d.head() == f"{KEY} -> small for tokens<=8 [{where}:3], large for tokens>8 [{where}:5]"
     data = d.to_json()
     assert [(s["tokens"], s["low"], s["high"], s["method"]) for s in data["split"]] == [
         ("<=8", 1, 8, "small"), (">8", 9, None, "large")]
@@ -183,7 +184,8 @@ def test_explain_shows_both_sides(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "method   mxfp4_reference for tokens<=8, vllm for tokens>8" in text
-    assert "-- tokens<=8 (forwards of at most 8 tokens)" in text and "-- tokens>8 (forwards of 9 tokens or more)" in text
+    assert "-- tokens<=8 (forwards of at most 8 tokens)" in text
+    assert "-- tokens>8 (forwards of 9 tokens or more)" in text
     js = run_cli("explain", "--json", "gpt_oss_mxfp4", "gpt_oss", "cpu", env={"QUANTREG_CONFIG": str(path)})
     data = json.loads(js.stdout)
     found = json.dumps(data)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_keys_layer_compat import ROOT, TABLES, normalised, snapshot  # noqa: E402
+from test_keys_layer_compat import ROOT, TABLES, normalised, snapshot
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "tokens_key_golden.json"
 FLAGS = "avx2,fma"
