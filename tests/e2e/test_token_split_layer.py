@@ -186,3 +186,51 @@ def test_a_side_that_raises_on_a_forward_is_turned_off(harness: Any, caplog: pyt
     assert any("'breaks' for tokens>4 raised on a forward (RuntimeError: kernel fault)" in r.getMessage()
                for r in caplog.records)
     assert made[0].quantreg_split == ((">=1", "cpu_mxfp4"),)
+
+
+def test_verify_covers_both_sides(harness: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each side's rule verifies that side (``verify:`` per rule), inside the split, on its own forwards."""
+    import json
+
+    from quantreg.keys import Match
+    from quantreg.mode import Mode
+    from quantreg.registry import set_registry
+    from quantreg.table.file import Layer, Rule
+    from quantreg.table.verify import VerifySpec
+    from quantreg.vllm.verify import VerifyingMethod, maybe_verify
+
+    trail = tmp_path / "decisions.jsonl"
+    monkeypatch.setenv("QUANTREG_DECISIONS", str(trail))
+    monkeypatch.delenv("QUANTREG_CONFIG", raising=False)
+    set_registry(None)
+    spec = VerifySpec("float64", first=2, every=1000, tolerance=0.02)
+    prefix = "model.layers.0.mlp.experts"
+
+    def side(cls: type[Any], name: str, line: int, tokens: TokenRange, moe_config: Any) -> Side:
+        rule = Rule(match=Match(tokens=tokens), methods=(name,), path="split.yaml", line=line, layer=Layer.USER,
+                    verify=spec)
+        decision = Decision(KEY, name, rule, {}, (), ())
+        return Side(tokens, decision, maybe_verify(cls(moe_config), decision, prefix, None, moe_config, Mode(False)))
+
+    made: list[TokenSplitMethod] = []
+
+    def build(moe_config: Any) -> Any:
+        method = TokenSplitMethod([side(CpuMxfp4MoEMethod, "cpu_mxfp4", 3, TokenRange(1, BOUND), moe_config),
+                                   side(Mxfp4ReferenceMoEMethod, "mxfp4_reference", 5, TokenRange(BOUND + 1, None),
+                                        moe_config)], _Report(prefix, KEY, False))
+        made.append(method)
+        return method
+
+    layer = harness.ready(build, EXPERTS, top_k=2)
+    assert all(type(s.method) is VerifyingMethod for s in made[0]._quantreg_sides)
+    for tokens in (1, 1, 24, 24, 1):
+        x, logits = inputs(tokens)
+        layer.forward(x, logits)
+    records = [json.loads(line) for line in trail.read_text().splitlines()]
+    verified = [(r["method"], r["phase"], r["call"]) for r in records if r.get("event") == "verify"]
+    assert verified[:2] == [("cpu_mxfp4", "load", 0), ("mxfp4_reference", "load", 0)], verified  # at load
+    assert sorted(verified[2:]) == sorted([("cpu_mxfp4", "live", 1), ("cpu_mxfp4", "live", 2),
+                                           ("mxfp4_reference", "live", 1), ("mxfp4_reference", "live", 2)]), verified
+    assert all(r["ok"] for r in records if r.get("event") == "verify")
+    served = sorted((r["method"], r["forward_tokens"]) for r in records if r.get("event") == "split_forward")
+    assert served == [("cpu_mxfp4", 1), ("mxfp4_reference", 24)]
