@@ -41,14 +41,15 @@ class Answer:
     @property
     def warns(self) -> bool:
         """Whether an operator should read this at WARNING: a fallback, a limitation, a plugin's warning."""
-        return bool(any(s.decision.fallback for s in self.decision.sides) or self.vllm_limitation
-                    or self.decision.stale
+        return bool(any(s.decision.fallback or s.decision.stale for s in self.decision.sides)
+                    or self.vllm_limitation
                     or any(f.level != "info" for f in self.findings))
 
     @property
     def warnings(self) -> list[str]:
         """The notes, a tuned rule's stale evidence and the plugins' non-info findings, as ``plan`` lists them."""
-        return [*self.notes, *(f"tuned rule is stale: {s}" for s in self.decision.stale),
+        stale = [s for side in self.decision.sides for s in side.decision.stale]  # every side of a split
+        return [*self.notes, *(f"tuned rule is stale: {s}" for s in dict.fromkeys(stale)),
                 *(str(f) for f in self.findings if f.level != "info")]
 
     def line(self) -> str:
