@@ -234,3 +234,21 @@ def test_verify_covers_both_sides(harness: Any, tmp_path: Any, monkeypatch: pyte
     assert all(r["ok"] for r in records if r.get("event") == "verify")
     served = sorted((r["method"], r["forward_tokens"]) for r in records if r.get("event") == "split_forward")
     assert served == [("cpu_mxfp4", 1), ("mxfp4_reference", 24)]
+
+
+def test_strict_refuses_a_side_that_cannot_share_the_layer(harness: Any) -> None:
+    from quantreg.problems import QuantregError
+
+    class Wider(Mxfp4ReferenceMoEMethod):  # type: ignore[misc]
+        def create_weights(self, layer: Any, num_experts: int, hidden_size: int, *args: Any, **kwargs: Any) -> Any:
+            return super().create_weights(layer, num_experts, hidden_size + 32, *args, **kwargs)
+
+    def build(moe_config: Any) -> Any:
+        first = CpuMxfp4MoEMethod(moe_config)
+        sides = [Side(TokenRange(1, BOUND), Decision(KEY, "cpu_mxfp4", None, {}, (), ()), first),
+                 Side(TokenRange(BOUND + 1, None), Decision(KEY, "wider", None, {}, (), ()), Wider(moe_config))]
+        return TokenSplitMethod(sides, _Report("model.layers.0.mlp.experts", KEY, True))
+
+    with pytest.raises(QuantregError, match=r"quantreg \(strict\): model.layers.0.mlp.experts .*'wider' for "
+                                            r"tokens>4 cannot share this layer's weights"):
+        harness.ready(build, EXPERTS, top_k=2)
