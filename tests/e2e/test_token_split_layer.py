@@ -6,10 +6,10 @@ as the seam builds it. What the two sides do to the loaded weights decides wheth
 
 * ``cpu_mxfp4`` (plugin #2) repacks into tensors of its own and drops the layer's parameters;
 * ``mxfp4_reference`` (plugin #1) binds views of the loaded parameters (nothing copied);
-* vLLM's own CPU MXFP4 method (``CPUExpertsMxfp4``, AMX hosts) repacks *in place* where the repacked
-  tensor has the loaded one's size (``replace_parameter`` -> ``update_tensor_inplace``);
-* ``ExpertsReversed`` below stands for such an in-place repack on every host: it reverses the expert
-  order of every parameter in place and mirrors the router logits to match.
+* vLLM 0.32's own CPU MXFP4 method (``CPUExpertsMxfp4``, AMX hosts) repacks into new tensors and
+  registers them in place of the loaded ones (``replace_parameter``): the loaded tensors are unchanged;
+* ``ExpertsReversed`` below is an in-place repack (what ``replace_parameter(..., prefer_copy=True)``
+  would do): it reverses the expert order of every parameter in place and mirrors the router logits.
 
 Every case checks, at a decode size and a prefill size, that the split's output is the output of the
 side's method alone on a layer of its own (exactly, or within 1e-6 where a side reorders a sum), and
@@ -147,7 +147,7 @@ def test_vllms_own_kernel_beside_a_plugin_method(harness: Any, caplog: pytest.Lo
     # vLLM's own method is modular: the split lets vLLM's router choose and hands each side its choice
     # (so the plugin side is compared with itself under vLLM's router)
     assert not split.is_monolithic
-    assert "MiB copied" in line
+    assert "shares the loaded weights: 0.00 MiB copied" in line  # vLLM 0.32 registers new tensors
 
 
 def test_a_side_whose_layout_differs_is_dropped_and_the_other_serves(harness: Any,
