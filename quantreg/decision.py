@@ -150,6 +150,10 @@ class Decision:
                      "split    per forward, by its token count (the rules' tokens: ranges); "
                      + ("one method object per layer holds every side" if self.is_split
                         else "every side chose the same method and options: one method, no dispatch")]
+            if self.is_split:
+                lines.append("memory   every side holds the experts in its own form; a side that cannot share the loaded "
+                             "weights (another side repacks them in place) gets a copy of them: at most one copy of "
+                             "the packed experts per extra side (quantreg plan: bytes; the load line: what it took)")
             for side in self.split:
                 lines.append(f"-- tokens{side.tokens} (forwards of {_count_words(side.tokens)})")
                 lines += ["   " + line for line in replace(side.decision, split=()).render().splitlines()[1:]]
