@@ -151,8 +151,8 @@ class Decision:
                      + ("one method object per layer holds every side" if self.is_split
                         else "every side chose the same method and options: one method, no dispatch")]
             if self.is_split:
-                lines.append("memory   every side holds the experts in its own form; a side that cannot share the loaded "
-                             "weights (another side repacks them in place) gets a copy of them: at most one copy of "
+                lines.append("memory   every side holds the experts in its own form; a side that cannot share the "
+                             "loaded weights (another side repacks them in place) gets a copy: at most one copy of "
                              "the packed experts per extra side (quantreg plan: bytes; the load line: what it took)")
             for side in self.split:
                 lines.append(f"-- tokens{side.tokens} (forwards of {_count_words(side.tokens)})")
