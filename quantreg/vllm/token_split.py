@@ -16,9 +16,8 @@ except at these points:
   side processes the real layer; every other side processes a *shadow* (a shallow copy of the
   layer with parameters of its own). A shadow shares the loaded parameter objects while no side
   changes them in place (a side that repacks into new tensors, or binds views, leaves them as
-  loaded, as plugin #2's ``cpu_mxfp4``, plugin #1's ``mxfp4_reference`` and vLLM 0.32's own CPU
-  MXFP4 method all do); where one side transformed them in place, the other side gets its own
-  copy. Which happened, and the bytes it costs (copied, and loaded weights kept alive for a side
+  loaded, as both plugins of this repository and vLLM 0.32's own CPU MXFP4 method do; see
+  docs/tables.md); where one side transformed them in place, the other side gets its own copy. Which happened, and the bytes it costs (copied, and loaded weights kept alive for a side
   after the first side dropped them), is logged per key at load and written to the trail (``event: split_load``);
 * ``apply`` / ``apply_monolithic`` pick the side by the number of tokens in the hidden states
   (one ``bisect`` over the sides' upper bounds) and call it with its layer or shadow. The first
