@@ -17,8 +17,10 @@ except at these points:
   layer with parameters of its own). A shadow shares the loaded parameter objects while no side
   changes them in place (a side that repacks into new tensors, or binds views, leaves them as
   loaded, as both plugins of this repository and vLLM 0.32's own CPU MXFP4 method do; see
-  docs/tables.md); where one side transformed them in place, the other side gets its own copy. Which happened, and the bytes it costs (copied, and loaded weights kept alive for a side
-  after the first side dropped them), is logged per key at load and written to the trail (``event: split_load``);
+  docs/tables.md); where one side transformed them in place, the other side gets its own copy.
+  Which happened, and the bytes it costs (copied, and loaded weights kept alive for a side after
+  the first side dropped them), is logged per layer at load and written to the trail
+  (``event: split_load``);
 * ``apply`` / ``apply_monolithic`` pick the side by the number of tokens in the hidden states
   (one ``bisect`` over the sides' upper bounds) and call it with its layer or shadow. The first
   forward of each side per layer writes one ``event: split_forward`` trail line naming the method,
