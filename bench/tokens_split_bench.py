@@ -12,6 +12,13 @@ methods run on every x86-64 host with AVX2, so the figure means the same on ever
 The procedure is :mod:`bench.vllm_bench`'s (A and B processes alive side by side, alternating
 timed ``generate`` calls of 8 prompts x 64 tokens, median of the adjacent call-pair ratios), plus a
 microbenchmark of the dispatch alone (ns per call through the wrapper vs calling the method).
+
+``tokens_split_layer_decode_ratio`` asks the same inside one process, where a loaded 2-core host
+cannot blur it: one real vLLM MoE layer at the GPT-OSS-20B shape (32 experts, 2880 x 2880, top-4)
+built by the kit's harness with the split (``cpu_mxfp4`` for <= 64 tokens, ``mxfp4_reference``
+above), and 1-token decode forwards through ``MoERunner.forward``, alternating the layer's method
+between the split and its ``cpu_mxfp4`` side itself (same weights, same input): median of the
+adjacent pair ratios (single time / split time; 1.0 = no cost).
 """
 
 from __future__ import annotations
@@ -72,6 +79,70 @@ def dispatch_overhead_ns(calls: int = 200_000, repeats: int = 5) -> tuple[float,
     return best(split.apply_monolithic), best(small.apply_monolithic)
 
 
+def layer_decode(quick: bool) -> dict[str, Any]:
+    """Paired 1-token forwards through one 20B-shaped vLLM layer: the split vs its decode side alone."""
+    import time
+
+    import torch
+    from quantreg_cpu_mxfp4.method import CpuMxfp4MoEMethod  # type: ignore[import-untyped]
+    from quantreg_hpu_mxfp4.method import Mxfp4ReferenceMoEMethod  # type: ignore[import-untyped]
+
+    from quantreg.decision import Decision
+    from quantreg.keys import Key, TokenRange
+    from quantreg.models.gpt_oss_moe import (
+        random_gpt_oss_mxfp4_experts,
+        random_hidden_states,
+        random_router_logits,
+    )
+    from quantreg.testing.harness import VllmMoeHarness
+    from quantreg.vllm.token_split import Side, TokenSplitMethod, _Report
+
+    key = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
+    experts = random_gpt_oss_mxfp4_experts(32, 2880, 2880, bias=True, seed=5)
+
+    def build(moe_config: Any) -> Any:
+        sides = [Side(TokenRange(1, BOUND), Decision(key, "cpu_mxfp4", None, {}, (), ()),
+                      CpuMxfp4MoEMethod(moe_config)),
+                 Side(TokenRange(BOUND + 1, None), Decision(key, "mxfp4_reference", None, {}, (), ()),
+                      Mxfp4ReferenceMoEMethod(moe_config))]
+        return TokenSplitMethod(sides, _Report("model.layers.0.mlp.experts", key, False))
+
+    pairs = 100 if quick else 1000
+    with VllmMoeHarness() as harness:
+        layer = harness.ready(build, experts, top_k=4)
+        routed = layer.experts
+        split = routed.quant_method
+        single = split._quantreg_sides[0].method
+        inputs = [(random_hidden_states(1, 2880, seed=i), random_router_logits(1, 32, seed=1000 + i))
+                  for i in range(16)]
+
+        def forward(method: Any, i: int) -> float:
+            routed.quant_method = method
+            x, logits = inputs[i % len(inputs)]
+            start = time.perf_counter()
+            layer.forward(x, logits)
+            return time.perf_counter() - start
+
+        with torch.inference_mode():
+            for i in range(10):  # warm-up (and the split's first-forward trail line)
+                forward(split, i), forward(single, i)
+            t_split: list[float] = []
+            t_single: list[float] = []
+            for i in range(pairs):  # A B, B A, ...
+                if i % 2 == 0:
+                    t_split.append(forward(split, i))
+                    t_single.append(forward(single, i))
+                else:
+                    t_single.append(forward(single, i))
+                    t_split.append(forward(split, i))
+            routed.quant_method = split
+    ratios = [b / a for a, b in zip(t_split, t_single)]
+    # the best of many calls is what the code costs with the least interference from other work
+    return {"ratio": median(ratios), "middle_half": list(spread(ratios)), "split_ms": median(t_split) * 1e3,
+            "single_ms": median(t_single) * 1e3, "pairs": pairs, "best_split_ms": min(t_split) * 1e3,
+            "best_single_ms": min(t_single) * 1e3, "best_ratio": min(t_single) / min(t_split)}
+
+
 def run(quick: bool) -> list[Metric]:
     from quantreg.tiny.checkpoint import write_tiny_gpt_oss
 
@@ -115,7 +186,19 @@ def run(quick: bool) -> list[Metric]:
                              "samples_split": [r["a"] for r in runs], "samples_single": [r["b"] for r in runs],
                              "quantreg_calls_in_generate": {"split": calls_a, "single": calls_b},
                              "bound": BOUND, "table_split": SPLIT, "table_single": SINGLE}
-    return [Metric(
+    layer = layer_decode(quick)
+    layer_metric = Metric(
+        "tokens_split_layer_decode_ratio", layer["split_ms"], "ms", baseline=layer["single_ms"],
+        baseline_name="the same layer's cpu_mxfp4 side alone, 1 token, 20B shape", ratio=layer["ratio"],
+        ratio_means="median over adjacent forward pairs of (single ms / split ms); 1.0 = no cost",
+        goal=">= 0.98", goal_met=layer["ratio"] >= 0.98,
+        notes=[f"one vLLM MoE layer at the 20B shape (harness), 1-token forwards through MoERunner.forward, "
+               f"{layer['pairs']} alternating pairs: split {layer['split_ms']:.3f} ms, cpu_mxfp4 alone "
+               f"{layer['single_ms']:.3f} ms, ratio {layer['ratio']:.4f} (middle half {layer['middle_half'][0]:.3f}.."
+               f"{layer['middle_half'][1]:.3f}); best of each: split {layer['best_split_ms']:.3f} ms, alone "
+               f"{layer['best_single_ms']:.3f} ms, ratio {layer['best_ratio']:.4f}"],
+        extra=layer)
+    return [layer_metric, Metric(
         "tokens_split_decode_ratio", median(a), "tokens/s", baseline=median(b),
         baseline_name="the decode side's method alone (cpu_mxfp4)", ratio=ratio,
         ratio_means="median over adjacent call pairs of (split tokens/s / single tokens/s); 1.0 = no cost",
