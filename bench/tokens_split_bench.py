@@ -144,6 +144,30 @@ def layer_decode(quick: bool) -> dict[str, Any]:
 
 
 def run(quick: bool) -> list[Metric]:
+    """Both metrics; ``QUANTREG_BENCH_SPLIT=layer`` (or ``engine``) runs one of them alone."""
+    import os
+
+    which = os.environ.get("QUANTREG_BENCH_SPLIT", "")
+    metrics = [] if which == "engine" else [layer_metric(quick)]
+    return metrics + ([] if which == "layer" else [engine_metric(quick)])
+
+
+def layer_metric(quick: bool) -> Metric:
+    layer = layer_decode(quick)
+    return Metric(
+        "tokens_split_layer_decode_ratio", layer["split_ms"], "ms", baseline=layer["single_ms"],
+        baseline_name="the same layer's cpu_mxfp4 side alone, 1 token, 20B shape", ratio=layer["ratio"],
+        ratio_means="median over adjacent forward pairs of (single ms / split ms); 1.0 = no cost",
+        goal=">= 0.98", goal_met=layer["ratio"] >= 0.98,
+        notes=[f"one vLLM MoE layer at the 20B shape (harness), 1-token forwards through MoERunner.forward, "
+               f"{layer['pairs']} alternating pairs: split {layer['split_ms']:.3f} ms, cpu_mxfp4 alone "
+               f"{layer['single_ms']:.3f} ms, ratio {layer['ratio']:.4f} (middle half {layer['middle_half'][0]:.3f}.."
+               f"{layer['middle_half'][1]:.3f}); best of each: split {layer['best_split_ms']:.3f} ms, alone "
+               f"{layer['best_single_ms']:.3f} ms, ratio {layer['best_ratio']:.4f}"],
+        extra=layer)
+
+
+def engine_metric(quick: bool) -> Metric:
     from quantreg.tiny.checkpoint import write_tiny_gpt_oss
 
     plugins, _ = plugin_lists()
@@ -186,24 +210,12 @@ def run(quick: bool) -> list[Metric]:
                              "samples_split": [r["a"] for r in runs], "samples_single": [r["b"] for r in runs],
                              "quantreg_calls_in_generate": {"split": calls_a, "single": calls_b},
                              "bound": BOUND, "table_split": SPLIT, "table_single": SINGLE}
-    layer = layer_decode(quick)
-    layer_metric = Metric(
-        "tokens_split_layer_decode_ratio", layer["split_ms"], "ms", baseline=layer["single_ms"],
-        baseline_name="the same layer's cpu_mxfp4 side alone, 1 token, 20B shape", ratio=layer["ratio"],
-        ratio_means="median over adjacent forward pairs of (single ms / split ms); 1.0 = no cost",
-        goal=">= 0.98", goal_met=layer["ratio"] >= 0.98,
-        notes=[f"one vLLM MoE layer at the 20B shape (harness), 1-token forwards through MoERunner.forward, "
-               f"{layer['pairs']} alternating pairs: split {layer['split_ms']:.3f} ms, cpu_mxfp4 alone "
-               f"{layer['single_ms']:.3f} ms, ratio {layer['ratio']:.4f} (middle half {layer['middle_half'][0]:.3f}.."
-               f"{layer['middle_half'][1]:.3f}); best of each: split {layer['best_split_ms']:.3f} ms, alone "
-               f"{layer['best_single_ms']:.3f} ms, ratio {layer['best_ratio']:.4f}"],
-        extra=layer)
-    return [layer_metric, Metric(
+    return Metric(
         "tokens_split_decode_ratio", median(a), "tokens/s", baseline=median(b),
         baseline_name="the decode side's method alone (cpu_mxfp4)", ratio=ratio,
         ratio_means="median over adjacent call pairs of (split tokens/s / single tokens/s); 1.0 = no cost",
         goal=">= 0.98", goal_met=ratio >= 0.98, notes=notes, extra=extra,
-    )]
+    )
 
 
 def main() -> None:
