@@ -41,13 +41,15 @@ class Answer:
     @property
     def warns(self) -> bool:
         """Whether an operator should read this at WARNING: a fallback, a limitation, a plugin's warning."""
-        return bool(self.decision.fallback or self.vllm_limitation or self.decision.stale
+        return bool(any(s.decision.fallback or s.decision.stale for s in self.decision.sides)
+                    or self.vllm_limitation
                     or any(f.level != "info" for f in self.findings))
 
     @property
     def warnings(self) -> list[str]:
         """The notes, a tuned rule's stale evidence and the plugins' non-info findings, as ``plan`` lists them."""
-        return [*self.notes, *(f"tuned rule is stale: {s}" for s in self.decision.stale),
+        stale = [s for side in self.decision.sides for s in side.decision.stale]  # every side of a split
+        return [*self.notes, *(f"tuned rule is stale: {s}" for s in dict.fromkeys(stale)),
                 *(str(f) for f in self.findings if f.level != "info")]
 
     def line(self) -> str:
@@ -57,7 +59,7 @@ class Answer:
         (their ``info`` findings stay in ``findings``: a line an operator scans should end on the
         decision when nothing needs doing)."""
         d = self.decision  # the fallback is among the notes
-        parts = [f"{d.key} -> {d.method} [{d.source}]", *self.notes,
+        parts = [d.head(), *self.notes,
                  *(str(f) for f in self.findings if f.level != "info")]
         return "; ".join(parts)
 
@@ -91,10 +93,13 @@ def answer(registry: Registry, key: Key | tuple[str, str, str], findings: Sequen
     """
     key = as_key(key)
     decision = registry.resolve(key)
-    notes = chain_notes(decision)
+    if decision.split:  # each side's reasons, named by its token range
+        notes = [f"tokens{s.tokens}: {n}" for s in decision.split for n in chain_notes(s.decision)]
+    else:
+        notes = chain_notes(decision)
     limitation: str | None = None
     problems: tuple[str, ...] = ()
-    if decision.keeps_vllm:
+    if any(s.decision.keeps_vllm for s in decision.sides):
         limits, faults = registry.limitations()
         from .vllm_limits import vllm_backend_note
 

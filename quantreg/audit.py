@@ -102,6 +102,10 @@ def line_for(
     }
     if decision.stale:  # the tuned rule decided on evidence this process does not match (quantreg.pins)
         record["stale"] = list(decision.stale)
+    if decision.split:  # tokens: rules decided the key per forward token count (the first side is above)
+        record["split"] = [{"tokens": str(s.tokens), "method": s.decision.method,
+                            "rule": s.decision.source if s.decision.rule is not None else None,
+                            "fallback": s.decision.fallback} for s in decision.split]
     return encode_line(record)
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .keys import Key
+from .keys import Key, TokenRange
 from .methods import keeps_vllm
 from .table.file import Rule, rule_json  # rule_json: re-exported (explain --json)
 
@@ -37,6 +37,21 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class TokenSide:
+    """One side of a split decision: the forward token counts ``tokens`` and the decision for them."""
+
+    tokens: TokenRange
+    decision: Decision
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.decision
+        return {"tokens": str(self.tokens), "low": self.tokens.low, "high": self.tokens.high, "method": d.method,
+                "rule": rule_json(d.rule) if d.rule is not None else None, "options": dict(d.options),
+                "fallback": d.fallback, "chain": [{"method": s.method, "available": s.available, "reason": s.reason,
+                                                   "plugin": s.plugin} for s in d.chain]}
+
+
+@dataclass(frozen=True)
 class Decision:
     """Which method runs for ``key`` and why.
 
@@ -57,6 +72,11 @@ class Decision:
     stale: tuple[str, ...] = field(default=(), compare=False)
     """The winning rule's ``tuned.pins`` fields this process differs in (:mod:`quantreg.pins`), each
     "FIELD: tuned with X, running Y": the rule still decides (lenient), the flag travels with it."""
+    split: tuple[TokenSide, ...] = ()
+    """Set when rules with ``tokens:`` ranges decide this key differently per forward token count:
+    every side, lowest counts first (they partition 1..inf). The fields above are then those of the
+    first side (the smallest forwards, decode), so a reader that knows no split still reads a real
+    decision; the seam, ``explain``, ``plan`` and the trail read every side."""
 
     @property
     def passed_over(self) -> tuple[ChainStep, ...]:
@@ -79,9 +99,26 @@ class Decision:
     def source(self) -> str:
         return self.rule.location if self.rule is not None else "no rule"
 
+    @property
+    def sides(self) -> tuple[TokenSide, ...]:
+        """Every side (one side covering every token count when the decision is not split)."""
+        return self.split or (TokenSide(TokenRange(), self),)
+
+    @property
+    def is_split(self) -> bool:
+        """More than one method object per layer: sides differ in method or options."""
+        return len({(s.decision.method, repr(sorted(s.decision.options.items()))) for s in self.split}) > 1
+
+    def head(self) -> str:
+        """``(fmt, model, device) -> method [file:line]``; a split names each side with its token range."""
+        if not self.split:
+            return f"{self.key} -> {self.method} [{self.source}]"
+        return f"{self.key} -> " + ", ".join(f"{s.decision.method} for tokens{s.tokens} [{s.decision.source}]"
+                                             for s in self.split)
+
     def summary(self) -> str:
         """The one log line per key: ``(fmt, model, device) -> method [file:line]``."""
-        text = f"{self.key} -> {self.method} [{self.source}]"
+        text = self.head()
         if self.fallback:
             text += f" (fallback: {self.fallback})"
         return text
@@ -95,6 +132,7 @@ class Decision:
             "fallback": self.fallback,
             "host": dict(self.host) if self.host is not None else None,
             **({"stale": list(self.stale)} if self.stale else {}),
+            **({"split": [s.to_json() for s in self.split]} if self.split else {}),
             "chain": [
                 {"method": s.method, "available": s.available, "reason": s.reason, "plugin": s.plugin}
                 for s in self.chain
@@ -105,7 +143,21 @@ class Decision:
         }
 
     def render(self) -> str:
-        """Human-readable explanation for ``quantreg explain``."""
+        """Human-readable explanation for ``quantreg explain``; a split explains each side in turn."""
+        if self.split:
+            lines = [f"key      {self.key}",
+                     "method   " + ", ".join(f"{s.decision.method} for tokens{s.tokens}" for s in self.split),
+                     "split    per forward, by its token count (the rules' tokens: ranges); "
+                     + ("one method object per layer holds every side" if self.is_split
+                        else "every side chose the same method and options: one method, no dispatch")]
+            if self.is_split:
+                lines.append("memory   every side holds the experts in its own form; a side that cannot share the "
+                             "loaded weights (another side repacks them in place) gets a copy: at most one copy of "
+                             "the packed experts per extra side (quantreg plan: bytes; the load line: what it took)")
+            for side in self.split:
+                lines.append(f"-- tokens{side.tokens} (forwards of {_count_words(side.tokens)})")
+                lines += ["   " + line for line in replace(side.decision, split=()).render().splitlines()[1:]]
+            return "\n".join(lines)
         lines = [f"key      {self.key}", f"method   {self.method}"]
         if self.rule is not None:
             lines.append(f"rule     {self.rule.location} ({self.rule.layer} layer) match {self.rule.match}")
@@ -146,6 +198,12 @@ class Decision:
         return "\n".join(lines)
 
 
+def _count_words(tokens: TokenRange) -> str:
+    if tokens.high is None:
+        return f"{tokens.low} tokens or more"
+    return f"{tokens.low} to {tokens.high} tokens" if tokens.low > 1 else f"at most {tokens.high} tokens"
+
+
 def why_won(winner: Rule, others: Sequence[Rule]) -> str:
     """Why the best matching rule beat the rest, in the documented precedence's words."""
     if not others:
@@ -158,5 +216,9 @@ def why_lost(rule: Rule, winner: Rule) -> str:
     if rule.layer != winner.layer:
         return f"lower layer ({rule.layer} < {winner.layer})"
     if rule.match.specificity != winner.match.specificity:
+        if rule.match.tokens is None and winner.match.tokens is not None and rule.match.specificity + 1 == \
+                winner.match.specificity:
+            return f"less specific ({rule.match.specificity} < {winner.match.specificity} named fields: the winner "\
+                   f"names tokens{winner.match.tokens})"
         return f"less specific ({rule.match.specificity} < {winner.match.specificity} named fields)"
     return f"lower priority ({rule.priority} < {winner.priority})"

@@ -13,7 +13,9 @@ size cap can blow up memory through a cross product.
 
 The layer kind (``Match.layer``, issue 30) is not hashed: few rules name it, so the index hashes
 the three fields as before and drops candidates of another kind (one tuple test per candidate),
-and two rules of disjoint kinds are never ambiguous.
+and two rules of disjoint kinds are never ambiguous. The token range (``Match.tokens``, issue 32)
+is not hashed either: two rules whose ranges are disjoint (``<=64`` and ``>64``) are never
+ambiguous; overlapping ranges at equal rank are, like any other overlap.
 """
 
 from __future__ import annotations
@@ -127,8 +129,8 @@ class Index:
         order = self._order
 
         def add(ra: Rule, rb: Rule) -> bool:
-            """Record a pair once (if they decide a common layer kind); True when the report is full."""
-            if not ra.match.layers_overlap(rb.match):
+            """Record a pair once (if they decide a common layer kind and token count); True when the report is full."""
+            if not ra.match.layers_overlap(rb.match) or not ra.match.tokens_overlap(rb.match):
                 return False
             a, b = (ra, rb) if order[id(ra)] < order[id(rb)] else (rb, ra)
             pair = (order[id(a)], order[id(b)])
@@ -219,7 +221,8 @@ def _ambiguity(a: Rule, b: Rule) -> Problem:
         b.path,
         b.line,
         f"{b.where}.match" if b.where else "match",
-        f"ambiguous: rule {b.match.short()} and rule {a.location} {a.match.short()} can both match the same key with "
+        f"ambiguous: rule {b.match.short()} and rule {a.location} {a.match.short()} can both match the same key"
+        f"{' and token count' if a.match.tokens is not None or b.match.tokens is not None else ''} with "
         f"equal specificity ({a.match.specificity}) and priority ({a.priority}) in the {a.layer} layer; "
         "make one more specific or give one a higher priority",
     )

@@ -13,6 +13,7 @@ not ``experts``, and it never takes part in the three-field pattern hashing of t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import product
@@ -25,6 +26,55 @@ LAYER = "layer"
 EXPERTS = "experts"
 LAYER_KINDS: tuple[str, ...] = (EXPERTS, "attention", "dense", "lm_head")
 """Every layer kind, in the order tools list them; ``experts`` is what an absent ``layer`` means."""
+TOKENS = "tokens"
+"""The optional match key on a forward's token count (issue 32): ``"<=N"``, ``"<N"``, ``">N"``, ``">=N"``."""
+TOKENS_FORMS = ('"<=N"', '">N"', '">=N"', '"<N"')
+_TOKENS_RE = re.compile(r"\s*(<=|>=|<|>)\s*([0-9]+)\s*")
+
+
+@dataclass(frozen=True, order=True)
+class TokenRange:
+    """The token counts ``low..high`` (both inclusive; ``high`` ``None``: no upper bound) of a forward.
+
+    Why a match key and not a key field: vLLM builds a layer's method once, but the token count is
+    known only per forward. A key is decided once per process as before; rules that differ by their
+    token range make that decision a *split* (:class:`quantreg.decision.TokenSide`), and the seam
+    installs one method object that picks a side per forward (:mod:`quantreg.vllm.token_split`).
+    """
+
+    low: int = 1
+    high: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> TokenRange:
+        """``"<=N"``, ``"<N"``, ``">N"`` or ``">=N"`` with N a positive integer; ValueError otherwise."""
+        found = _TOKENS_RE.fullmatch(text)
+        if found is None:
+            raise ValueError(f"expected one of {', '.join(TOKENS_FORMS)} with N a positive integer")
+        op, n = found.group(1), int(found.group(2))
+        if n < 1:
+            raise ValueError(f"N must be a positive integer (a forward has at least 1 token), got {n}")
+        if op == "<" and n == 1:
+            raise ValueError('"<1" matches no forward (a forward has at least 1 token); write "<=N" or ">N"')
+        return {"<=": cls(1, n), "<": cls(1, n - 1), ">": cls(n + 1, None), ">=": cls(n, None)}[op]
+
+    def covers(self, tokens: int) -> bool:
+        return tokens >= self.low and (self.high is None or tokens <= self.high)
+
+    def intersects(self, other: TokenRange) -> bool:
+        return (self.high is None or other.low <= self.high) and (other.high is None or self.low <= other.high)
+
+    def contains(self, other: TokenRange) -> bool:
+        """Every token count of ``other`` is in this range."""
+        return other.low >= self.low and (self.high is None or (other.high is not None and other.high <= self.high))
+
+    def __str__(self) -> str:
+        """The form a table writes (``<=N``, ``>N``); a two-sided range (from a partition) as ``N..M``."""
+        if self.high is None:
+            return f">{self.low - 1}" if self.low > 1 else ">=1"
+        if self.low == 1:
+            return f"<={self.high}"
+        return f"{self.low}..{self.high}"
 
 
 class _KeyFields(NamedTuple):
@@ -105,6 +155,9 @@ class Match:
     layer: tuple[str, ...] | None = None
     """The layer kinds written in the rule; ``None`` (not written) means ``experts`` only. Never a
     wildcard: a rule that decides other layers says which, so no old rule starts deciding them."""
+    tokens: TokenRange | None = None
+    """The forward token counts the rule decides (``None``, not written: every count). Not hashed by
+    the index: it splits a key's decision per forward (:meth:`quantreg.registry.Registry.resolve`)."""
 
     def fields(self) -> tuple[tuple[str, ...] | None, ...]:
         """The three hashed fields (the layer kind is checked beside them, see :attr:`layers`)."""
@@ -121,9 +174,11 @@ class Match:
 
         A written ``layer`` counts one (``{layer: lm_head}`` beats ``{layer: [dense, lm_head]}``
         only by priority, as two lists on any field do); an absent one counts nothing, so the
-        specificity of every rule written without it is what it was.
+        specificity of every rule written without it is what it was. A written ``tokens`` counts
+        one too: inside its range such a rule beats the same match without it, outside it the
+        rule does not take part (docs/tables.md, "Token ranges").
         """
-        return sum(f is not None for f in self.fields()) + (self.layer is not None)
+        return sum(f is not None for f in self.fields()) + (self.layer is not None) + (self.tokens is not None)
 
     @property
     def pattern(self) -> tuple[bool, bool, bool]:
@@ -136,7 +191,7 @@ class Match:
 
     def overlaps(self, other: Match) -> bool:
         """True when some key matches both patterns (used to find ambiguous rules)."""
-        if not self.layers_overlap(other):
+        if not self.layers_overlap(other) or not self.tokens_overlap(other):
             return False
         for a, b in zip(self.fields(), other.fields()):
             if a is not None and b is not None and not set(a) & set(b):
@@ -146,6 +201,10 @@ class Match:
     def layers_overlap(self, other: Match) -> bool:
         """Do the two matches decide a common layer kind?"""
         return self.layers is other.layers or not set(self.layers).isdisjoint(other.layers)
+
+    def tokens_overlap(self, other: Match) -> bool:
+        """Can one forward match both token ranges (an absent range covers every count)?"""
+        return self.tokens is None or other.tokens is None or self.tokens.intersects(other.tokens)
 
     def expand(self, fixed: tuple[bool, bool, bool]) -> Iterator[tuple[str, ...]]:
         """Every concrete tuple of values on the ``fixed`` fields (all must be fixed here)."""
@@ -172,4 +231,6 @@ class Match:
                 parts.append("[" + "|".join(f) + "]")
         if self.layer is not None and self.layer != (EXPERTS,):  # the experts' rules read as they always did
             parts.append(self.layer[0] if len(self.layer) == 1 else "[" + "|".join(self.layer) + "]")
+        if self.tokens is not None:
+            parts.append(f"tokens{self.tokens}")
         return "(" + ", ".join(parts) + ")"

@@ -365,22 +365,47 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
         if all(isinstance(v, int) for v in shape.values()):
             warnings += [f"tuned rule is stale: {s.text()}" for s in registry.stale_evidence(decision.rule, shape)
                          if s.field == "shape"]
-    layout = layout_of(decision.method, registry)
-    expert_bytes: int | None = None
-    if layout is None:
-        warnings.append(f"method '{decision.method}' does not declare how it holds expert weights "
-                        "(Method.expert_layout): expert_bytes unknown")
-    elif ck.moe_layers:
-        per_layer = expert_bytes_per_layer(ck.experts, layout, key.quant_format)
-        expert_bytes = per_layer * len(ck.moe_layers) if per_layer is not None else None
-    else:
-        expert_bytes = 0
+    expert_bytes = _expert_bytes(registry, ck, key, decision.method, warnings)
     data = {"method": decision.method, "rule": decision.source, "expert_bytes": expert_bytes,
             "warnings": warnings, **ans.to_json()}
+    if decision.split:  # tokens: rules: every side, the bytes each holds, and the copy a shared load may cost
+        sides = [{"tokens": str(s.tokens), "method": s.decision.method, "rule": s.decision.source,
+                  "expert_bytes": _expert_bytes(registry, ck, key, s.decision.method, warnings)}
+                 for s in decision.split]
+        data["split"] = sides
+        data["method"] = ", ".join(f"{s['method']} for tokens{s['tokens']}" for s in sides)
+        data["rule"] = ", ".join(str(s["rule"]) for s in sides)
+        per_side = [s["expert_bytes"] for s in sides]
+        data["expert_bytes"] = sum(per_side) if decision.is_split and None not in per_side else (
+            per_side[0] if not decision.is_split else None)
+        packed = ck.experts.get("checkpoint_bytes_per_layer")
+        if decision.is_split and isinstance(packed, int):
+            # a side that must not share the loaded weights (another side repacks them in place) gets a copy
+            data["split_copy_bytes_max"] = packed * len(ck.moe_layers) * (len(sides) - 1)
+            data["split_note"] = (
+                f"split per forward token count: experts hold every side's weights; a side that cannot share the "
+                f"loaded weights (another side repacks them in place) gets its own copy: at most "
+                f"{_human(data['split_copy_bytes_max'])} more over {len(ck.moe_layers)} layer(s) (logged at load), "
+                "and one layer's packed experts as a temporary copy while loading")
     dense = dense_plan(registry, key, ck.config)
     if dense:  # only where a table has dense rules: every other plan keeps its JSON
         data["dense"] = dense
     return data
+
+
+def _expert_bytes(registry: Registry, ck: Checkpoint, key: Key, method: str, warnings: list[str]) -> int | None:
+    """Bytes of expert weights ``method`` holds over the checkpoint's MoE layers (``None``: unknown, said once)."""
+    layout = layout_of(method, registry)
+    if layout is None:
+        warning = (f"method '{method}' does not declare how it holds expert weights "
+                   "(Method.expert_layout): expert_bytes unknown")
+        if warning not in warnings:
+            warnings.append(warning)
+        return None
+    if not ck.moe_layers:
+        return 0
+    per_layer = expert_bytes_per_layer(ck.experts, layout, key.quant_format)
+    return per_layer * len(ck.moe_layers) if per_layer is not None else None
 
 
 def dense_plan(registry: Registry, key: Key, config: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
@@ -454,6 +479,7 @@ def render(data: Mapping[str, Any], model_dir: str) -> str:
         lines.append(f"  tensor  experts.{name} {t['dtype']} {t['shape']}")
     for device, d in data["devices"].items():
         lines.append(f"{device:<9} {d['method']} [{d['rule']}]  experts hold {_human(d['expert_bytes'])}")
+        lines += [f"  split   {d['split_note']}"] if d.get("split_note") else []
         lines += [f"  warning {w}" for w in d["warnings"]]
         for kind, v in d.get("dense", {}).items():
             lines.append(f"  {kind:<9} {v['method']} [{v['rule']}]")

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .index import Index
-from .keys import Key, as_key
+from .keys import Key, TokenRange, as_key
 from .loading import all_limitations, collect_findings, load
 from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
@@ -221,12 +221,38 @@ class Registry:
 
     def _decide(self, key: Key) -> Decision:
         # on the first decision, not at import: register() decides nothing
-        from .decision import NOT_TRIED, Candidate, ChainStep, Decision, why_lost, why_won
-        from .host import host_facts
+        from .decision import Decision
 
         matched = self.index.candidates(key)
         if not matched:
             return Decision(key, VLLM_METHOD, None, {}, (), (), None)
+        if all(r.match.tokens is None for r in matched):
+            return self._decide_rule(key, matched, ())
+        sides = token_sides(matched)
+        if len(sides) == 1:  # the ranged rules lose everywhere (or one rule covers every count)
+            _, covering, rest = sides[0]
+            return self._decide_rule(key, covering, rest)
+        from dataclasses import replace
+
+        from .decision import TokenSide
+
+        split = tuple(TokenSide(rng, self._decide_rule(key, covering, rest, rng)) for rng, covering, rest in sides)
+        return replace(split[0].decision, split=split)
+
+    def _decide_rule(self, key: Key, matched: Sequence[Rule], elsewhere: Sequence[Rule],
+                     tokens: TokenRange | None = None) -> Decision:
+        """The decision among ``matched`` (best first; may be empty: no rule covers these token counts).
+
+        ``elsewhere`` are the key's rules whose token range does not cover ``tokens``: listed as
+        candidates that lost for that reason, so ``explain`` names every rule of the key.
+        """
+        from .decision import NOT_TRIED, Candidate, ChainStep, Decision, why_lost, why_won
+        from .host import host_facts
+
+        outside = tuple(Candidate(r, False, f"its range tokens{r.match.tokens} does not cover tokens{tokens}")
+                        for r in elsewhere)
+        if not matched:
+            return Decision(key, VLLM_METHOD, None, {}, outside, (), None)
         winner = matched[0]
         candidates = [Candidate(winner, True, why_won(winner, matched[1:]))]
         candidates += [Candidate(r, False, why_lost(r, winner)) for r in matched[1:]]
@@ -248,7 +274,7 @@ class Registry:
                 fallback += f"; and {vllm_here.reason}"
             chosen = VLLM_METHOD
         options = winner.options if fallback is None else {}
-        return Decision(key, chosen, winner, options, tuple(candidates), tuple(chain), fallback,
+        return Decision(key, chosen, winner, options, (*candidates, *outside), tuple(chain), fallback,
                         host=host_facts().as_json(), stale=tuple(s.text() for s in self.stale_evidence(winner)))
 
     def stale_evidence(self, rule: Rule, shape: Mapping[str, Any] | None = None) -> list[Any]:
@@ -347,3 +373,36 @@ def set_registry(registry: Registry | None) -> None:
 def resolve(key: Key | tuple[str, str, str]) -> Decision:
     """Resolve ``key`` with the process-wide registry."""
     return get_registry().resolve(key)
+
+
+def token_sides(matched: Sequence[Rule]) -> list[tuple[TokenRange, list[Rule], list[Rule]]]:
+    """The token counts 1..inf cut where ``matched``'s ``tokens:`` ranges start or end, each piece
+    decided by the usual precedence among the rules that cover it; neighbours with one winner merged.
+
+    Returns (range, covering rules best first, the key's other rules) per side, lowest counts first.
+    A count no ranged rule covers falls to the best rule without a range (or to no rule: vLLM keeps
+    its own method for those forwards), the stated rule for gaps (docs/tables.md, "Token ranges").
+    """
+    cuts = {1}
+    for rule in matched:
+        tokens = rule.match.tokens
+        if tokens is not None:
+            cuts.add(tokens.low)
+            if tokens.high is not None:
+                cuts.add(tokens.high + 1)
+    points = sorted(cuts)
+    pieces = [TokenRange(lo, (points[i + 1] - 1) if i + 1 < len(points) else None) for i, lo in enumerate(points)]
+    sides: list[tuple[TokenRange, list[Rule], list[Rule]]] = []
+    for piece in pieces:
+        covering = [r for r in matched if r.match.tokens is None or r.match.tokens.contains(piece)]
+        rest = [r for r in matched if r.match.tokens is not None and not r.match.tokens.contains(piece)]
+        winner = covering[0] if covering else None
+        if sides and (sides[-1][1][0] if sides[-1][1] else None) is winner:
+            prev = sides[-1][0]
+            sides[-1] = (TokenRange(prev.low, piece.high), sides[-1][1], sides[-1][2])
+            continue
+        sides.append((piece, covering, rest))
+    # a merged side: the rules covering all of it (its winner first, as in each piece) and the others
+    return [(rng, [r for r in matched if r.match.tokens is None or r.match.tokens.contains(rng)],
+             [r for r in matched if r.match.tokens is not None and not r.match.tokens.contains(rng)])
+            for rng, _, _ in sides]

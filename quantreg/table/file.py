@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, WILDCARD, Match
+from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, TOKENS, WILDCARD, Match, TokenRange
 from ..methods import Method, valid_name
 from ..problems import Problem, did_you_mean, type_name
 from . import cache as tablecache
@@ -98,6 +98,8 @@ def rule_json(rule: Rule) -> dict[str, Any]:
     }
     if rule.match.layer is not None:  # only when written: tables without it keep their JSON and fingerprint
         data["match"]["layer"] = list(rule.match.layer)
+    if rule.match.tokens is not None:  # likewise: the range in its written form
+        data["match"]["tokens"] = str(rule.match.tokens)
     if rule.verify is not None:
         data["verify"] = rule.verify.to_json()
     if rule.tuned is not None:
@@ -289,13 +291,18 @@ class _Checker:
             self.fail(line, where, f"expected a mapping of {', '.join(FIELDS)}, got {type_name(raw)}")
             return None
         key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
-        self.unknown_keys(raw, (*FIELDS, LAYER), where)
+        self.unknown_keys(raw, (*FIELDS, LAYER, TOKENS), where)
         values: dict[str, tuple[str, ...] | None] = {}
         ok = True
         if LAYER in raw:
             layers = self.layer_kinds(raw[LAYER], key_lines.get(LAYER, line), f"{where}.{LAYER}")
             ok &= layers is not None
             values[LAYER] = layers
+        tokens: TokenRange | None = None
+        if TOKENS in raw:
+            tokens = self.token_range(raw[TOKENS], key_lines.get(TOKENS, line), f"{where}.{TOKENS}",
+                                      values.get(LAYER))
+            ok &= tokens is not None
         for name in FIELDS:
             v = raw.get(name, WILDCARD)
             vline = key_lines.get(name, line)
@@ -325,7 +332,26 @@ class _Checker:
                 ok = False
         if not ok:
             return None
-        return Match(**values)
+        return Match(**values, tokens=tokens)
+
+    def token_range(self, v: Any, line: int, where: str, layers: tuple[str, ...] | None) -> TokenRange | None:
+        """``tokens``: a forward's token count bound, ``"<=N"`` / ``"<N"`` / ``">N"`` / ``">=N"`` (a YAML string)."""
+        if not isinstance(v, str):
+            shown = f"{v!r} ({type_name(v)})" if isinstance(v, (int, float)) else type_name(v)
+            self.fail(line, where, f"expected a quoted string \"<=N\", \">N\", \">=N\" or \"<N\" "
+                                   f"(N a positive integer), got {shown}")
+            return None
+        try:
+            found = TokenRange.parse(v)
+        except ValueError as exc:
+            shown = repr(v) if len(v) <= 40 else repr(v[:37]) + "..."
+            self.fail(line, where, f"{shown}: {exc}")
+            return None
+        if layers is not None and layers != (EXPERTS,):
+            self.fail(line, where, "a token range decides per forward, which only the experts' seam does; "
+                                   "write it on rules of layer experts (dense layers are decided once per layer)")
+            return None
+        return found
 
     def layer_kinds(self, v: Any, line: int, where: str) -> tuple[str, ...] | None:
         """``layer``: one kind or a list of kinds (no wildcard: a rule deciding other layers names them)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..keys import FIELDS, LAYER, LAYER_KINDS, WILDCARD
+from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, TOKENS, WILDCARD
 from ..methods import EXPERT_LAYOUTS, NAME_RE, TARGET_RE
 from .file import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
 from .verify import FLOAT64, FLOAT64_FORMATS, VERIFY_KEYS
@@ -20,6 +20,8 @@ NAME_PATTERN = NAME_RE + r"(?!\n)"
 # ``\w`` is Unicode in Python's re (jsonschema, check-jsonschema), as in the loader; an ECMA-262
 # validator without the ``u`` flag reads it as ASCII and is then stricter than the loader.
 MATCH_VALUE_PATTERN = MATCH_VALUE_RE + r"(?!\n)"
+# ``tokens``: what :meth:`quantreg.keys.TokenRange.parse` accepts (N >= 1; "<N" needs N >= 2)
+TOKENS_PATTERN = r"^\s*(?:(?:<=|>=|>)\s*0*[1-9][0-9]*|<\s*0*(?:[2-9]|[1-9][0-9]+))\s*$(?!\n)"
 
 
 def _tuned_schema(name: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +93,10 @@ def table_schema() -> dict[str, Any]:
             "properties": {**{f: match_value for f in FIELDS}, LAYER: {
                 "anyOf": [{"enum": list(LAYER_KINDS)},
                           {"type": "array", "minItems": 1, "items": {"enum": list(LAYER_KINDS)}}],
-                "description": "which layers the rule decides (absent: experts); no wildcard"}},
+                "description": "which layers the rule decides (absent: experts); no wildcard"},
+                TOKENS: {"type": "string", "pattern": TOKENS_PATTERN,
+                         "description": 'the forward token counts the rule decides: "<=N", "<N", ">N" or ">=N" '
+                                        "(absent: every count); experts only"}},
         },
         "method": {
             "anyOf": [name, {"type": "array", "minItems": 1, "uniqueItems": True, "items": name}],
@@ -121,6 +126,11 @@ def table_schema() -> dict[str, Any]:
                     "properties": {"quant_format": {"anyOf": [
                         {"enum": list(FLOAT64_FORMATS)},
                         {"type": "array", "items": {"enum": list(FLOAT64_FORMATS)}}]}}}}},
+                # a token range is decided per forward, which only the experts' seam does
+                "allOf": [{"if": {"required": ["match"], "properties": {"match": {
+                    "type": "object", "required": [TOKENS]}}},
+                    "then": {"properties": {"match": {"properties": {LAYER: {
+                        "anyOf": [{"const": EXPERTS}, {"type": "array", "items": {"const": EXPERTS}}]}}}}}}],
             },
         },
         "allow_import_targets": {"type": "boolean", "description": "allow this table's methods: section"},

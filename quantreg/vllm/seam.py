@@ -50,7 +50,7 @@ class Seam:
         self.lock = threading.RLock()
         self.patched: type[Any] | None = None
         self.logged: set[Key] = set()
-        self.stale_logged: set[Key] = set()
+        self.stale_logged: set[tuple[Key, str]] = set()
         self.settings: RunSettings | None = None
         self._coverage: Coverage | None = None
         self.signature_warned = False
@@ -176,11 +176,25 @@ class Seam:
         key = layer_key(quant_config)
         decision = registry.resolve(key)
         self.log_once(decision, registry)
-        if decision.fallback and strict:
-            from ..answer import chain_notes
+        for one in (s.decision for s in decision.sides):  # a split: every side, each by its own rule
+            if one.fallback and strict:
+                from ..answer import chain_notes
 
-            raise QuantregError(f"quantreg (strict): {decision.summary()}; " + "; ".join(chain_notes(decision)))
-        self.check_tuned(decision, registry, moe_config, strict)
+                raise QuantregError(f"quantreg (strict): {decision.summary()}; " + "; ".join(chain_notes(one)))
+            self.check_tuned(one, registry, moe_config, strict)
+        if decision.is_split:
+            from .token_split import build_split
+
+            def side(one: Decision) -> Any:
+                return self._build(one, registry, original, layer, prefix, quant_config, moe_config, mode)
+
+            try:
+                return build_split(decision, side, prefix, strict)
+            except QuantregError:
+                raise
+            except Exception as exc:
+                logger.warning("quantreg: %s %s: %s; using vLLM's own method", prefix, key, describe(exc))
+                return original(layer, prefix, quant_config, moe_config)
         if decision.keeps_vllm:
             return original(layer, prefix, quant_config, moe_config)
         context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
@@ -197,6 +211,17 @@ class Seam:
 
         return maybe_verify(method, decision, prefix, layer, moe_config, mode)
 
+    def _build(self, decision: Decision, registry: Registry, original: Callable[..., Any], layer: Any, prefix: str,
+               quant_config: Any, moe_config: Any, mode: Mode) -> Any:
+        """One side of a split: vLLM's own method, or the side's method (with its rule's ``verify:``); raises."""
+        if decision.keeps_vllm:
+            return original(layer, prefix, quant_config, moe_config)
+        context = BuildContext(decision.key, decision.method, decision.source, decision.options, prefix, layer)
+        method = registry.methods[decision.method].build(moe_config, context)
+        from .verify import maybe_verify
+
+        return maybe_verify(method, decision, prefix, layer, moe_config, mode)
+
     def check_tuned(self, decision: Decision, registry: Registry, moe_config: Any, strict: bool) -> None:
         """A tuned rule's evidence against this process (:mod:`quantreg.pins`), the layer's shape included.
 
@@ -210,9 +235,9 @@ class Seam:
                           strict: bool) -> None:
         """:meth:`check_tuned` with the layer's shape given (the dense seam's: :func:`quantreg.pins.dense_shape`)."""
         rule = decision.rule
-        if rule is None or rule.tuned is None or decision.key in self.stale_logged:
+        if rule is None or rule.tuned is None or (decision.key, rule.location) in self.stale_logged:
             return
-        self.stale_logged.add(decision.key)
+        self.stale_logged.add((decision.key, rule.location))
         texts = list(decision.stale)
         if shape is not None:
             texts += [s.text() for s in registry.stale_evidence(rule, shape) if s.field == "shape"]
