@@ -8,9 +8,6 @@ Entry point ``crossing``: ``tune_decode`` (20 ms up to 8 tokens, 400 ms above) a
 Entry point ``parallel``: ``tune_flat`` (100 ms flat) is faster than ``tune_prefill`` everywhere.
 Every other method is kept out (plugins #1, #2 and the dense plugin disabled; vLLM's own kernel
 believed absent through the host-facts seam) so the curves decide alone.
-
-Loading the written split table needs the ``tokens`` match key: the one test that does is marked
-:data:`NEEDS_TOKENS_KEY` until that key is merged.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 HERE = Path(__file__).resolve().parent
 KEY = {"quant_format": "gpt_oss_mxfp4", "model_type": "gpt_oss", "device": "cpu"}
 COUNTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-NEEDS_TOKENS_KEY = pytest.mark.skip(reason="needs the tokens match key (branch tokens)")
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +144,6 @@ def test_each_side_of_the_written_pair_is_a_valid_rule_without_its_tokens_key(
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@NEEDS_TOKENS_KEY
 @pytest.mark.plugin1
 def test_the_written_crossover_table_validates(crossing: list[dict[str, Any]], site: Path, tmp_path: Path) -> None:
     path = tmp_path / "tuned.yaml"

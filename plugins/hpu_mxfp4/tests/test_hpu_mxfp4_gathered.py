@@ -33,7 +33,6 @@ pytestmark = pytest.mark.vllm  # imports vLLM (the classes subclass its MXFP4 me
 
 GLOBAL, LOCAL, TOP_K, HIDDEN, INTER = 8, 4, 2, 64, 64
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "gaudi-gathered-crossover.yaml"
-NEEDS_TOKENS_KEY = pytest.mark.skip(reason="needs the tokens match key (branch tokens)")
 
 
 def build(cls: type, *, bias: bool, ep_rank: int, seed: int = 3) -> tuple[Any, FakeLayer, Any]:
@@ -128,7 +127,6 @@ def test_each_rule_of_the_example_is_valid_without_its_tokens_key(tmp_path: Path
         assert out.returncode == 0, out.stdout + out.stderr
 
 
-@NEEDS_TOKENS_KEY
 def test_the_example_table_validates() -> None:
     out = subprocess.run([sys.executable, "-m", "quantreg", "validate", str(EXAMPLE)], capture_output=True,
                          text=True, timeout=120, cwd=EXAMPLE.parent)
