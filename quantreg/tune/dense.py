@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from ..envelope import envelope
-from ..environment import dist_version, installed_vllm_version
+from ..installed import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
 from ..files import WriteRefused
 from ..host import host_facts, memory_available
