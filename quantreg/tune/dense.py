@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 
 from ..envelope import envelope
-from ..installed import dist_version, installed_vllm_version
 from ..error_measure import DEFAULT_TOLERANCE
 from ..files import WriteRefused
 from ..host import host_facts, memory_available
+from ..installed import dist_version, installed_vllm_version
 from ..keys import EXPERTS, LAYER_KINDS, Key
 from ..methods import VLLM_METHOD, keeps_vllm
 from ..pins import DENSE_SHAPE_FIELDS, dense_shape, running_pins
