@@ -280,7 +280,7 @@ def misbehaving_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env["QUANTREG_PLUGIN_IMPORT_TIMEOUT"] = "300"  # the plugin imports torch: a loaded host took > 10 s
     env["QUANTREG_PROBE_TIMEOUT"] = "5"  # the hanging probe is abandoned (1 s abandoned healthy probes under load)
     # the score's counts only: the float64 check is then 1, 5, 64, 256 tokens, the 4 forwards tune_nan_late
-    # answers right (the crossover over 1, 2, 4, ... 512 is tests/e2e/test_tune_crossover.py's)
+    # answers right (the crossover over 1, 2, 4, ... 512 is tests/e2e/test_tune_crossover_vllm.py's)
     tokens = ["--tokens", "1,64,256"]
     proc = subprocess.run([str(QUANTREG), "tune", str(model), "--budget", "1", *tokens, "--out", str(out), "--json"],
                           capture_output=True, text=True, env=env, timeout=600, stdin=subprocess.DEVNULL)

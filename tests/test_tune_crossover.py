@@ -3,7 +3,7 @@
 Issue 32, item 3: one rule for decode and prefill. Results here are built from known curves (a
 few percent of round-to-round jitter, paired rounds as tune's interleaving gives them) so each
 case is decided by the rule under test, not by luck; the measuring half, real vLLM layers at the
-tiny shape, is tests/e2e/test_tune_crossover.py.
+tiny shape, is tests/e2e/test_tune_crossover_vllm.py.
 """
 
 from __future__ import annotations

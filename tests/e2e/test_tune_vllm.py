@@ -59,7 +59,7 @@ def tuned(tune_site: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     out = root / "tuned.yaml"
     start = time.monotonic()
     # the score's counts: this module is about ranking and refusing at 20B (the crossover over 1, 2, 4, ... 512
-    # is tests/e2e/test_tune_crossover.py's and bench tune_crossover's)
+    # is tests/e2e/test_tune_crossover_vllm.py's and bench tune_crossover's)
     proc = subprocess.run([str(QUANTREG), "tune", str(model), "--synthetic", "--budget", str(BUDGET),
                            "--tokens", "1,64,256", "--out", str(out), "--json"], capture_output=True, text=True,
                           env=site_env(tune_site), timeout=600, stdin=subprocess.DEVNULL)
