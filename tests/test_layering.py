@@ -248,6 +248,19 @@ def test_test_files_are_named_for_the_module_they_test() -> None:
     assert unnamed == [], "name them test_<module path>[_<topic>].py, or list a whole-project property"
 
 
+def test_no_two_test_files_share_a_basename() -> None:
+    """The test directories are not packages: pytest imports each file under its basename, so a second
+    ``test_x.py`` anywhere (tests/, tests/e2e/, a plugin's tests/) stops the whole collection with
+    "import file mismatch". Scenario files in tests/e2e/ take a suffix (``test_tune_crossover_vllm.py``)."""
+    root = PACKAGE.parent
+    files = [*(root / "tests").rglob("test_*.py"), *(root / "plugins").glob("*/tests/**/test_*.py")]
+    seen: dict[str, list[str]] = {}
+    for path in files:
+        seen.setdefault(path.name, []).append(str(path.relative_to(root)))
+    assert len(files) > 80
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 # -- the picture is true (issue 31.8) -------------------------------------------------------------
 
 def _resolve(dotted: str) -> object:
