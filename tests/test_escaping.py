@@ -199,6 +199,10 @@ TRUSTED: dict[tuple[str, str], str] = {
         'the table tune rendered (yaml.safe_dump escapes non-printable characters)',
     ('quantreg/tune/command.py', "'\\n'.join(lines)"):
         'each line built with printable() around every outside value',
+    ('quantreg/tune/dense.py', 'text'):
+        'the table tune --layers rendered (yaml.safe_dump escapes non-printable characters)',
+    ('quantreg/tune/dense.py', "'\\n'.join(summary_lines(answers, target, elapsed, budget))"):
+        'each line built with printable() around every outside value (summary_lines)',
     ('quantreg/vllm/multinode.py', 'line'):
         'a QUANTREG_TABLES payload line quantreg encoded itself (JSON)',
     ('quantreg/vllm/startup.py', 'strict_text(error)'):

@@ -50,6 +50,8 @@ LIBRARY_OPENERS = {"safe_open", "load_file", "torch.load", "mmap.mmap", "np.load
 GUARDED = {
     ("quantreg/tune/measure.py", "checkpoint_experts"): "the checkpoint's shards (safe_open memory-maps them)",
     ("quantreg/tiny/checkpoint.py", "load_tensors"): "a tiny checkpoint's one safetensors file",
+    ("quantreg/tune/dense_measure.py", "checkpoint_tensors"):
+        "the checkpoint's shards holding the dense weights tune compares with",
 }
 ALLOWED.update(GUARDED)
 ALLOWED[("quantreg/testing/vllm_run.py", "load_moe_outputs")] = "the .pt file its own worker probe wrote"

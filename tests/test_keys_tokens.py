@@ -177,16 +177,20 @@ def test_the_schema_accepts_what_the_loader_accepts() -> None:
         assert not validator.is_valid(yaml.safe_load(doc)), text
 
 
+@pytest.mark.needs("torch", "vllm")  # both sides' methods must be available for explain to name them
 def test_explain_shows_both_sides(tmp_path: Path) -> None:
+    from quantreg.host import simulate
+
     path = tmp_path / "split.yaml"
     path.write_text(rules(("<=8", "mxfp4_reference"), (">8", "vllm")))
-    out = run_cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", env={"QUANTREG_CONFIG": str(path)})
+    env = {"QUANTREG_CONFIG": str(path), **simulate("amx")}  # vLLM's CPU MXFP4 method runs (AMX) on every host kind
+    out = run_cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", env=env)
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "method   mxfp4_reference for tokens<=8, vllm for tokens>8" in text
     assert "-- tokens<=8 (forwards of at most 8 tokens)" in text
     assert "-- tokens>8 (forwards of 9 tokens or more)" in text
-    js = run_cli("explain", "--json", "gpt_oss_mxfp4", "gpt_oss", "cpu", env={"QUANTREG_CONFIG": str(path)})
+    js = run_cli("explain", "--json", "gpt_oss_mxfp4", "gpt_oss", "cpu", env=env)
     data = json.loads(js.stdout)
     found = json.dumps(data)
     assert '"split"' in found and '"tokens": "<=8"' in found and '"tokens": ">8"' in found

@@ -138,6 +138,7 @@ def tuned(tiny: Path) -> tuple[Path, dict[str, Any]]:
     return table, json.loads(out.stdout)
 
 
+@pytest.mark.vllm  # real vLLM layers
 def test_each_dense_kind_is_measured_on_vllms_layers_and_int8_is_refused_as_lossy(
         tuned: tuple[Path, dict[str, Any]]) -> None:
     _, answer = tuned
@@ -159,6 +160,7 @@ def test_each_dense_kind_is_measured_on_vllms_layers_and_int8_is_refused_as_loss
         assert got["tuned"]["pins"]["shape"] == TINY[kind]
 
 
+@pytest.mark.vllm  # real vLLM layers
 def test_the_written_dense_rules_validate_and_decide(tuned: tuple[Path, dict[str, Any]], tiny: Path) -> None:
     table, _ = tuned
     rules = yaml.safe_load(table.read_text())["rules"]
@@ -180,6 +182,7 @@ def test_the_written_dense_rules_validate_and_decide(tuned: tuple[Path, dict[str
     assert all(v["rule"].startswith(f"{table}:") and "stale" not in v for v in dense.values()), dense
 
 
+@pytest.mark.vllm  # real vLLM layers
 def test_plan_names_a_dense_shape_pin_the_checkpoint_does_not_have(tuned: tuple[Path, dict[str, Any]],
                                                                     tiny: Path, tmp_path: Path) -> None:
     table, _ = tuned
@@ -196,6 +199,7 @@ def test_plan_names_a_dense_shape_pin_the_checkpoint_does_not_have(tuned: tuple[
     assert "warning lm_head tuned rule is stale: shape: tuned with {hidden: 128, vocab: 201088}" in text
 
 
+@pytest.mark.vllm  # real vLLM layers
 def test_allow_lossy_chains_the_int8_method_and_says_so(tiny: Path, tmp_path: Path) -> None:
     table = tmp_path / "lossy.yaml"
     out = cli("tune", str(tiny), "--layers", "lm_head", "--allow-lossy", "--synthetic", "--budget", BUDGET,

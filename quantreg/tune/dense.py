@@ -299,8 +299,9 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
     elif out != "-":
         print("\n".join(summary_lines(answers, target, elapsed, budget)))
     if missing:
-        print(f"quantreg tune: no method passed for {', '.join(missing)}; "
-              + ("no table written" if text is None else "the table has no rule for them"), file=sys.stderr)
+        print(printable(f"quantreg tune: no method passed for {', '.join(missing)}; "
+                        + ("no table written" if text is None else "the table has no rule for them")),
+              file=sys.stderr)
         return 1
     return 0
 
