@@ -23,7 +23,7 @@ def test_environments_script_builds_core_and_runs_tests_there(tmp_path: Path) ->
     assert done.returncode == 0, out[-4000:]
     assert (tmp_path / "envs" / "core" / "bin" / "python").exists()
     summary = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["core"]]
-    assert summary and summary[-1][1] == "ok" and "passed" in summary[-1], out[-4000:]
+    assert summary and summary[-1][1] == "ok" and "passed" in " ".join(summary[-1]), out[-4000:]
     probe = subprocess.run([str(tmp_path / "envs" / "core" / "bin" / "python"), "-c",
                             "import importlib.util as u; print(u.find_spec('torch') is None)"],
                            capture_output=True, text=True, timeout=120)
