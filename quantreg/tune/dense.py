@@ -8,7 +8,7 @@ as the command it is (its JSON answer, its table text) and writes one table with
 
 What is different from the experts: on a bf16 dense layer vLLM's own method (``vllm``: the
 checkpoint's bf16 weights, oneDNN on CPU) is exact up to bf16 rounding, and a method that
-quantises (``cpu_int8_dense``) is *lossy by design*, yet may still be within ``verify:``'s
+quantises (an int8 dense plugin's) is *lossy by design*, yet may still be within ``verify:``'s
 tolerance. Tune says so instead of ranking it silently: a method whose float64 error is more than
 :data:`LOSSY_FACTOR` times vLLM's bf16 error **and** above :data:`LOSSY_FLOOR` is refused as
 ``lossy`` unless ``--allow-lossy`` (it is still timed, so the operator sees what the loss would
