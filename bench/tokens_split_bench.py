@@ -23,12 +23,10 @@ adjacent pair ratios (single time / split time; 1.0 = no cost).
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from bench.common import Metric, child_main, median
-from bench.vllm_bench import plugin_lists, side_by_side, spread
+from bench.common import Metric, best_ns_per_call, child_main, median
+from bench.vllm_bench import pooled, spread, two_tables
 
 BOUND = 64
 KEY = "quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu"
@@ -45,7 +43,6 @@ def dispatch_overhead_ns(calls: int = 200_000, repeats: int = 5) -> tuple[float,
     The sides return their input at once, so the difference is the split's own cost per MoE call
     (the bisect over the bounds, the side lookup, the first-forward flag, the attribute reads).
     """
-    import time
 
     import torch
 
@@ -67,16 +64,9 @@ def dispatch_overhead_ns(calls: int = 200_000, repeats: int = 5) -> tuple[float,
     split = TokenSplitMethod(sides, _Report("model.layers.0.mlp.experts", key, False))
     x = torch.zeros(1, 8)
 
-    def best(fn: Any) -> float:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn(layer=None, x=x, router_logits=2, input_ids=None)
-            times.append(time.perf_counter() - start)
-        return min(times) / calls * 1e9
-
-    return best(split.apply_monolithic), best(small.apply_monolithic)
+    args = {"layer": None, "x": x, "router_logits": 2, "input_ids": None}
+    return (best_ns_per_call(split.apply_monolithic, calls, repeats, **args),
+            best_ns_per_call(small.apply_monolithic, calls, repeats, **args))
 
 
 def layer_decode(quick: bool) -> dict[str, Any]:
@@ -168,30 +158,15 @@ def layer_metric(quick: bool) -> Metric:
 
 
 def engine_metric(quick: bool) -> Metric:
-    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
-
-    plugins, _ = plugin_lists()
     pairs, calls = (1, 12) if quick else (3, 24)
-    with tempfile.TemporaryDirectory(prefix="quantreg-bench-split-") as tmp:
-        root = Path(tmp)
-        model = write_tiny_gpt_oss(root / "tiny-gpt-oss-mxfp4")
-        (root / "split.yaml").write_text("version: 1\nrules:\n" + SPLIT)
-        (root / "single.yaml").write_text("version: 1\nrules:\n" + SINGLE)
-        env_a = {"QUANTREG_CONFIG": str(root / "split.yaml")}
-        env_b = {"QUANTREG_CONFIG": str(root / "single.yaml")}
-        runs = [side_by_side(model, plugins, plugins, calls, env_a, env_b) for _ in range(pairs)]
+    runs = two_tables("quantreg-bench-split-", SPLIT, SINGLE, pairs, calls)
     for r in runs:  # A's layers hold the split, B's the single method (the probe reads type(), not __class__)
         assert r["a_final"]["moe_methods"] == [SPLIT_METHOD], f"A's MoE layers are not split: {r['a_final']}"
         assert r["b_final"]["moe_methods"] == [SINGLE_METHOD], f"B's MoE layers: {r['b_final']}"
     split_ns, direct_ns = dispatch_overhead_ns()
-    ratios = [x for r in runs for x in r["ratios"]]
-    a = [x for r in runs for x in r["a"]]
-    b = [x for r in runs for x in r["b"]]
-    ratio = median(ratios)
-    low, high = spread(ratios)
-    cpu_ratio = median([x for r in runs for x in r["cpu_ratios"]])
-    calls_a = max(r["a_final"]["quantreg_calls_in_generate"] for r in runs)
-    calls_b = max(r["b_final"]["quantreg_calls_in_generate"] for r in runs)
+    p = pooled(runs)
+    ratios, a, b, ratio, low, high = p["ratios"], p["a"], p["b"], p["ratio"], p["low"], p["high"]
+    cpu_ratio, calls_a, calls_b = p["cpu_ratio"], p["calls_a"], p["calls_b"]
     notes = [
         f"tiny GPT-OSS MXFP4 checkpoint; A: cpu_mxfp4 for tokens<={BOUND}, mxfp4_reference for tokens>{BOUND} "
         "(one TokenSplitMethod per MoE layer); B: cpu_mxfp4 alone; every timed forward (prefill 64, decode 8 "
@@ -206,7 +181,7 @@ def engine_metric(quick: bool) -> Metric:
     ]
     extra: dict[str, Any] = {"dispatch_ns_per_call": split_ns - direct_ns, "cpu_time_ratio": cpu_ratio,
                              "pairwise_ratios": ratios, "middle_half": [low, high],
-                             "ratios_per_process_pair": [median(r["ratios"]) for r in runs],
+                             "ratios_per_process_pair": p["per_pair"],
                              "samples_split": [r["a"] for r in runs], "samples_single": [r["b"] for r in runs],
                              "quantreg_calls_in_generate": {"split": calls_a, "single": calls_b},
                              "bound": BOUND, "table_split": SPLIT, "table_single": SINGLE}

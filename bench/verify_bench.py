@@ -11,12 +11,10 @@ alternating timed ``generate`` calls, median of the adjacent call-pair ratios).
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from bench.common import Metric, child_main, median
-from bench.vllm_bench import plugin_lists, side_by_side, spread
+from bench.common import Metric, best_ns_per_call, child_main, median
+from bench.vllm_bench import pooled, two_tables
 
 RULE = "  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n    method: mxfp4_reference\n"
 VERIFY = "    verify: {against: float64, first: 0, every: 1000000000, layers: 2}\n"
@@ -30,7 +28,6 @@ def wrapper_overhead_ns(calls: int = 200_000, repeats: int = 5) -> tuple[float, 
     cost per MoE call (attribute lookups, the counter, the comparison): a noise-free companion to the
     end-to-end ratio, which this shared machine resolves only to a few percent.
     """
-    import time
 
     from quantreg.keys import Key
     from quantreg.table.verify import VerifySpec
@@ -46,43 +43,21 @@ def wrapper_overhead_ns(calls: int = 200_000, repeats: int = 5) -> tuple[float, 
                                                          Key("gpt_oss_mxfp4", "gpt_oss", "cpu"),
                                                          "bare", "float64", spec, False))
 
-    def best(fn: Any) -> float:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn(layer=None, x=1, router_logits=2, input_ids=None)
-            times.append(time.perf_counter() - start)
-        return min(times) / calls * 1e9
-
-    return best(wrapped.apply_monolithic), best(inner.apply_monolithic)
+    args = {"layer": None, "x": 1, "router_logits": 2, "input_ids": None}
+    return (best_ns_per_call(wrapped.apply_monolithic, calls, repeats, **args),
+            best_ns_per_call(inner.apply_monolithic, calls, repeats, **args))
 
 
 def run(quick: bool) -> list[Metric]:
-    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
-
-    plugins, _ = plugin_lists()
     pairs, calls = (1, 12) if quick else (3, 24)
-    with tempfile.TemporaryDirectory(prefix="quantreg-bench-verify-") as tmp:
-        root = Path(tmp)
-        model = write_tiny_gpt_oss(root / "tiny-gpt-oss-mxfp4")
-        (root / "verify.yaml").write_text("version: 1\nrules:\n" + RULE + VERIFY)
-        (root / "plain.yaml").write_text("version: 1\nrules:\n" + RULE)
-        env_a = {"QUANTREG_CONFIG": str(root / "verify.yaml")}
-        env_b = {"QUANTREG_CONFIG": str(root / "plain.yaml")}
-        runs = [side_by_side(model, plugins, plugins, calls, env_a, env_b) for _ in range(pairs)]
+    runs = two_tables("quantreg-bench-verify-", RULE + VERIFY, RULE, pairs, calls)
     for r in runs:
         assert r["a_final"]["moe_methods"] == [WRAPPER], f"A's MoE layers are not verified: {r['a_final']}"
         assert WRAPPER not in r["b_final"]["moe_methods"], f"B's MoE layers are verified: {r['b_final']}"
     wrapped_ns, direct_ns = wrapper_overhead_ns()
-    ratios = [x for r in runs for x in r["ratios"]]
-    a = [x for r in runs for x in r["a"]]
-    b = [x for r in runs for x in r["b"]]
-    ratio = median(ratios)
-    low, high = spread(ratios)
-    cpu_ratio = median([x for r in runs for x in r["cpu_ratios"]])  # per CPU second: less hurt by a busy machine
-    calls_a = max(r["a_final"]["quantreg_calls_in_generate"] for r in runs)
-    calls_b = max(r["b_final"]["quantreg_calls_in_generate"] for r in runs)
+    p = pooled(runs)
+    ratios, a, b, ratio, low, high = p["ratios"], p["a"], p["b"], p["ratio"], p["low"], p["high"]
+    cpu_ratio, calls_a, calls_b = p["cpu_ratio"], p["calls_a"], p["calls_b"]
     notes = [
         "tiny GPT-OSS MXFP4 checkpoint, both sides mxfp4_reference; A adds verify: {against: float64, first: 0, "
         "every: 1000000000, layers: 2} (both MoE layers wrapped, no call sampled)",
@@ -100,7 +75,7 @@ def run(quick: bool) -> list[Metric]:
     extra: dict[str, Any] = {"wrapper_ns_per_call": wrapped_ns - direct_ns, "cpu_time_ratio": cpu_ratio,
                              "pairwise_ratios": ratios,
                              "middle_half": [low, high],
-                             "ratios_per_process_pair": [median(r["ratios"]) for r in runs],
+                             "ratios_per_process_pair": p["per_pair"],
                              "samples_with": [r["a"] for r in runs], "samples_without": [r["b"] for r in runs],
                              "quantreg_calls_in_generate": {"with_verify": calls_a, "without": calls_b},
                              "moe_methods": {"with_verify": runs[0]["a_final"]["moe_methods"],

@@ -110,6 +110,36 @@ def side_by_side(model: Path, plugins_a: str, plugins_b: str, calls: int, env_a:
             "cpu_ratios": [x["tokens_per_cpu_s"] / y["tokens_per_cpu_s"] for x, y in zip(a_calls, b_calls)]}
 
 
+def two_tables(prefix: str, table_a: str, table_b: str, pairs: int, calls: int) -> list[dict[str, Any]]:
+    """``pairs`` :func:`side_by_side` runs of the tiny MXFP4 model, A under user table ``table_a``, B under
+    ``table_b`` (rule text under ``rules:``), every plugin installed on both sides: the shape of every
+    "what does this table feature cost on decode" bench (verify:, a tokens split)."""
+    from quantreg.tiny.checkpoint import write_tiny_gpt_oss
+
+    plugins, _ = plugin_lists()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        root = Path(tmp)
+        model = write_tiny_gpt_oss(root / "tiny-gpt-oss-mxfp4")
+        (root / "a.yaml").write_text("version: 1\nrules:\n" + table_a)
+        (root / "b.yaml").write_text("version: 1\nrules:\n" + table_b)
+        env_a = {"QUANTREG_CONFIG": str(root / "a.yaml")}
+        env_b = {"QUANTREG_CONFIG": str(root / "b.yaml")}
+        return [side_by_side(model, plugins, plugins, calls, env_a, env_b) for _ in range(pairs)]
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The runs of :func:`two_tables` pooled: every call pair's ratio, its median and middle half, the
+    per-CPU-second ratio (less hurt by a busy machine) and the Python calls into quantreg per generate."""
+    ratios = [x for r in runs for x in r["ratios"]]
+    low, high = spread(ratios)
+    return {"ratios": ratios, "ratio": median(ratios), "low": low, "high": high,
+            "a": [x for r in runs for x in r["a"]], "b": [x for r in runs for x in r["b"]],
+            "cpu_ratio": median([x for r in runs for x in r["cpu_ratios"]]),
+            "calls_a": max(r["a_final"]["quantreg_calls_in_generate"] for r in runs),
+            "calls_b": max(r["b_final"]["quantreg_calls_in_generate"] for r in runs),
+            "per_pair": [median(r["ratios"]) for r in runs]}
+
+
 def spread(values: list[float]) -> tuple[float, float]:
     """The middle half (25th and 75th percentiles) of ``values``."""
     ordered = sorted(values)

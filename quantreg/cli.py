@@ -385,7 +385,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         return tune_layers(args.model_dir, args.layers or "experts", device=args.device, out=args.out,
                            as_json=args.json, budget=args.budget, synthetic=args.synthetic,
-                           allow_lossy=args.allow_lossy, config=args.config)
+                           allow_lossy=args.allow_lossy, config=args.config, tokens=args.tokens)
     from .tune.command import tune_command  # measure.py imports torch and vLLM only once measuring starts
 
     return tune_command(args.model_dir, device=args.device, out=args.out, as_json=args.json, budget=args.budget,

@@ -39,6 +39,30 @@ QUANTREG = Path(sys.executable).with_name("quantreg")
 QUANTREG_VARS = ("QUANTREG_CONFIG", "QUANTREG_PLUGINS", "QUANTREG_DISABLE_PLUGINS", "QUANTREG_STRICT")
 #: Prefix of every module the throwaway plugins define; they are dropped from sys.modules after each test.
 MODULE_PREFIX = "qrt_"
+#: The head of a child script that builds vLLM layers through quantreg's dense seam in one process:
+#: quantreg's log records kept in ``records``, the names such a child uses, and ``one_rank(config)``
+#: (vLLM's parallel groups of one rank under ``config``, entered for the rest of the child's life).
+DENSE_CHILD_HEAD = """
+import json, logging, socket, sys
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append((record.levelname, record.getMessage()))
+logging.getLogger("vllm.quantreg").addHandler(Keep())
+logging.getLogger("vllm.quantreg").setLevel(logging.INFO)
+from quantreg.problems import QuantregError
+from quantreg.registry import Registry, set_registry
+from quantreg.vllm.dense import DenseSeam
+from quantreg.vllm.seam import Seam
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+def one_rank(config):
+    set_current_vllm_config(config).__enter__()
+    sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
+    initialize_model_parallel(1, 1)
+"""
 
 
 @pytest.fixture

@@ -39,6 +39,14 @@ def _validate(tmp_path: Path, tuned: str, capsys: pytest.CaptureFixture[str]) ->
     ('{phase_weights: {"²": 1}, results: []}', "rules[0].tuned.phase_weights", "token count"),
     ("{rounds: -3, results: []}", "rules[0].tuned.rounds", "expected a whole number >= 0, got integer -3"),
     ("{rounds: 2.5, results: []}", "rules[0].tuned.rounds", "got number 2.5"),
+    ("{crossover: 32, results: []}", "rules[0].tuned.crossover", "expected {tokens: N, small: METHOD"),
+    ("{crossover: {tokens: 32, small: a}, results: []}", "rules[0].tuned.crossover", "large missing"),
+    ("{crossover: {tokens: '32', small: a, large: b}, results: []}", "rules[0].tuned.crossover",
+     "tokens: expected a whole number >= 1, got string '32'"),
+    ("{crossover: {tokens: 32, small: a, large: b, bound: 3}, results: []}", "rules[0].tuned.crossover",
+     "unknown key 'bound'"),
+    ("{crossover: {tokens: 32, small: a, large: b, worst_ratio: -1}, results: []}", "rules[0].tuned.crossover",
+     "worst_ratio: expected a positive number"),
 ])
 def test_tuned_values_say_the_value_and_what_was_expected(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           tuned: str, key: str, expected: str) -> None:

@@ -134,9 +134,26 @@ def test_the_written_pair_is_the_tokens_key_and_carries_the_curve(tmp_path: Path
         ms = {r["method"]: r["ms"] for r in rule["tuned"]["results"]}
         assert ms["vllm"] == {str(t): round(prefiller().ms[t], 4) for t in COUNTS}  # the curve, every count
         assert rule["tuned"]["ranking"][-1] == decided.text()
+        assert decided.crossover is not None  # and the same decision as data: what a tool reads
+        assert rule["tuned"]["crossover"] == {"tokens": 8, "small": "mxfp4_reference", "large": "vllm",
+                                              "worst_ratio": round(decided.crossover.envelope.worst[1], 4),
+                                              "worst_at": decided.crossover.envelope.worst[0]}
     assert loaded[0]["tuned"]["phase_weights"] == {str(t): pytest.approx(0.25) for t in (1, 2, 4, 8)}
     assert json.dumps(curve(results, COUNTS))  # JSON-ready: median and spread per method per count
     assert curve(results, COUNTS)["vllm"]["512"]["ms"] == round(prefiller().ms[512], 4)
+
+
+def test_explain_reads_the_crossover_from_the_evidence() -> None:
+    """``tuned.crossover`` as written loads and is said on explain's tuned line (no prose parsed)."""
+    from quantreg.table.tuned import parse_tuned
+
+    rules, _ = tune_table.tuned_rules(KEY, [decoder(), prefiller()], EVIDENCE, counts=COUNTS, prior=["vllm"])
+    faults: list[tuple[int | None, str, str]] = []
+    raw = yaml.safe_load(tune_table.render(rules))["rules"][1]["tuned"]
+    evidence = parse_tuned(raw, "rules[1].tuned", 1, lambda line, key, msg: faults.append((line, key, msg)))
+    assert not faults and evidence is not None, faults
+    assert "measured crossover at 8 tokens: mxfp4_reference up to it, vllm above (worst x1.000 of the fastest" \
+        in evidence.summary("vllm"), evidence.summary("vllm")
 
 
 @pytest.mark.plugin1  # the rules name plugin #1's mxfp4_reference

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from core_support import QUANTREG
+from core_support import DENSE_CHILD_HEAD, QUANTREG
 
 from quantreg.tune.dense import LOSSY_FLOOR, is_lossy, judge_lossy, parse_layers
 from quantreg.tune.rank import TOKENS, Result
@@ -58,6 +58,11 @@ def test_layers_parse_to_kinds_in_the_documented_order() -> None:
     (("--layers", "all,experts"), "'all' already names every kind"),
     (("--allow-lossy",), "--allow-lossy: only dense layer kinds have a lossy judgement"),
     (("--layers", "lm_head", "--device", "hpu"), "--device hpu: tune measures on the CPU only"),
+    # --tokens is the experts' crossover curve: passed to their half, refused (not ignored) without it
+    (("--layers", "lm_head", "--tokens", "1,8"), "--tokens: the token counts of the experts' crossover curve; "
+                                                 "--layers lm_head names no experts"),
+    (("--layers", "experts,lm_head", "--tokens", "1,x"), "--tokens 1,x: x is not a token count"),
+    (("--layers", "experts", "--allow-lossy", "--tokens", "0"), "--allow-lossy: only dense layer kinds"),
 ])
 def test_bad_layer_arguments_are_one_line_before_anything_is_read(tmp_path: Path, args: tuple[str, ...],
                                                                     said: str) -> None:
@@ -139,6 +144,23 @@ def tuned(tiny: Path) -> tuple[Path, dict[str, Any]]:
 
 
 @pytest.mark.vllm  # real vLLM layers
+def test_tokens_reaches_the_experts_half_of_a_layers_run(tiny: Path, tmp_path: Path) -> None:
+    """``--layers experts,dense --tokens 2``: the experts are timed at 2 tokens (and the score's counts),
+    the router at the score's counts only; one table holds both kinds' rules."""
+    table = tmp_path / "tuned.yaml"
+    out = cli("tune", str(tiny), "--layers", "experts,dense", "--tokens", "2", "--synthetic", "--budget", BUDGET,
+              "--json", "--out", str(table))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    keys = json.loads(out.stdout)["keys"]
+    assert keys["experts"]["tokens"] == sorted({2, *TOKENS}), keys["experts"]["tokens"]
+    timed = [r for r in keys["experts"]["results"] if r["ok"]]
+    assert timed and all(set(r["ms"]) == {str(t) for t in sorted({2, *TOKENS})} for r in timed), timed
+    assert all(set(r["ms"]) == {str(t) for t in TOKENS} for r in keys["dense"]["results"] if r["ms"])
+    kinds = [r["match"].get("layer", "experts") for r in yaml.safe_load(table.read_text())["rules"]]
+    assert "experts" in kinds and "dense" in kinds, kinds
+
+
+@pytest.mark.vllm  # real vLLM layers
 def test_each_dense_kind_is_measured_on_vllms_layers_and_int8_is_refused_as_lossy(
         tuned: tuple[Path, dict[str, Any]]) -> None:
     _, answer = tuned
@@ -215,37 +237,20 @@ def test_allow_lossy_chains_the_int8_method_and_says_so(tiny: Path, tmp_path: Pa
     assert cli("validate", str(table)).returncode == 0
 
 
-START_UP = """
-import json, logging, socket, sys
-records = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        records.append((record.levelname, record.getMessage()))
-logging.getLogger("vllm.quantreg").addHandler(Keep())
-logging.getLogger("vllm.quantreg").setLevel(logging.INFO)
-from quantreg.problems import QuantregError
-from quantreg.registry import Registry, set_registry
-from quantreg.vllm.dense import DenseSeam
-from quantreg.vllm.seam import Seam
-from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-from vllm.distributed import init_distributed_environment, initialize_model_parallel
-config = VllmConfig(model_config=ModelConfig(model=sys.argv[1], dtype="bfloat16"))
-sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
+START_UP = DENSE_CHILD_HEAD + """
+one_rank(VllmConfig(model_config=ModelConfig(model=sys.argv[1], dtype="bfloat16")))
 out = {}
-with set_current_vllm_config(config):
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
-    initialize_model_parallel(1, 1)
-    import vllm.model_executor.layers.vocab_parallel_embedding as vpe
-    registry = Registry.build(config=[sys.argv[2]])
-    assert not registry.faults, registry.faults
-    set_registry(registry)
-    DenseSeam(Seam()).patch_lm_head(vpe)
-    hf = config.model_config.hf_config
-    try:
-        vpe.ParallelLMHead(hf.vocab_size, hf.hidden_size, prefix="lm_head")
-    except QuantregError as exc:
-        out["raised"] = str(exc)
+import vllm.model_executor.layers.vocab_parallel_embedding as vpe
+registry = Registry.build(config=[sys.argv[2]])
+assert not registry.faults, registry.faults
+set_registry(registry)
+DenseSeam(Seam()).patch_lm_head(vpe)
+from vllm.config import get_current_vllm_config
+hf = get_current_vllm_config().model_config.hf_config
+try:
+    vpe.ParallelLMHead(hf.vocab_size, hf.hidden_size, prefix="lm_head")
+except QuantregError as exc:
+    out["raised"] = str(exc)
 out["log"] = records
 print(json.dumps(out))
 """

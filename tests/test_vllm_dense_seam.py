@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from core_support import child_env
+from core_support import DENSE_CHILD_HEAD, child_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("clean_env")]
 
@@ -62,27 +62,9 @@ class FailsAtLoad(LinearMethodBase):
         raise AssertionError("never reached")
 '''
 
-CHILD = """
-import json, logging, sys, torch
-records = []
-class Keep(logging.Handler):
-    def emit(self, record):
-        records.append((record.levelname, record.getMessage()))
-logging.getLogger("vllm.quantreg").addHandler(Keep())
-logging.getLogger("vllm.quantreg").setLevel(logging.INFO)
-from quantreg.problems import QuantregError
-from quantreg.registry import Registry, set_registry
-from quantreg.vllm.seam import Seam
-from quantreg.vllm.dense import DenseSeam
-import socket
-from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.distributed import init_distributed_environment, initialize_model_parallel
-sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
-config_scope = set_current_vllm_config(VllmConfig())
-config_scope.__enter__()
-init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
-                             local_rank=0, backend="gloo")
-initialize_model_parallel(1, 1)
+CHILD = DENSE_CHILD_HEAD + """
+import torch
+one_rank(VllmConfig())
 import vllm.model_executor.layers.linear as linear
 import vllm.model_executor.layers.vocab_parallel_embedding as vpe
 import vllm.model_executor.model_loader.utils as loader_utils

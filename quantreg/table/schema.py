@@ -43,6 +43,12 @@ def _tuned_schema(name: dict[str, Any]) -> dict[str, Any]:
                         "description": "each neighbouring pair of the chain: apart beyond noise, or a tie"},
             "load_avg": {"type": "array", "items": {"type": "number"}},
             "pins": {"type": "object", "description": "what the measurement depends on; checked at start-up"},
+            "crossover": {"type": "object", "additionalProperties": False, "required": ["tokens", "small", "large"],
+                          "description": "where tune split the key by token count: small serves <= tokens, "
+                                         "large above; the envelope's worst median ratio to the fastest and where",
+                          "properties": {"tokens": {"type": "integer", "minimum": 1}, "small": name, "large": name,
+                                         "worst_ratio": {"type": "number", "exclusiveMinimum": 0},
+                                         "worst_at": {"type": "integer", "minimum": 1}}},
             "phase_weights": {**by_tokens, "minProperties": 1,
                               "additionalProperties": {"type": "number", "minimum": 0}},
             "results": {"type": "array", "items": {

@@ -34,7 +34,11 @@ from ..methods import valid_name
 from ..problems import did_you_mean, printable, type_name
 
 TUNED_KEYS = ("at", "host", "vllm", "torch", "phase_weights", "tolerance", "budget_s", "rounds", "shape", "results",
-              "ranking", "load_avg", "pins")
+              "ranking", "load_avg", "pins", "crossover")
+CROSSOVER_KEYS = ("tokens", "small", "large", "worst_ratio", "worst_at")
+"""``tuned.crossover`` on each rule of a measured pair: the bound, who serves each side, and the
+envelope's worst median ratio to the fastest method (and where): the crossover as data, beside
+``tuned.ranking``'s sentence, so a tool can read where tune split without parsing prose."""
 RESULT_KEYS = ("method", "ok", "error", "ms", "score_ms", "rel_error", "spread", "warnings")
 
 Fail = Callable[[int | None, str, str], None]
@@ -71,10 +75,39 @@ class TunedEvidence:
             first = sorted(passed, key=lambda r: (r.method != chosen,))  # the chosen one first, then tune's order
             times = " vs ".join(f"{r.method} {_ms(r.ms.get(tokens))}" for r in first)
             text += f": {times} at {tokens} token{'s' if tokens != 1 else ''}"
+        cross = self.raw.get("crossover")
+        if isinstance(cross, Mapping):  # checked by parse_tuned
+            text += (f"; measured crossover at {cross['tokens']} tokens: {cross['small']} up to it, "
+                     f"{cross['large']} above")
+            if "worst_ratio" in cross:
+                text += f" (worst x{float(cross['worst_ratio']):.3f} of the fastest, at {cross.get('worst_at', '?')})"
         refused = [r for r in self.results if not r.ok]
         if refused:
             text += "; refused: " + "; ".join(f"{r.method} ({r.error or 'failed'})" for r in refused)
         return printable(text)  # every field here came from a table: one line, whatever a value holds
+
+
+def _crossover_problem(value: Any) -> str | None:
+    """Why ``tuned.crossover`` is not ``{tokens: N, small: METHOD, large: METHOD[, worst_ratio, worst_at]}``."""
+    expected = "expected {tokens: N, small: METHOD, large: METHOD, worst_ratio: X, worst_at: N} as tune writes it"
+    if not isinstance(value, dict):
+        return f"{expected}, got {type_name(value)}"
+    unknown = [str(k) for k in value if k not in CROSSOVER_KEYS]
+    if unknown:
+        return f"unknown key{did_you_mean(unknown[0], CROSSOVER_KEYS)} {printable(unknown[0])!r}; {expected}"
+    missing = [k for k in ("tokens", "small", "large") if k not in value]
+    if missing:
+        return f"{', '.join(missing)} missing; {expected}"
+    if _token_key(value["tokens"]) is None or isinstance(value["tokens"], str):
+        return f"tokens: expected a whole number >= 1, got {type_name(value['tokens'])} {value['tokens']!r}"[:200]
+    for side in ("small", "large"):
+        if not valid_name(value[side]):
+            return f"{side}: expected a method name, got {type_name(value[side])} {value[side]!r}"[:200]
+    if "worst_ratio" in value and not (_is_number(value["worst_ratio"]) and value["worst_ratio"] > 0):
+        return f"worst_ratio: expected a positive number, got {type_name(value['worst_ratio'])}"
+    if "worst_at" in value and (_token_key(value["worst_at"]) is None or isinstance(value["worst_at"], str)):
+        return f"worst_at: expected a whole number >= 1, got {type_name(value['worst_at'])}"
+    return None
 
 
 def _ms(value: float | None) -> str:
@@ -131,6 +164,10 @@ def parse_tuned(raw: Any, where: str, line: int, fail: Fail) -> TunedEvidence | 
             bad(k, f"expected a list of strings, got {type_name(raw[k])}")
     if "load_avg" in raw and not (isinstance(raw["load_avg"], list) and all(_is_number(v) for v in raw["load_avg"])):
         bad("load_avg", f"expected a list of numbers (1, 5, 15 minute load averages), got {type_name(raw['load_avg'])}")
+    if "crossover" in raw:
+        problem = _crossover_problem(raw["crossover"])
+        if problem is not None:
+            bad("crossover", problem)
     if "pins" in raw and not isinstance(raw["pins"], dict):
         bad("pins", f"expected a mapping of field -> recorded value, got {type_name(raw['pins'])}")
     weights = raw.get("phase_weights")

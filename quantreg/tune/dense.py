@@ -43,7 +43,7 @@ from ..pins import DENSE_SHAPE_FIELDS, dense_shape, running_pins
 from ..plan import quant_format_of, read_checkpoint
 from ..problems import did_you_mean, printable
 from ..registry import Registry
-from .command import DEFAULT_OUT, ProgressLine, _fail, load_average, out_problem, tune_command
+from .command import DEFAULT_OUT, ProgressLine, _fail, load_average, out_problem, parse_tokens, tune_command
 from .rank import PHASE_WEIGHTS, TOKENS, Result, ranked
 from .table import phase_text, rule_for, write_atomically
 
@@ -140,12 +140,12 @@ def kind_bytes(kind: str, s: dict[str, int]) -> int:
 
 
 def _moe_part(model_dir: str, *, device: str, budget: float, synthetic: bool,
-              config: list[str] | None) -> tuple[int, dict[str, Any]]:
+              config: list[str] | None, tokens: str | None) -> tuple[int, dict[str, Any]]:
     """The MoE half as the command it is: its JSON answer (``table`` holds its rule's YAML)."""
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured):
         code = tune_command(model_dir, device=device, out="-", as_json=True, budget=budget, synthetic=synthetic,
-                            config=config)
+                            config=config, tokens=tokens)
     text = captured.getvalue().strip().splitlines()
     try:
         data = json.loads(text[-1]) if text else {}
@@ -162,11 +162,13 @@ def render_rules(rules: Sequence[dict[str, Any]], kinds: Sequence[str]) -> str:
 
 def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | None = None,
                 as_json: bool = False, budget: float = 120.0, synthetic: bool = False, allow_lossy: bool = False,
-                config: list[str] | None = None) -> int:
+                config: list[str] | None = None, tokens: str | None = None) -> int:
     """Measure every requested layer kind and write one table with a rule per kind; 0 when every kind got one.
 
     ``layers`` is ``--layers`` as written (:func:`parse_layers`); ``experts`` alone is
-    :func:`.command.tune_command` itself (the table it always wrote)."""
+    :func:`.command.tune_command` itself (the table it always wrote). ``tokens`` (``--tokens``) is the
+    experts' token-count curve and goes to their half; a dense kind is timed at the score's counts
+    and never split by token count, so ``--tokens`` without ``experts`` is refused, not ignored."""
     kinds, bad = parse_layers(layers)
     if bad is not None:
         return _fail(bad, as_json, 2, key="--layers")
@@ -178,12 +180,18 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
     if allow_lossy and EXPERTS in kinds and len(kinds) == 1:
         return _fail("--allow-lossy: only dense layer kinds have a lossy judgement; --layers experts names none "
                      f"(add {', '.join(DENSE_KINDS)} or {ALL})", as_json, 2, key="--allow-lossy")
+    if parse_tokens(tokens)[1] is not None:  # the experts' half would refuse it: before anything is read
+        return _fail(parse_tokens(tokens)[1] or "--tokens", as_json, 2, key="--tokens")
+    if tokens is not None and EXPERTS not in kinds:
+        return _fail(f"--tokens: the token counts of the experts' crossover curve; --layers {printable(layers)} names "
+                     f"no experts (add experts, or leave --tokens out: dense kinds are timed at "
+                     f"{', '.join(map(str, TOKENS))} tokens)", as_json, 2, key="--tokens")
     problem = out_problem(out)
     if problem is not None:  # before minutes of measuring, not after
         return _fail(problem, as_json, 2, key="--out")
     if kinds == (EXPERTS,):
         return tune_command(model_dir, device=device, out=out, as_json=as_json, budget=budget, synthetic=synthetic,
-                            config=config)
+                            config=config, tokens=tokens)
     began = time.monotonic()
     registry = Registry.build(config=config or [])
     ck = read_checkpoint(model_dir)
@@ -215,12 +223,14 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
     share = budget / len(kinds)
     if EXPERTS in kinds:
         progress(f"experts: the MoE half (budget {share:.0f}s)", 0.0)
-        code, moe = _moe_part(model_dir, device=device, budget=share, synthetic=synthetic, config=config)
+        code, moe = _moe_part(model_dir, device=device, budget=share, synthetic=synthetic, config=config,
+                              tokens=tokens)
         if code == 2 or (code != 0 and not moe.get("results")):  # the MoE half refused: its answer is ours
             if as_json:
                 print(json.dumps(moe))
             return code
-        answers[EXPERTS] = {k: moe.get(k) for k in ("key", "chain", "ranking", "results", "rounds", "tuned", "ok")}
+        answers[EXPERTS] = {k: moe.get(k) for k in ("key", "chain", "ranking", "results", "rounds", "tuned", "ok",
+                                                         "tokens", "split")}
         table = yaml.safe_load(moe.get("table") or "") or {}
         rules += list(table.get("rules") or [])
         if not table.get("rules"):

@@ -17,7 +17,7 @@ finite ``[tokens, N]`` tensor. Whether a method is *lossy* (beyond bf16's own er
 
 Timing as for the experts (:mod:`.measure`): the same inputs per token count, rounds interleaved
 with the method order rotated, one warm-up round discarded, medians kept with every round's
-samples, at least :data:`MIN_ROUNDS` and at most :data:`MAX_ROUNDS` rounds within the deadline.
+samples, every timed output checked: the one loop of :mod:`.rounds`.
 
 Imports torch and vLLM (through the kit).
 """
@@ -29,7 +29,7 @@ import functools
 import gc
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,16 +41,14 @@ from ..problems import describe, printable
 from ..registry import Registry
 from ..testing import gpt_oss_dense as gd
 from ..testing.dense import vllm_one_rank
-from .rank import MIN_PAIRED_ROUNDS, TOKENS, Result, median, sanity
+from .rank import TOKENS, Result
+from .rounds import Progress, timing_rounds
 
 CHECK_TOKENS = tuple(sorted({1, 5, *TOKENS}))
 """Token counts checked against float64: every count timed, and 5 (an odd decode batch)."""
-MAX_ROUNDS = 25
-MIN_ROUNDS = MIN_PAIRED_ROUNDS + 2
 SEED = 4321
 BLOCK = 16384
 """Output columns per float64 block of the check (an lm_head block: 16384 x 2880 float64, 0.38 GB)."""
-Progress = Callable[..., None]
 Tensors = Mapping[str, Mapping[str, torch.Tensor]]
 """Per part (``qkv_proj``, ...): the checkpoint's tensors under the loader's names (``weight``, ``q_proj.bias``...)."""
 
@@ -230,50 +228,26 @@ class DenseMeasurement:
         if not names:
             return 0
         inputs = {t: self.inputs(t, SEED + 97) for t in tokens}
-        rounds, round_s = 0, 0.0
-        for round_no in range(MAX_ROUNDS + 1):  # round 0 warms up and is discarded
-            began = time.monotonic()
-            order = names[round_no % len(names):] + names[:round_no % len(names)]
-            for t in tokens:
-                for name in [n for n in order if n in self.layers]:
-                    self.progress(f"{self.key}: {'warm-up' if not round_no else f'round {round_no}'}: {name} at "
-                                  f"{t} token{'s' if t != 1 else ''}", min(1.0, round_no / MAX_ROUNDS), detail=True)
-                    outs, error = [], None
-                    start = time.perf_counter()
-                    try:
-                        with torch.inference_mode(), contextlib.redirect_stdout(sys.stderr):
-                            for part in self.parts:
-                                outs.append(gd.forward(self.layers[name][part], part, inputs[t][part]))
-                    except KeyboardInterrupt:
-                        raise
-                    except BaseException as exc:  # SystemExit too: this method's fault, not tune's
-                        error = describe(exc)
-                    elapsed = (time.perf_counter() - start) * 1000.0
-                    if error is None:  # outside the timed span: every timed output is checked
-                        for part, out in zip(self.parts, outs):
-                            error = error or output_problem(out, t, self.shape.in_out(part)[1])
-                    del outs
-                    if error is not None:
-                        self._refuse(name, f"while timing at {t} token{'s' if t != 1 else ''}: {error}")
-                    elif round_no:
-                        self.results[name].samples.setdefault(t, []).append(elapsed)
-            if not self.layers:
-                break
-            rounds = round_no
-            round_s = time.monotonic() - began
-            if round_no:
-                self.progress(f"{self.key}: timing round {round_no} took {round_s:.1f}s",
-                              min(1.0, round_no / MAX_ROUNDS))
-            if round_no >= MIN_ROUNDS and time.monotonic() + 1.5 * round_s > deadline:
-                break
-        for name in names:
-            result = self.results[name]
-            if result.ok:
-                result.ms = {t: median(result.samples[t]) for t in tokens if result.samples.get(t)}
-                result.warnings = sanity(result)
-                for warning in result.warnings:
-                    self.progress(f"{self.key}: WARNING {name}: {warning}", 1.0)
-        return rounds
+
+        def timed(name: str, t: int) -> tuple[float, str | None]:
+            outs, error = [], None
+            start = time.perf_counter()
+            try:
+                with torch.inference_mode(), contextlib.redirect_stdout(sys.stderr):
+                    for part in self.parts:
+                        outs.append(gd.forward(self.layers[name][part], part, inputs[t][part]))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: this method's fault, not tune's
+                error = describe(exc)
+            elapsed = (time.perf_counter() - start) * 1000.0
+            if error is None:  # outside the timed span: every timed output is checked
+                for part, out in zip(self.parts, outs):
+                    error = error or output_problem(out, t, self.shape.in_out(part)[1])
+            return elapsed, error
+
+        return timing_rounds(str(self.key), names, tokens, self.layers, self.results, timed, self._refuse, deadline,
+                             self.progress)
 
     def _refuse(self, name: str, error: str) -> None:
         result = self.results[name]

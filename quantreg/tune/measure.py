@@ -19,8 +19,9 @@ Timing: per token count (``tokens``: 1, 2, 4, ... 512 by default), every passing
 input; rounds are interleaved (method order rotated each round) so drift in the machine's load
 hits every method alike, one warm-up round is discarded, and the median is kept; every timed
 output is checked (shape, finite) outside the timed span. Rounds go on while the ``budget``
-allows (at least :data:`MIN_ROUNDS`, so each pair of methods has paired rounds to bound the
-noise by; at most :data:`MAX_ROUNDS`). The samples of every round are kept: the ranking
+allows (at least :data:`.rounds.MIN_ROUNDS`, so each pair of methods has paired rounds to bound
+the noise by; at most :data:`.rounds.MAX_ROUNDS`; the loop is :mod:`.rounds`', shared with the dense
+measurement). The samples of every round are kept: the ranking
 (:mod:`.rank`) separates two methods only beyond the noise they show, and :func:`.rank.sanity`
 flags time that falls with token count and outlier rounds.
 
@@ -34,7 +35,7 @@ import functools
 import gc
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,8 @@ from ..models.gpt_oss_moe import (
 from ..problems import describe, printable
 from ..registry import Registry
 from ..testing.harness import MoeLayer, VllmMoeHarness
-from .rank import DEFAULT_TOKENS, MIN_PAIRED_ROUNDS, TOKENS, Result, median, sanity
+from .rank import DEFAULT_TOKENS, TOKENS, Result
+from .rounds import Progress, timing_rounds
 
 
 def check_tokens(tokens: Sequence[int] = DEFAULT_TOKENS) -> tuple[int, ...]:
@@ -69,14 +71,7 @@ CHECK_TOKENS = check_tokens()
 
 The check routes to :func:`routed_subset` (``2 * top_k`` experts), so at 256 tokens each routed
 expert gets ~128 rows: above plugin #2's GEMM switch (48 per expert); at 64, ~32: below it."""
-MAX_ROUNDS = 25
-MIN_ROUNDS = MIN_PAIRED_ROUNDS + 2
-"""Measured rounds even when the budget is spent: fewer leave too wide an interval to judge noise by
-(a tiny layer's round takes ~0.2 s, a 20B-shaped one a few seconds)."""
 SEED = 1234
-Progress = Callable[..., None]
-"""``progress(step text, fraction done 0..1, detail=False)``; ``detail`` steps (one method at one
-token count) are shown on a terminal only."""
 
 
 @dataclass(frozen=True)
@@ -278,53 +273,24 @@ class Measurement:
             return 0
         inputs = {t: (random_hidden_states(t, self.experts.hidden, seed=SEED + 7 * t),
                       random_router_logits(t, self.experts.num_experts, seed=SEED + 11 * t)) for t in tokens}
-        rounds = 0
-        round_s = 0.0
-        for round_no in range(MAX_ROUNDS + 1):  # round 0 warms up and is discarded
-            began = time.monotonic()
-            order = names[round_no % len(names):] + names[:round_no % len(names)]
-            for t in tokens:
-                x, logits = inputs[t]
-                for name in [n for n in order if n in self.layers]:
-                    left = max(deadline - time.monotonic(), round_s * max(MIN_ROUNDS - round_no + 1, 0))
-                    self.progress(f"{self.key}: {'warm-up' if not round_no else f'round {round_no}'}: {name} at "
-                                  f"{t} token{'s' if t != 1 else ''}, about {left:.0f}s left",
-                                  min(1.0, round_no / MAX_ROUNDS), detail=True)
-                    error = None
-                    start = time.perf_counter()
-                    try:  # token counts the check did not run: the method may fail here first
-                        with contextlib.redirect_stdout(sys.stderr):  # --json keeps stdout for its object
-                            out = self.layers[name].forward(x, logits)
-                    except KeyboardInterrupt:
-                        raise
-                    except BaseException as exc:  # SystemExit too: this method's fault, not tune's
-                        error = describe(exc)
-                    elapsed = (time.perf_counter() - start) * 1000.0
-                    if error is None:  # outside the timed span: every timed output is checked
-                        error = output_problem(out, x)
-                    if error is not None:
-                        self._refuse(name, f"forward at {t} tokens (timing): {error}")
-                    elif round_no:
-                        self.results[name].samples.setdefault(t, []).append(elapsed)
-            if not self.layers:
-                break
-            rounds = round_no
-            round_s = time.monotonic() - began
-            if round_no:
-                self.progress(f"{self.key}: timing round {round_no} took {round_s:.1f}s",
-                              min(1.0, round_no / MAX_ROUNDS))
-            # stop when another round like this one (plus half of one for tearing the layers down)
-            # would end past the deadline; MIN_ROUNDS measured rounds at least
-            if round_no >= MIN_ROUNDS and time.monotonic() + 1.5 * round_s > deadline:
-                break
-        for name in names:
-            result = self.results[name]
-            if result.ok:
-                result.ms = {t: median(result.samples[t]) for t in tokens if result.samples.get(t)}
-                result.warnings = sanity(result)
-                for warning in result.warnings:
-                    self.progress(f"{self.key}: WARNING {name}: {warning}", 1.0)
-        return rounds
+
+        def timed(name: str, t: int) -> tuple[float, str | None]:
+            x, logits = inputs[t]
+            error = None
+            start = time.perf_counter()
+            try:  # token counts the check did not run: the method may fail here first
+                with contextlib.redirect_stdout(sys.stderr):  # --json keeps stdout for its object
+                    out = self.layers[name].forward(x, logits)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: this method's fault, not tune's
+                error = describe(exc)
+            elapsed = (time.perf_counter() - start) * 1000.0
+            # outside the timed span: every timed output is checked
+            return elapsed, error if error is not None else output_problem(out, x)
+
+        return timing_rounds(str(self.key), names, tokens, self.layers, self.results, timed, self._refuse, deadline,
+                             self.progress)
 
     def _refuse(self, name: str, error: str) -> None:
         """A method that failed while being timed: refused like one that failed the check."""

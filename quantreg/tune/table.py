@@ -113,6 +113,9 @@ def tuned_rules(key: Key, results: Sequence[Result], evidence: Mapping[str, Any]
             "tuned": {**copy.deepcopy(dict(evidence)),
                       "phase_weights": {str(t): round(w, 6) for t, w in sorted(side_weights.items())},
                       "ranking": [*(v.text() for v in verdicts), cross.text()],
+                      "crossover": {"tokens": cross.tokens, "small": cross.small, "large": cross.large,
+                                    "worst_ratio": round(cross.envelope.worst[1], 4),
+                                    "worst_at": cross.envelope.worst[0]},
                       "results": [r.to_json(side_weights) for r in ranked(results, side_weights, methods)]},
         })
     return rules, decided

@@ -265,13 +265,17 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
         return known
 
     # -- the forward: one bisect, then the side ---------------------------------------------------
-    def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-              shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None) -> Any:
+    def _side_for(self, x: torch.Tensor) -> Side:
+        """The side whose token range holds this forward's token count (rows of ``x``; a 3-D ``x`` is
+        flattened), after its first-forward trail line; the only per-forward cost of the split."""
         shape = x.shape
         side = self._quantreg_sides[bisect_left(self._quantreg_bounds,
                                                 shape[0] if len(shape) == 2 else x.numel() // shape[-1])]
-        if not side.seen:
-            side = self._first(side, x)
+        return side if side.seen else self._first(side, x)
+
+    def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+              shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None) -> Any:
+        side = self._side_for(x)
         try:
             return side.method.apply(layer=side.layer if side.layer is not None else layer, x=x,
                                      topk_weights=topk_weights, topk_ids=topk_ids, shared_experts=shared_experts,
@@ -285,11 +289,7 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
 
     def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        shape = x.shape
-        side = self._quantreg_sides[bisect_left(self._quantreg_bounds,
-                                                shape[0] if len(shape) == 2 else x.numel() // shape[-1])]
-        if not side.seen:
-            side = self._first(side, x)
+        side = self._side_for(x)
         try:
             return side.method.apply_monolithic(layer=side.layer if side.layer is not None else layer, x=x,
                                                 router_logits=router_logits, input_ids=input_ids, **kwargs)

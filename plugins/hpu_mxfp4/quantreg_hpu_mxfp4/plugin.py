@@ -30,18 +30,17 @@ def rules_path() -> Path:
     return Path(str(resources.files(PACKAGE).joinpath("rules.yaml")))
 
 
+def _native_mxfp4(name: str, cls: str, description: str) -> quantreg.Method:
+    """A method on Gaudi's native MXFP4 op: packed experts, the habana stack, the same probe and options."""
+    return quantreg.Method(name=name, expert_layout="packed", target=f"{PACKAGE}.method:{cls}", devices=("hpu",),
+                           requires=("habana_frameworks",), probe=f"{PACKAGE}.probe:native_mxfp4_available",
+                           options=OPTIONS, description=description)
+
+
 @quantreg.hookimpl
 def register_methods(register: Callable[[quantreg.Method], None]) -> None:
-    register(quantreg.Method(
-        name="hpu_mxfp4",
-        expert_layout="packed",
-        target=f"{PACKAGE}.method:HpuMxfp4MoEMethod",
-        devices=("hpu",),
-        requires=("habana_frameworks",),
-        probe=f"{PACKAGE}.probe:native_mxfp4_available",
-        options=OPTIONS,
-        description="Gaudi native MXFP4 MoE kernel (bias_mxfp4_fused_weights / mxfp4_fused_weights)",
-    ))
+    register(_native_mxfp4("hpu_mxfp4", "HpuMxfp4MoEMethod",
+                           "Gaudi native MXFP4 MoE kernel (bias_mxfp4_fused_weights / mxfp4_fused_weights)"))
     register(quantreg.Method(
         name="hpu_mxfp4_dequant",
         expert_layout="bf16",
@@ -52,17 +51,9 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         options=(*OPTIONS, *SLICING_OPTIONS),
         description="MXFP4 dequantised to bf16 at load, Gaudi bf16 MoE kernel (bias_fused_weights / fused_weights)",
     ))
-    register(quantreg.Method(
-        name="hpu_mxfp4_gathered",
-        expert_layout="packed",
-        target=f"{PACKAGE}.method:HpuMxfp4GatheredMoEMethod",
-        devices=("hpu",),
-        requires=("habana_frameworks",),
-        probe=f"{PACKAGE}.probe:native_mxfp4_available",
-        options=OPTIONS,
-        description="Gaudi native MXFP4 kernel over one slot per routed (token, expert) pair: reads only the "
-                    "experts a small batch routes to (vllm-gaudi #1731's gathered path; for decode)",
-    ))
+    register(_native_mxfp4("hpu_mxfp4_gathered", "HpuMxfp4GatheredMoEMethod",
+                           "Gaudi native MXFP4 kernel over one slot per routed (token, expert) pair: reads only "
+                           "the experts a small batch routes to (vllm-gaudi #1731's gathered path; for decode)"))
     register(quantreg.Method(
         name="mxfp4_reference",
         expert_layout="packed",
