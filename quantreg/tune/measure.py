@@ -20,7 +20,7 @@ input; rounds are interleaved (method order rotated each round) so drift in the 
 hits every method alike, one warm-up round is discarded, and the median is kept; every timed
 output is checked (shape, finite) outside the timed span. Rounds go on while the ``budget``
 allows (at least :data:`.rounds.MIN_ROUNDS`, so each pair of methods has paired rounds to bound
-the noise by; at most :data:`.rounds.MAX_ROUNDS`; the loop is :mod:`.rounds`', shared with the dense
+the noise by; at most :data:`.rounds.MAX_ROUNDS`; the loop is :mod:`.rounds`, shared with the dense
 measurement). The samples of every round are kept: the ranking
 (:mod:`.rank`) separates two methods only beyond the noise they show, and :func:`.rank.sanity`
 flags time that falls with token count and outlier rounds.

@@ -23,7 +23,7 @@ from e2e_support import VllmRuns
 
 from quantreg.host import simulate
 from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD, RunResult
-from quantreg.tune.measure import MIN_ROUNDS
+from quantreg.tune.rounds import MIN_ROUNDS
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 
