@@ -57,7 +57,9 @@ from quantreg.vllm.seam import Seam
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 def one_rank(config):
-    set_current_vllm_config(config).__enter__()
+    global vllm_config_scope  # held: a context manager nobody holds is closed, and the config unset with it
+    vllm_config_scope = set_current_vllm_config(config)
+    vllm_config_scope.__enter__()
     sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                  distributed_init_method=f"tcp://127.0.0.1:{port}")

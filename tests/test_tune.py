@@ -302,7 +302,7 @@ def test_tune_refuses_each_misbehaving_method_alone_and_finishes(misbehaving_run
                "tune_one_row": "returned shape [1,", "tune_big_only": "forward at 64 tokens: RuntimeError",
                # right at 1 token, wrong at 64: refused, named, with the token count (float64 at every timed size)
                "tune_wrong_big": "numerics: relative error ",
-               "tune_nan_late": "forward at 1 tokens (timing): returned ",
+               "tune_nan_late": "forward at 1 token (timing): returned ",
                "tune_escape": "ValueError"}
     for name, reason in refused.items():
         assert results[name]["ok"] is False and reason in str(results[name]["error"]), results[name]
