@@ -180,8 +180,9 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
     if allow_lossy and EXPERTS in kinds and len(kinds) == 1:
         return _fail("--allow-lossy: only dense layer kinds have a lossy judgement; --layers experts names none "
                      f"(add {', '.join(DENSE_KINDS)} or {ALL})", as_json, 2, key="--allow-lossy")
-    if parse_tokens(tokens)[1] is not None:  # the experts' half would refuse it: before anything is read
-        return _fail(parse_tokens(tokens)[1] or "--tokens", as_json, 2, key="--tokens")
+    bad_tokens = parse_tokens(tokens)[1]
+    if bad_tokens is not None:  # the experts' half would refuse it: said before anything is read
+        return _fail(bad_tokens, as_json, 2, key="--tokens")
     if tokens is not None and EXPERTS not in kinds:
         return _fail(f"--tokens: the token counts of the experts' crossover curve; --layers {printable(layers)} names "
                      f"no experts (add experts, or leave --tokens out: dense kinds are timed at "
