@@ -8,11 +8,7 @@ at least MIN_ROUNDS rounds whatever the deadline, no more than MAX_ROUNDS, and m
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-
-import pytest
 
 from quantreg.tune.rank import Result
 from quantreg.tune.rounds import MAX_ROUNDS, MIN_ROUNDS, timing_rounds
@@ -75,27 +71,3 @@ def test_a_method_wrong_mid_timing_is_refused_with_the_count_and_not_timed_again
 def test_when_every_method_is_refused_the_loop_ends() -> None:
     rounds, _, calls, _, refused = run(["b"], [64], deadline=time.monotonic() + 60, fail_at=("b", 64, 0))
     assert set(refused) == {"b"} and calls == [("b", 64)] and rounds == 0
-
-
-def test_ctrl_c_stops_the_loop_even_when_the_forward_swallows_it() -> None:
-    """A SIGINT landing in code that eats the KeyboardInterrupt (a __del__, a broad except in a library)
-    or turns it into another error still stops tune: the loop notes the signal and raises after the forward."""
-    calls: list[str] = []
-
-    def eats_it(name: str, t: int) -> tuple[float, str | None]:
-        calls.append(name)
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # the handler runs here, in the main thread
-        except BaseException as exc:  # what a library between tune and the method might do
-            return 1.0, f"RuntimeError: {type(exc).__name__}"
-        return 1.0, None
-
-    results = {"a": Result("a", ok=True)}
-    refused: list[str] = []
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        timing_rounds("key", ["a"], [1], {"a": object()}, results, eats_it, lambda n, why: refused.append(why),
-                      time.monotonic() + 60, lambda *a, **k: None)
-    assert calls == ["a"] and not refused  # stopped at once, and the method was not refused for it
-    assert signal.getsignal(signal.SIGINT) is before  # the handler it replaced is back

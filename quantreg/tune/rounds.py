@@ -9,21 +9,12 @@ output is wrong is refused at once, with the token count, and not timed again; r
 another one like the last would end before the deadline, :data:`MIN_ROUNDS` measured rounds at least.
 The MoE measurement (:mod:`.measure`) and the dense one (:mod:`.dense_measure`) each say only how
 to run one timed forward.
-
-Ctrl-C always stops the loop: the forward runs code tune does not own (vLLM, torch, plugins), and an
-interrupt that lands there can be swallowed (a ``__del__`` or a ``finally`` that runs while it is
-pending prints "Exception ignored" and drops it) or turned into another error (the method would then
-be refused instead). :class:`Interrupts` notes every SIGINT while the loop runs and the loop checks
-the note after each forward, so tune stops (exit 130, the old table untouched) either way.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import FrameType, TracebackType
 from typing import Any
 
 from .rank import MIN_PAIRED_ROUNDS, Result, median, sanity
@@ -40,39 +31,6 @@ TimedForward = Callable[[str, int], tuple[float, "str | None"]]
 """``(method, tokens) -> (elapsed ms of the forward alone, why its output is wrong or None)``."""
 
 
-class Interrupts:
-    """SIGINT noted while the block runs, whatever the code it lands in does with the exception.
-
-    Only in the main thread (the one signals go to), and only over a Python-level handler: an
-    ignored SIGINT stays ignored. The handler notes the signal, then does what the handler it
-    replaced does (Python's default raises :class:`KeyboardInterrupt`)."""
-
-    def __init__(self) -> None:
-        self.seen = False
-        self._old: Any = None
-
-    def __enter__(self) -> Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            old = signal.getsignal(signal.SIGINT)
-            if callable(old):
-                self._old = old
-                signal.signal(signal.SIGINT, self._note)
-        return self
-
-    def _note(self, signum: int, frame: FrameType | None) -> None:
-        self.seen = True
-        self._old(signum, frame)
-
-    def check(self) -> None:
-        """Raise :class:`KeyboardInterrupt` if a SIGINT came since the block began."""
-        if self.seen:
-            raise KeyboardInterrupt
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-
-
 def timing_rounds(label: str, names: Sequence[str], tokens: Sequence[int], live: Mapping[str, Any],
                   results: Mapping[str, Result], timed: TimedForward, refuse: Callable[[str, str], None],
                   deadline: float, progress: Progress) -> int:
@@ -83,13 +41,6 @@ def timing_rounds(label: str, names: Sequence[str], tokens: Sequence[int], live:
     medians (``ms``) and its :func:`~quantreg.tune.rank.sanity` warnings, each said through
     ``progress``. Returns the measured rounds.
     """
-    with Interrupts() as interrupts:
-        return _rounds(label, names, tokens, live, results, timed, refuse, deadline, progress, interrupts)
-
-
-def _rounds(label: str, names: Sequence[str], tokens: Sequence[int], live: Mapping[str, Any],
-            results: Mapping[str, Result], timed: TimedForward, refuse: Callable[[str, str], None],
-            deadline: float, progress: Progress, interrupts: Interrupts) -> int:
     rounds, round_s = 0, 0.0
     for round_no in range(MAX_ROUNDS + 1):  # round 0 warms up and is discarded
         began = time.monotonic()
@@ -100,7 +51,6 @@ def _rounds(label: str, names: Sequence[str], tokens: Sequence[int], live: Mappi
                 progress(f"{label}: {'warm-up' if not round_no else f'round {round_no}'}: {name} at "
                          f"{_tok(t)}, about {left:.0f}s left", min(1.0, round_no / MAX_ROUNDS), detail=True)
                 elapsed, error = timed(name, t)
-                interrupts.check()  # before a refusal: an interrupt turned into an error is still Ctrl-C
                 if error is not None:
                     refuse(name, f"forward at {_tok(t)} (timing): {error}")
                 elif round_no:
