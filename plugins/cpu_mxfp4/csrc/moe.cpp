@@ -49,7 +49,11 @@ extern "C" {
 enum QrDtype : int32_t { QR_F32 = 0, QR_BF16 = 1, QR_F16 = 2 };
 
 // out[i * ldc + j] = float(bf16(sum_k a[i * k + kk] * b[j * k + kk])) for i < m, j < n: a [m, k] and
-// b [n, k] bf16 bit patterns, row-major. Returns 0, or non-zero to abort the forward.
+// b [n, k] bf16 bit patterns, row-major. Returns kQrGemmDone once c is written; anything else aborts
+// the forward. Why a magic value and not 0: the callback is Python (ctypes), and an exception raised
+// as it is entered, before its own try (a signal handler's KeyboardInterrupt), is printed by ctypes
+// and swallowed, leaving the return slot uninitialised -- 0 there would pass unwritten rows as output.
+constexpr int32_t kQrGemmDone = 0x51524f4b;  // "QROK"; kernel.py's GEMM_DONE
 typedef int32_t (*qr_gemm_fn)(const uint16_t* a, int64_t m, int64_t k, const uint16_t* b, int64_t n, float* c,
                               int64_t ldc);
 
@@ -357,7 +361,7 @@ bool run_gemm(const Stack& w, const std::vector<Group>& groups, const uint16_t* 
                               tile.data() + r * w.k);
       });
       if (gemm(in + grp.begin * w.k, grp.end - grp.begin, w.k, tile.data(), rows, out + grp.begin * w.n + row0,
-               w.n) != 0)
+               w.n) != kQrGemmDone)
         return false;
     }
   }
@@ -521,7 +525,7 @@ const char* forward(const QrMoeArgs& a) {
   // region where the thread finishing an expert's last w13 job activates it and w2 jobs wait for
   // that was 7-8 % slower than these barriers.
   std::vector<uint16_t> tile;
-  const char* const gemm_failed = "the gemm callback failed";
+  const char* const gemm_failed = "the prefill gemm callback failed (it did not report its rows written)";
   run_gemv(gemv, s13, small, act, dst, per);
   if (!big.empty() && !run_gemm(s13, big, xb.data(), h13.data(), a.gemm_rows, a.gemm, tile)) return gemm_failed;
   run_jobs(routed, activate);
@@ -588,6 +592,6 @@ __attribute__((visibility("default"))) int32_t qr_moe_forward(const QrMoeArgs* a
 }
 
 // The ABI version kernel.py checks before use: bump it whenever QrMoeArgs or a signature changes.
-__attribute__((visibility("default"))) int32_t qr_abi_version() { return 1; }
+__attribute__((visibility("default"))) int32_t qr_abi_version() { return 2; }
 
 }  // extern "C"

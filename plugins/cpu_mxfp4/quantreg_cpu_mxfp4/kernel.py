@@ -6,7 +6,8 @@ under 2.14 -- and building one needs torch at build time, which pip's isolated b
 download a second time. ``csrc/`` includes no torch header and links no torch library: it builds
 with a bare C++ compiler, and one built wheel runs under every torch. This module checks shapes,
 dtypes and devices, passes ``data_ptr()``s and sizes (:class:`_MoeArgs`), and does the one step
-that wants torch's GEMM -- the prefill path's bf16 matmul -- in a callback (:func:`_gemm`). The
+that wants torch's GEMM -- the prefill path's bf16 matmul -- in a callback (:class:`_Gemm`; Python's
+signal handlers wait while C may call it, :func:`_signals_held`, so Ctrl-C is never lost in it). The
 forward is also registered as the torch op ``quantreg_cpu_mxfp4::moe_forward`` (CPU and Meta
 implementations, through ``torch.library``'s Python API, stable across releases), so a traced
 or compiled model sees one opaque op, as with the extension it replaces.
@@ -80,12 +81,17 @@ Threads: every stage runs on ``torch.get_num_threads()`` OpenMP threads; GEMV jo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -110,8 +116,13 @@ GEMM_MIN_TOKENS = {"q8x2": 48, "q8": 128}
 # the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
 GEMM_ROWS = 512
 LIBRARY = "libquantreg_cpu_mxfp4.so"
-ABI_VERSION = 1
+ABI_VERSION = 2
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+GEMM_DONE = 0x51524F4B
+"""What the prefill callback returns once it has written its rows (``csrc/moe.cpp``'s ``kQrGemmDone``):
+any other value stops the forward, so a callback that never ran its body (below) cannot pass."""
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""Signals whose Python handlers wait while the C forward may call back into Python (:func:`_signals_held`)."""
 _GEMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 
@@ -325,6 +336,10 @@ class _Gemm:
     ``torch.mm`` on bf16 gives the bf16-rounded result ``at::mm`` gave inside the extension; it
     is written to the fp32 rows ``c`` (row stride ``ldc``). An exception cannot cross the C
     frames: it is kept, the callback returns 1 (the C side stops), and :func:`_forward` raises it.
+    One raised as the callback is entered, before its ``try`` (a signal handler's
+    ``KeyboardInterrupt`` runs at a function's first instruction), would be printed and swallowed
+    by ctypes: :func:`_forward` holds the handlers of :data:`HELD_SIGNALS` while the C call runs,
+    and the C side takes only :data:`GEMM_DONE` as success, never an uninitialised return slot.
     """
 
     def __init__(self) -> None:
@@ -337,10 +352,54 @@ class _Gemm:
             rhs = _wrap(b, n * k, torch.bfloat16).view(n, k)
             out = _wrap(c, (m - 1) * ldc + n, torch.float32).as_strided((m, n), (ldc, 1))
             out.copy_(torch.mm(lhs, rhs.t()))
-            return 0
+            return GEMM_DONE
         except BaseException as exc:  # handed back to the caller, never lost
             self.error = exc
             return 1
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Python signal handlers (Ctrl-C's ``KeyboardInterrupt``, vLLM's SIGTERM shutdown) run after the block.
+
+    Why: while the C forward runs, a signal only sets CPython's flag; the next Python code to run
+    -- the prefill callback, from inside C -- would run the handler, and its exception would be lost
+    in ctypes (the forward failing as "the gemm callback failed", Ctrl-C ignored: seen in
+    ``quantreg tune`` under load). So for the block each Python handler of :data:`HELD_SIGNALS` is
+    replaced by one that notes the signal, and a noted signal is raised again once the real
+    handlers are back. Only the main thread runs Python handlers (elsewhere there is nothing to
+    hold); ``SIG_DFL`` / ``SIG_IGN`` act in C and are left alone. Two ``sigaction`` calls per
+    signal, on the prefill path only (a forward of milliseconds).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    held: dict[signal.Signals, Any] = {}
+    try:  # set up inside the try: a handler that fires while the others are swapped is restored too
+        for sig in HELD_SIGNALS:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                held[sig] = handler
+                signal.signal(sig, lambda signum, _frame: noted.append(signum))
+        yield
+    finally:
+        caught: BaseException | None = None
+        for sig, handler in held.items():
+            restored = False
+            while not restored:  # a handler restored a moment ago may raise here (Ctrl-C): the rest still are
+                try:
+                    signal.signal(sig, handler)
+                    restored = True
+                except BaseException as exc:  # before or after the call did its work: calling again is harmless
+                    caught = caught or exc
+        for signum in dict.fromkeys(noted):
+            try:
+                signal.raise_signal(signum)  # the real handler runs now, in the caller's frame
+            except BaseException as exc:
+                caught = caught or exc
+        if caught is not None:
+            raise caught
 
 
 def _check(ok: bool, message: str) -> None:
@@ -423,7 +482,11 @@ def _forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         gemm_min_tokens=gemm_min_tokens, gemm_rows=GEMM_ROWS, threads=torch.get_num_threads(),
         out=out.data_ptr(), gemm=gemm.fn)
     err = ctypes.create_string_buffer(512)
-    if lib.qr_moe_forward(ctypes.byref(args), err, len(err)) != 0:
+    # a callback is possible only if some expert can get gemm_min_tokens routed tokens: decode never
+    may_call_back = 0 < gemm_min_tokens <= t * int(topk_ids.shape[1])
+    with _signals_held() if may_call_back else contextlib.nullcontext():
+        failed = lib.qr_moe_forward(ctypes.byref(args), err, len(err)) != 0
+    if failed:
         if gemm.error is not None:
             raise gemm.error
         raise RuntimeError(f"quantreg_cpu_mxfp4: {err.value.decode(errors='replace')}")
