@@ -1,6 +1,6 @@
 """A throwaway plugin for the ``quantreg tune`` tests: one correct-but-slow and one fast-but-wrong method.
 
-``tune_slow`` is ``mxfp4_reference`` plus a fixed sleep per forward (same numbers, always slower),
+``tune_slow`` is ``mxfp4_reference`` run twice plus a fixed sleep per forward (same numbers, always slower),
 so tune must rank it last; ``tune_wrong`` is ``mxfp4_reference`` reading w13 with its two E2M1
 nibbles swapped (the classic unpacking mistake: as fast, wrong numbers), so tune must refuse it.
 Installed as a real distribution (dist-info on ``PYTHONPATH``).
