@@ -91,6 +91,23 @@ class QuantregError(Exception):
         super().__init__(text)
 
 
+STRICT_PREFIX = "quantreg (strict): "
+"""How every strict refusal starts: one prefix for an operator (and vLLM's log) to find."""
+
+
+def strict_error(message: str) -> QuantregError:
+    """Strict mode's refusal: ``message`` (the text a lenient run logs, ``quantreg: ...``) as one
+    ``quantreg (strict): ...`` line.
+
+    The one constructor for strict refusals, wherever they are raised (the seams, start-up, a
+    fingerprint, a class that refuses the registry's method): three forms had grown apart
+    (``quantreg: ...``, ``quantreg: ... (strict)``, ``quantreg (strict): ...``), and a strict line
+    an operator cannot grep for by one prefix is not one clear line.
+    """
+    text = printable(message)
+    return QuantregError(text if text.startswith(STRICT_PREFIX) else STRICT_PREFIX + text.removeprefix("quantreg: "))
+
+
 SUGGESTION_POOL = 64
 """Most choices handed to :mod:`difflib` for one word (~100 µs each); a bigger set is prefiltered."""
 MAX_LISTED = 300

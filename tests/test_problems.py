@@ -83,3 +83,46 @@ def test_a_non_utf8_path_on_a_strict_utf8_stdout(tmp_path: Path) -> None:
         assert any(p.endswith("caf\\udce9.yaml:2: rules: expected a list of rules, got mapping") for p in lines)
     _, problems, _ = read_table(path, Layer.USER)
     assert str(problems[0]).encode("utf-8")  # printable on a strict stream
+
+
+# -- one form for strict refusals ------------------------------------------------------------
+
+
+def test_strict_error_gives_one_prefixed_line_whatever_the_message() -> None:
+    from quantreg.problems import STRICT_PREFIX, QuantregError, strict_error
+
+    cases = {
+        "quantreg: method 'm' could not be built": "quantreg (strict): method 'm' could not be built",
+        "verify: layer 3: error 1.2": "quantreg (strict): verify: layer 3: error 1.2",
+        "quantreg (strict): already": "quantreg (strict): already",
+        "two\nlines": "quantreg (strict): two\\nlines",  # one line in vLLM's log, never a forged second
+    }
+    for message, expected in cases.items():
+        error = strict_error(message)
+        assert isinstance(error, QuantregError) and str(error) == expected
+        assert str(error).startswith(STRICT_PREFIX) and "\n" not in str(error)
+
+
+def _strict_spellings(path: Path) -> list[int]:
+    """Lines of ``path`` where code (not a docstring or comment) spells strict's prefix itself."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                   and ("quantreg (strict)" in node.value or node.value.rstrip().endswith("(strict)"))})
+
+
+def test_every_strict_refusal_is_made_by_strict_error() -> None:
+    """Three forms had grown (``quantreg: ...``, ``quantreg: ... (strict)``, ``quantreg (strict): ...``):
+    the prefix is spelled only in quantreg/problems.py, every other site calls ``strict_error``."""
+    root = Path(__file__).resolve().parents[1] / "quantreg"
+    spelled = {str(p.relative_to(root)): lines for p in sorted(root.rglob("*.py"))
+               if (lines := _strict_spellings(p))}
+    assert set(spelled) == {"problems.py"}, spelled
+    calls = [p for p in root.rglob("*.py") if "strict_error(" in p.read_text(encoding="utf-8")]
+    assert len(calls) >= 8, calls  # the walk sees the sites it guards: it is not vacuous

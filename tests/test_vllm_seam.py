@@ -240,7 +240,7 @@ def register_methods(register):
     for name, expected in SEAM_FAULTS.items():
         message = expected.format(table=table)
         if strict:
-            assert results[name].startswith("RAISED QuantregError"), (name, results[name])
+            assert results[name].startswith("RAISED QuantregError quantreg (strict): "), (name, results[name])
             assert message in results[name] or message.split("; fallback")[0] in results[name], (name, results[name])
         else:
             assert results[name] == "-> VLLM-OWN", (name, results[name])  # vLLM's own method for that layer

@@ -12,7 +12,7 @@ import sys
 from types import FrameType
 
 from .. import settings
-from ..problems import QuantregError, describe, printable, quantreg_logger
+from ..problems import QuantregError, describe, printable, quantreg_logger, strict_error
 from ..registry import Registry, get_registry, set_registry
 from . import multinode, startup, versions
 from .context import report_problems
@@ -72,7 +72,7 @@ def register() -> None:
         strict = startup.mode_of(built[0] if built else None, None).strict
         message = f"quantreg: register() failed unexpectedly: {printable(describe(exc))}"
         if strict:
-            startup.fail_strict(QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}"))
+            startup.fail_strict(strict_error(message))
         logger.warning("%s; quantreg is inactive in this process and vLLM keeps its own MoE methods", message)
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..keys import Key
-from ..problems import QuantregError, quantreg_logger
+from ..problems import quantreg_logger, strict_error
 from .context import layer_key
 
 if TYPE_CHECKING:
@@ -303,7 +303,7 @@ class Coverage:
         message = (f"quantreg: {name}.{METHOD} refused the registry's {type(frame.built).__name__} for {key}: "
                    f"{type(exc).__name__}: {exc}")
         if self.seam.registry_for_run()[1].strict:
-            raise QuantregError(f"{message} (strict)") from exc
+            raise strict_error(message) from exc
         self.warn_once(name, key, f"{message}; using vLLM's own method for this class's layers")
         frame.built, frame.force_vllm = None, True
         try:

@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..keys import EXPERTS, Key
-from ..problems import QuantregError, describe, printable, quantreg_logger
+from ..problems import QuantregError, describe, printable, quantreg_logger, strict_error
 from . import startup
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class DenseSeam:
         except BaseException as exc:
             message = f"quantreg: routing {printable(prefix)} failed unexpectedly: {printable(describe(exc))}"
             if startup.strict_now():
-                raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from None
+                raise strict_error(message) from None
             logger.warning("%s; using vLLM's own method", message)
 
     def _route(self, layer: Any, prefix: str, lm_head: bool) -> None:
@@ -161,7 +161,7 @@ class DenseSeam:
         if decision.fallback and mode.strict:
             from ..answer import chain_notes
 
-            raise QuantregError(f"quantreg (strict): {decision.summary()}; " + "; ".join(chain_notes(decision)))
+            raise strict_error(f"{decision.summary()}; " + "; ".join(chain_notes(decision)))
         if decision.rule is not None and decision.rule.tuned is not None:  # tune's evidence, the kind's shape too
             self.seam.check_tuned_shape(decision, registry, model_dense_shape(kind), mode.strict)
         layer.__dict__[LAYER_MARK] = _Mark(key, vllms, decision.method)
@@ -174,7 +174,7 @@ class DenseSeam:
             message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built "
                        f"for {printable(prefix)}: {type(exc).__name__}: {printable(str(exc))}")
             if mode.strict:
-                raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from exc
+                raise strict_error(message) from exc
             logger.warning("%s; using vLLM's own method", message)
             return
         self._contain_loading(method, vllms, layer, decision, mode.strict)
@@ -197,7 +197,7 @@ class DenseSeam:
                            f"preparing {printable(str(getattr(target, 'prefix', '')))}: {type(exc).__name__}: "
                            f"{printable(str(exc))}")
                 if strict or vllms is None:
-                    raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from exc
+                    raise strict_error(message) from exc
                 logger.warning("%s; using vLLM's own method", message)
                 target.quant_method = vllms
                 target.__dict__[LAYER_MARK] = _Mark(decision.key, vllms, "vllm")

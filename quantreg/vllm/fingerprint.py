@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from .. import settings
-from ..problems import QuantregError, printable, quantreg_logger
+from ..problems import printable, quantreg_logger, strict_error
 
 logger = quantreg_logger("vllm.quantreg")
 
@@ -49,7 +49,7 @@ class PublishedFingerprint:
         message = (f"quantreg: this process ({who}) loaded a different {self.what} (fingerprint {fingerprint}) "
                    f"than {self.first} ({printable(parent)[:80]}): {cause}, so processes may decide differently")
         if strict:
-            raise QuantregError(message)
+            raise strict_error(message)
         logger.warning("%s", message)
 
     def withdraw(self) -> None:

@@ -28,7 +28,7 @@ from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
 from ..plugins import PluginFailure
-from ..problems import Problem, QuantregError, describe, printable, quantreg_logger
+from ..problems import Problem, QuantregError, describe, printable, quantreg_logger, strict_error
 from ..registry import Registry, get_registry
 from . import startup
 from .context import RunSettings, layer_key, report_problems, run_settings
@@ -166,7 +166,7 @@ class Seam:
                 raise
             message = f"quantreg: routing {printable(str(prefix))} failed unexpectedly: {printable(describe(exc))}"
             if startup.strict_now():
-                raise QuantregError(f"quantreg (strict): {message.removeprefix('quantreg: ')}") from None
+                raise strict_error(message) from None
             logger.warning("%s; using vLLM's own method", message)
         return original(layer, prefix, quant_config, moe_config)
 
@@ -180,7 +180,7 @@ class Seam:
             if one.fallback and strict:
                 from ..answer import chain_notes
 
-                raise QuantregError(f"quantreg (strict): {decision.summary()}; " + "; ".join(chain_notes(one)))
+                raise strict_error(f"{decision.summary()}; " + "; ".join(chain_notes(one)))
             self.check_tuned(one, registry, moe_config, strict)
         if decision.is_split:
             from .token_split import build_split
@@ -197,27 +197,31 @@ class Seam:
                 return original(layer, prefix, quant_config, moe_config)
         if decision.keeps_vllm:
             return original(layer, prefix, quant_config, moe_config)
-        context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
         try:
-            method = registry.methods[decision.method].build(moe_config, context)
+            method = self._method(decision, registry, layer, prefix, moe_config)
         except Exception as exc:
             message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built: "
                        f"{type(exc).__name__}: {exc}")
             if strict:
-                raise QuantregError(message) from exc
+                raise strict_error(message) from exc
             logger.warning("%s; using vLLM's own method", message)
             return original(layer, prefix, quant_config, moe_config)
         from .verify import maybe_verify  # torch and vLLM's MoE base: loaded by now, vLLM is building a layer
 
         return maybe_verify(method, decision, prefix, layer, moe_config, mode)
 
+    @staticmethod
+    def _method(decision: Decision, registry: Registry, layer: Any, prefix: str, moe_config: Any) -> Any:
+        """The decided method built for this layer (its registration's ``build``, the layer in its context); raises."""
+        context = BuildContext(decision.key, decision.method, decision.source, decision.options, prefix, layer)
+        return registry.methods[decision.method].build(moe_config, context)
+
     def _build(self, decision: Decision, registry: Registry, original: Callable[..., Any], layer: Any, prefix: str,
                quant_config: Any, moe_config: Any, mode: Mode) -> Any:
         """One side of a split: vLLM's own method, or the side's method (with its rule's ``verify:``); raises."""
         if decision.keeps_vllm:
             return original(layer, prefix, quant_config, moe_config)
-        context = BuildContext(decision.key, decision.method, decision.source, decision.options, prefix, layer)
-        method = registry.methods[decision.method].build(moe_config, context)
+        method = self._method(decision, registry, layer, prefix, moe_config)
         from .verify import maybe_verify
 
         return maybe_verify(method, decision, prefix, layer, moe_config, mode)
@@ -245,8 +249,7 @@ class Seam:
             return
         where = f"{decision.key} [{decision.source}]"
         if strict:
-            raise QuantregError(f"quantreg (strict): tuned rule for {where} was measured elsewhere: "
-                                + "; ".join(texts))
+            raise strict_error(f"tuned rule for {where} was measured elsewhere: " + "; ".join(texts))
         for text in texts:
             logger.warning("quantreg: tuned rule for %s is stale: %s; the rule still decides (re-run quantreg tune)",
                            where, text)
@@ -296,7 +299,7 @@ def report_faults(registry: Registry, strict: bool) -> None:
     if not faults:
         return
     if strict:
-        raise QuantregError("quantreg (strict): " + "; ".join(map(str, faults)))
+        raise strict_error("; ".join(map(str, faults)))
     for fault in faults:
         logger.warning("quantreg: %s (%s)", fault, consequence(fault))
 

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import settings
 from ..mode import Mode, decide_mode
-from ..problems import QuantregError, quantreg_logger
+from ..problems import STRICT_PREFIX, QuantregError, quantreg_logger
 from ..registry import Registry
 from ..table.file import Layer
 from .context import ADDITIONAL_CONFIG_KEY, RunSettings, _current_vllm_config, parse_run_settings
@@ -69,7 +69,6 @@ MAX_DEPTH = 6
 #: ``VllmWorker-0``: ``v1/engine/utils.py:284``, ``v1/executor/multiproc_executor.py:747``) and
 #: the log prefix's (``Worker_TP0``, set once the Worker decorates its logs).
 CHILD_PREFIXES = ("EngineCore", "VllmWorker", "Worker")
-STRICT_PREFIX = "quantreg (strict): "
 
 _run_fingerprint = PublishedFingerprint(settings.RUN_FINGERPRINT, "table with the run's additional_config",
                                        "the process that read it first", "a table file changed")

@@ -47,7 +47,7 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 
 from ..decision import Decision
 from ..keys import Key, TokenRange
-from ..problems import QuantregError, printable, quantreg_logger
+from ..problems import QuantregError, printable, quantreg_logger, strict_error
 from .verify import _check_layout, _layer_copy
 
 logger = quantreg_logger("vllm.quantreg.split")
@@ -91,7 +91,7 @@ class _Report:
         if self.strict and when != "live":
             from .startup import fail_strict
 
-            fail_strict(QuantregError(f"quantreg (strict): {printable(text.removeprefix('quantreg: '))}"))
+            fail_strict(strict_error(text))
         logger.log(logging.ERROR if self.strict else logging.WARNING, "%s", printable(text))
 
 
@@ -375,8 +375,8 @@ def build_split(decision: Decision, build: Callable[[Decision], Any], prefix: st
             raise
         except Exception as exc:
             if strict:
-                raise QuantregError(f"quantreg (strict): {prefix} {decision.key}: method '{side.name}' for "
-                                    f"tokens{side.tokens} could not be built: {type(exc).__name__}: {exc}") from exc
+                raise strict_error(f"{prefix} {decision.key}: method '{side.name}' for tokens{side.tokens} could "
+                                   f"not be built: {type(exc).__name__}: {exc}") from exc
             failed.append((side, f"{type(exc).__name__}: {exc}"))
             continue
         sides.append(side)

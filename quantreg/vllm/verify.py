@@ -51,7 +51,7 @@ from ..error_measure import relative_error
 from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
-from ..problems import QuantregError, printable, quantreg_logger
+from ..problems import printable, quantreg_logger, strict_error
 from ..registry import get_registry
 from ..table.verify import FLOAT64, VerifySpec, layer_index
 
@@ -98,10 +98,9 @@ class _Report:
         if self.strict:
             from .startup import fail_strict
 
-            fail_strict(QuantregError(
-                f"quantreg (strict): verify: {self.prefix} {self.key}: {self.method} vs {self.against}: error "
-                f"{error:.4g} on {tokens} synthetic tokens at load exceeds tolerance {self.spec.tolerance:g}; "
-                "refusing to start"))
+            fail_strict(strict_error(
+                f"verify: {self.prefix} {self.key}: {self.method} vs {self.against}: error {error:.4g} on {tokens} "
+                f"synthetic tokens at load exceeds tolerance {self.spec.tolerance:g}; refusing to start"))
         logger.warning("%s", text)
 
     def _record(self, call: int, error: float, ok: bool, phase: str) -> None:
@@ -120,7 +119,7 @@ class _Report:
         """
         text = f"{self.head()}: cannot verify ({why}); {self.method} runs unverified"
         if self.strict and when != "live":
-            error = QuantregError(f"quantreg (strict): verify: {printable(text.removeprefix('quantreg verify: '))}")
+            error = strict_error(f"verify: {text.removeprefix('quantreg verify: ')}")
             if when == "route":
                 raise error
             from .startup import fail_strict
@@ -275,8 +274,8 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
             if report.strict:
                 from .startup import fail_strict
 
-                fail_strict(QuantregError(f"quantreg (strict): verify: {report.prefix} {report.key}: no load check "
-                                          f"possible ({printable(why)}); refusing to start unverified"))
+                fail_strict(strict_error(f"verify: {report.prefix} {report.key}: no load check possible ({why}); "
+                                         "refusing to start unverified"))
             return
         if not isinstance(out, torch.Tensor):
             logger.warning("%s: load check skipped (the method returned %s, not a tensor); live sampling "
