@@ -48,12 +48,10 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 from ..decision import Decision
 from ..keys import Key, TokenRange
 from ..problems import QuantregError, printable, quantreg_logger, strict_error
-from .verify import _check_layout, _layer_copy
+from .shadow import layer_copy, probe_weights
 
 logger = quantreg_logger("vllm.quantreg.split")
 
-_MISSING = object()
-_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules", "quant_method"})
 
 
 @dataclass
@@ -167,13 +165,7 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
             side = sides[i]
             why = None
             try:
-                scratch = _layer_copy(layer)
-                with torch.device("meta"):
-                    side.method.create_weights(scratch, *args, **kwargs)
-                side.reads = tuple(scratch._parameters)
-                side.extras = {k: v for k, v in scratch.__dict__.items()
-                               if k not in _MODULE_STATE and layer.__dict__.get(k, _MISSING) is not v}
-                _check_layout(scratch, layer)
+                side.reads, side.extras = probe_weights(side.method, layer, *args, **kwargs)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # SystemExit too: a side never stops the layer
@@ -235,7 +227,7 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
     def _shadow(self, layer: Any, side: Side, originals: dict[str, Any], pristine: dict[str, torch.Tensor],
                 changed: set[str]) -> tuple[Any, set[str]]:
         """A shadow of ``layer`` for ``side``: the loaded parameters shared, or copied where ``changed``."""
-        shadow = _layer_copy(layer)
+        shadow = layer_copy(layer)
         own: set[str] = set()
         for name in side.reads:
             if name not in originals:

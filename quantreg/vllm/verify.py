@@ -37,7 +37,6 @@ end the engine mid-request with a traceback. Only ``KeyboardInterrupt`` passes t
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 from collections.abc import Mapping
@@ -54,6 +53,7 @@ from ..mode import Mode
 from ..problems import printable, quantreg_logger, strict_error
 from ..registry import get_registry
 from ..table.verify import FLOAT64, VerifySpec, layer_index
+from .shadow import layer_copy, probe_weights
 
 logger = quantreg_logger("vllm.quantreg.verify")
 
@@ -192,13 +192,7 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
                 state.reads = tuple(n for n in against.PARAMETERS if n in layer._parameters)
                 against.check_layer(layer)
             else:
-                scratch = _layer_copy(layer)
-                with torch.device("meta"):
-                    against.create_weights(scratch, *args, **kwargs)
-                state.reads = tuple(scratch._parameters)
-                state.extras = {k: v for k, v in scratch.__dict__.items()
-                                if k not in _MODULE_STATE and layer.__dict__.get(k, _MISSING) is not v}
-                _check_layout(scratch, layer)
+                state.reads, state.extras = probe_weights(against, layer, *args, **kwargs)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # SystemExit too: the verifying side never stops the layer
@@ -212,7 +206,7 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
         state = self._quantreg_state
         shadow = None
         if state.active:  # copy BEFORE the chosen method may repack or dequantise the loaded weights
-            shadow = _layer_copy(layer)
+            shadow = layer_copy(layer)
             copied = 0
             for name in state.reads:
                 tensor = layer._parameters[name].data.clone()
@@ -428,35 +422,6 @@ for _name in dir(FusedMoEMethodBase):
     if not _name.startswith("__") and not _name.startswith("_abc") and _name not in VerifyingMethod.__dict__:
         setattr(VerifyingMethod, _name, _delegate(_name))
 del _name
-
-_MISSING = object()
-_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules", "quant_method"})
-
-
-def _layer_copy(layer: Any) -> Any:
-    """A shallow copy of a vLLM layer with parameters of its own (none yet) and the same buffers.
-
-    The copy is an instance of the layer's class with the same attributes, so a method reads it as
-    it reads the real layer; anything the method sets or registers on it stays on the copy.
-    """
-    shadow = copy.copy(layer)
-    shadow.__dict__["_parameters"] = type(layer._parameters)()
-    shadow.__dict__["_buffers"] = type(layer._buffers)(layer._buffers)
-    shadow.__dict__["_modules"] = type(layer._modules)(layer._modules)
-    return shadow
-
-
-def _check_layout(scratch: Any, layer: Any) -> None:
-    """The against method must read parameters the chosen one created, with the same shape and dtype."""
-    for name, param in scratch._parameters.items():
-        have = layer._parameters.get(name)
-        if have is None:
-            raise ValueError(f"it reads parameter '{name}', which the chosen method did not create "
-                             f"(created: {', '.join(layer._parameters) or 'none'})")
-        if tuple(have.shape) != tuple(param.shape) or have.dtype != param.dtype:
-            raise ValueError(f"parameter '{name}' is {tuple(param.shape)} {param.dtype} for it, "
-                             f"{tuple(have.shape)} {have.dtype} for the chosen method")
-
 
 def vllm_default_routing(layer: Any, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's plain top-k router (softmax, top-k, renormalise if the layer says so), for a modular
