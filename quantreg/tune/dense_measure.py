@@ -28,21 +28,20 @@ import contextlib
 import functools
 import gc
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..hookcall import call
 from ..keys import Key
 from ..methods import VLLM_METHOD, BuildContext, keeps_vllm
-from ..problems import describe, printable
+from ..problems import printable
 from ..registry import Registry
 from ..testing import gpt_oss_dense as gd
 from ..testing.dense import vllm_one_rank
 from .rank import TOKENS, Result
-from .rounds import Progress, timing_rounds
+from .rounds import Progress
+from .side_by_side import SideBySide
 
 CHECK_TOKENS = tuple(sorted({1, 5, *TOKENS}))
 """Token counts checked against float64: every count timed, and 5 (an odd decode batch)."""
@@ -122,16 +121,15 @@ def source_weights(part: str, tensors: Mapping[str, torch.Tensor]) -> tuple[torc
     return tensors["weight"], tensors.get("bias")
 
 
-class DenseMeasurement:
+class DenseMeasurement(SideBySide):
     """The dense methods of one key (its layer kind), built once, then checked and timed side by side."""
 
     def __init__(self, registry: Registry, key: Key, shape: gd.DenseShape, tensors: Tensors, *,
                  tolerance: float, progress: Progress) -> None:
-        self.registry, self.key, self.shape, self.tensors = registry, key, shape, tensors
+        super().__init__(registry, key, progress)
+        self.shape, self.tensors = shape, tensors
         self.parts = gd.PARTS[key.layer]
         self.tolerance = tolerance
-        self.progress = progress
-        self.results: dict[str, Result] = {}
         self.layers: dict[str, dict[str, Any]] = {}
         self.refs: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
@@ -139,28 +137,8 @@ class DenseMeasurement:
         """vLLM's own method and every registered method that declares this layer kind, by name."""
         return sorted({VLLM_METHOD, *(n for n, m in self.registry.methods.items() if self.key.layer in m.layers)})
 
-    def _owner(self, name: str) -> str:
-        method = self.registry.methods.get(name)
-        return f"plugin '{printable(method.plugin)}'" if method is not None else "vLLM"
-
-    def build_all(self) -> None:
-        names = self.candidates()
-        for i, name in enumerate(names):
-            self.progress(f"{self.key}: build {name}", i / max(len(names), 1))
-            result = self.results[name] = Result(name)
-            avail = self.registry.availability_for(name, self.key)
-            if not avail.ok:
-                result.error = avail.reason if "cannot run here" in avail.reason else f"cannot run here: {avail.reason}"
-                continue
-            layers, error = call(f"building method '{printable(name)}' ({self._owner(name)})",
-                                 functools.partial(self._build, name))
-            if error is not None:
-                result.error = f"build failed: {error}"
-            else:
-                self.layers[name] = layers
-            gc.collect()
-
-    def _build(self, name: str) -> dict[str, Any]:
+    def build(self, name: str) -> dict[str, Any]:
+        """``name``'s layers, one per part of the kind, each loaded from the checkpoint's tensors."""
         built: dict[str, Any] = {}
         for part in self.parts:
             layer = gd.build(part, self.shape)
@@ -197,8 +175,7 @@ class DenseMeasurement:
                         continue
                     self.progress(f"{self.key}: check {name} {part} at {tokens} token{'s' if tokens != 1 else ''} "
                                   "against float64", 0.5, detail=True)
-                    out, error = call(f"running method '{printable(name)}' ({self._owner(name)}) at {tokens} "
-                                      "token(s)", functools.partial(self._forward, name, part, xs[part]))
+                    out, error = self.run(name, tokens, functools.partial(self._forward, name, part, xs[part]))
                     error = error or output_problem(out, tokens, weight.shape[0])
                     if error is not None:
                         result.error = f"forward of {part} at {tokens} token{'s' if tokens != 1 else ''}: {error}"
@@ -229,35 +206,22 @@ class DenseMeasurement:
             return 0
         inputs = {t: self.inputs(t, SEED + 97) for t in tokens}
 
-        def timed(name: str, t: int) -> tuple[float, str | None]:
-            outs, error = [], None
-            start = time.perf_counter()
-            try:
-                with torch.inference_mode(), contextlib.redirect_stdout(sys.stderr):
-                    for part in self.parts:
-                        outs.append(gd.forward(self.layers[name][part], part, inputs[t][part]))
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # SystemExit too: this method's fault, not tune's
-                error = describe(exc)
-            elapsed = (time.perf_counter() - start) * 1000.0
-            if error is None:  # outside the timed span: every timed output is checked
-                for part, out in zip(self.parts, outs):
-                    error = error or output_problem(out, t, self.shape.in_out(part)[1])
-            return elapsed, error
+        def forward(name: str, t: int) -> list[Any]:
+            with torch.inference_mode():
+                return [gd.forward(self.layers[name][part], part, inputs[t][part]) for part in self.parts]
 
-        return timing_rounds(str(self.key), names, tokens, self.layers, self.results, timed, self._refuse, deadline,
-                             self.progress)
+        def problem(outs: list[Any], t: int) -> str | None:
+            for part, out in zip(self.parts, outs):
+                error = output_problem(out, t, self.shape.in_out(part)[1])
+                if error is not None:
+                    return error
+            return None
 
-    def _refuse(self, name: str, error: str) -> None:
-        result = self.results[name]
-        result.ok, result.error, result.samples, result.ms = False, error, {}, {}
-        self.layers.pop(name, None)
+        return self.time_rounds(names, tokens, deadline, forward, problem)
 
     def close(self) -> None:
-        self.layers.clear()
         self.refs.clear()
-        gc.collect()
+        super().close()
 
 
 def measure_dense(registry: Registry, key: Key, shape: gd.DenseShape, tensors: Tensors, *, tolerance: float,
@@ -266,7 +230,7 @@ def measure_dense(registry: Registry, key: Key, shape: gd.DenseShape, tensors: T
     m = DenseMeasurement(registry, key, shape, tensors, tolerance=tolerance, progress=progress)
     try:
         with vllm_one_rank():
-            m.build_all()
+            m.build_all(m.build)
             m.check_all()
             rounds = m.time_all(deadline)
     finally:

@@ -30,11 +30,7 @@ Imports torch and vLLM (through the kit).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +38,6 @@ from typing import Any
 
 import torch
 
-from ..hookcall import call
 from ..keys import Key
 from ..methods import VLLM_METHOD, BuildContext, construct, keeps_vllm
 from ..models.gpt_oss_moe import (
@@ -54,11 +49,12 @@ from ..models.gpt_oss_moe import (
     relative_error,
     route_topk_softmax,
 )
-from ..problems import describe, printable
+from ..problems import printable
 from ..registry import Registry
 from ..testing.harness import MoeLayer, VllmMoeHarness
 from .rank import DEFAULT_TOKENS, TOKENS, Result
-from .rounds import Progress, timing_rounds
+from .rounds import Progress
+from .side_by_side import SideBySide
 
 
 def check_tokens(tokens: Sequence[int] = DEFAULT_TOKENS) -> tuple[int, ...]:
@@ -173,48 +169,24 @@ def reference(experts: GptOssMxfp4Experts, x: torch.Tensor, logits: torch.Tensor
     return out
 
 
-class Measurement:
-    """The methods of one key, built once, then checked and timed side by side."""
+class Measurement(SideBySide):
+    """The methods of one key, built once on real vLLM MoE layers, then checked and timed side by side."""
 
     def __init__(self, registry: Registry, key: Key, experts: GptOssMxfp4Experts, top_k: int, *,
                  tolerance: float, progress: Progress, tokens: Sequence[int] = DEFAULT_TOKENS) -> None:
-        self.registry = registry
-        self.key = key
+        super().__init__(registry, key, progress)
         self.experts = experts
         self.top_k = top_k
         self.tolerance = tolerance
-        self.progress = progress
         self.tokens = tuple(sorted({*TOKENS, *tokens}))  # the score's counts always: every method needs them
-        self.results: dict[str, Result] = {}
         self.layers: dict[str, MoeLayer] = {}
 
     def candidates(self) -> list[str]:
         """Every registered method, vLLM's own included, sorted by name (those that cannot run here too)."""
         return sorted({*self.registry.methods, VLLM_METHOD})
 
-    def build_all(self, harness: VllmMoeHarness) -> None:
-        names = self.candidates()
-        for i, name in enumerate(names):
-            self.progress(f"{self.key}: build {name}", i / max(len(names), 1))
-            result = self.results[name] = Result(name)
-            avail = self.registry.availability_for(name, self.key)
-            if not avail.ok:  # vLLM's own reason already says "cannot run here"
-                result.error = avail.reason if "cannot run here" in avail.reason else f"cannot run here: {avail.reason}"
-                continue
-            # plugin code (import, constructor, create_weights, process_weights_after_loading) behind the
-            # one boundary: anything it raises, SystemExit included, is this method's failure alone
-            layer, error = call(f"building method '{printable(name)}' ({self._owner(name)})",
-                                functools.partial(self._build, harness, name))
-            if error is not None:  # a method that cannot build is reported, never chosen
-                result.error = f"build failed: {error}"
-            else:
-                self.layers[name] = layer
-
-    def _owner(self, name: str) -> str:
-        method = self.registry.methods.get(name)
-        return f"plugin '{printable(method.plugin)}'" if method is not None else "vLLM"
-
-    def _build(self, harness: VllmMoeHarness, name: str) -> MoeLayer:
+    def build(self, harness: VllmMoeHarness, name: str) -> MoeLayer:
+        """``name``'s layer: vLLM's own ``RoutedExperts`` for ``vllm``, else the method built by the kit's harness."""
         e = self.experts
         if keeps_vllm(name):
             layer = harness.build_routed(shape=_moe_shape(e), top_k=self.top_k, bias=e.has_bias)
@@ -247,8 +219,7 @@ class Measurement:
             for tokens, x, logits, ref in cases:
                 self.progress(f"{self.key}: check {name} at {tokens} token{'s' if tokens != 1 else ''} "
                               "against float64", i / max(len(self.layers), 1), detail=True)
-                out, error = call(f"running method '{printable(name)}' ({self._owner(name)}) at {tokens} token(s)",
-                                  functools.partial(layer.forward, x, logits))
+                out, error = self.run(name, tokens, functools.partial(layer.forward, x, logits))
                 error = error or output_problem(out, x)
                 if error is not None:
                     result.error = f"forward at {tokens} token{'s' if tokens != 1 else ''}: {error}"
@@ -261,9 +232,7 @@ class Measurement:
                     break
             result.rel_error = worst
             result.ok = result.error is None
-        for name in [n for n, r in self.results.items() if not r.ok and n in self.layers]:
-            del self.layers[name]  # refused: not timed, memory back
-        gc.collect()
+        self.drop_refused()
 
     def time_all(self, deadline: float, tokens: Sequence[int] | None = None) -> int:
         """Interleaved timing rounds until ``deadline`` (``time.monotonic()``); returns the rounds measured."""
@@ -274,33 +243,10 @@ class Measurement:
         inputs = {t: (random_hidden_states(t, self.experts.hidden, seed=SEED + 7 * t),
                       random_router_logits(t, self.experts.num_experts, seed=SEED + 11 * t)) for t in tokens}
 
-        def timed(name: str, t: int) -> tuple[float, str | None]:
-            x, logits = inputs[t]
-            error = None
-            start = time.perf_counter()
-            try:  # token counts the check did not run: the method may fail here first
-                with contextlib.redirect_stdout(sys.stderr):  # --json keeps stdout for its object
-                    out = self.layers[name].forward(x, logits)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # SystemExit too: this method's fault, not tune's
-                error = describe(exc)
-            elapsed = (time.perf_counter() - start) * 1000.0
-            # outside the timed span: every timed output is checked
-            return elapsed, error if error is not None else output_problem(out, x)
+        def forward(name: str, t: int) -> Any:
+            return self.layers[name].forward(*inputs[t])
 
-        return timing_rounds(str(self.key), names, tokens, self.layers, self.results, timed, self._refuse, deadline,
-                             self.progress)
-
-    def _refuse(self, name: str, error: str) -> None:
-        """A method that failed while being timed: refused like one that failed the check."""
-        result = self.results[name]
-        result.ok, result.error, result.samples, result.ms = False, error, {}, {}
-        self.layers.pop(name, None)
-
-    def close(self) -> None:
-        self.layers.clear()
-        gc.collect()
+        return self.time_rounds(names, tokens, deadline, forward, lambda out, t: output_problem(out, inputs[t][0]))
 
 
 def output_problem(out: Any, x: torch.Tensor) -> str | None:
@@ -331,7 +277,7 @@ def measure(registry: Registry, key: Key, experts: GptOssMxfp4Experts, top_k: in
     m = Measurement(registry, key, experts, top_k, tolerance=tolerance, progress=progress, tokens=tokens)
     try:
         with VllmMoeHarness("cpu") as harness:
-            m.build_all(harness)
+            m.build_all(functools.partial(m.build, harness))
             m.check_all()
             rounds = m.time_all(deadline)
     finally:
