@@ -182,7 +182,7 @@ def test_fingerprint_mismatch_between_processes(tmp_path: Path) -> None:
     assert "than its parent process (0123456789abcdef)" in lenient.stderr
     strict = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**base, "QUANTREG_FINGERPRINT": "0123456789abcdef", "QUANTREG_STRICT": "1"})
-    assert strict.stdout.startswith("RAISED quantreg: this process")
+    assert strict.stdout.startswith("RAISED quantreg (strict): this process")  # strict_error: one prefix
 
 
 # -- start-up budget (issue 24.7): register() does only what a decision needs ------------------------
