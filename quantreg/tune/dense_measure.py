@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -190,10 +189,8 @@ class DenseMeasurement(SideBySide):
             result = self.results[name]
             result.rel_error = worst[name]
             result.ok = result.error is None
-            if not result.ok:
-                del self.layers[name]
         self.refs.clear()
-        gc.collect()
+        self.drop_refused()
 
     def _forward(self, name: str, part: str, x: torch.Tensor) -> Any:
         with torch.inference_mode(), contextlib.redirect_stdout(sys.stderr):
