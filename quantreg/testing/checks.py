@@ -20,7 +20,9 @@ A method is judged by what vLLM and quantreg will do with it, not by its own tes
   declared tolerance of the float64 reference (:mod:`quantreg.models.gpt_oss_moe`);
 * **expert-parallel** -- ranks 0 and 1 of 2 each give the partial sum of their own experts;
 * **deterministic** -- identical inputs give bit-identical outputs, on the same layer (with
-  other calls in between) and on a second layer loaded with the same weights.
+  other calls in between) and on a second layer loaded with the same weights;
+* **compiled** -- the forward vLLM's runner calls traces under ``torch.compile(fullgraph=True)``
+  with a dynamic token count and equals eager (vLLM's default mode; :mod:`.compiled`).
 
 The last four need the method to run here: when ``Method.availability(device)`` says no they
 are SKIPPED with its reason, never passed; everything else is checked anyway (construction,
@@ -38,7 +40,7 @@ without a device -- is derived from it. This module imports neither torch nor vL
 
 from __future__ import annotations
 
-from . import consistency, declared, forward
+from . import compiled, consistency, declared, forward
 from .context import CheckSpec, Context, Need
 from .report import Status
 
@@ -63,6 +65,8 @@ CHECKS: tuple[CheckSpec, ...] = (
               consistency.expert_parallel),
     CheckSpec("deterministic", "identical inputs give bit-identical outputs", Need.DEVICE,
               consistency.deterministic),
+    CheckSpec("compiled", "runs inside torch.compile(fullgraph=True) as in eager", Need.DEVICE,
+              compiled.compiled),
 )
 CHECK_IDS: tuple[str, ...] = tuple(c.id for c in CHECKS)
 

@@ -179,8 +179,9 @@ class DenseSeam:
             return
         self._contain_loading(method, vllms, layer, decision, mode.strict)
         from .dense_verify import maybe_verify_dense
+        from .opaque import make_linear_opaque
 
-        method = maybe_verify_dense(method, vllms, decision, prefix, layer, mode)
+        method = make_linear_opaque(maybe_verify_dense(method, vllms, decision, prefix, layer, mode), layer, prefix)
         layer.quant_method = method
         layer.__dict__[LAYER_MARK] = _Mark(key, method, decision.method)
 

@@ -189,12 +189,13 @@ class Seam:
                 return self._build(one, registry, original, layer, prefix, quant_config, moe_config, mode)
 
             try:
-                return build_split(decision, side, prefix, strict)
+                split = build_split(decision, side, prefix, strict)
             except QuantregError:
                 raise
             except Exception as exc:
                 logger.warning("quantreg: %s %s: %s; using vLLM's own method", prefix, key, describe(exc))
                 return original(layer, prefix, quant_config, moe_config)
+            return _opaque(split, layer, prefix)
         if decision.keeps_vllm:
             return original(layer, prefix, quant_config, moe_config)
         try:
@@ -208,7 +209,7 @@ class Seam:
             return original(layer, prefix, quant_config, moe_config)
         from .verify import maybe_verify  # torch and vLLM's MoE base: loaded by now, vLLM is building a layer
 
-        return maybe_verify(method, decision, prefix, layer, moe_config, mode)
+        return _opaque(maybe_verify(method, decision, prefix, layer, moe_config, mode), layer, prefix)
 
     @staticmethod
     def _method(decision: Decision, registry: Registry, layer: Any, prefix: str, moe_config: Any) -> Any:
@@ -274,6 +275,13 @@ class Seam:
             line = f"{decision.summary()}; (notes unavailable: {type(exc).__name__}: {exc})"
             warns = bool(decision.fallback)
         (logger.warning if warns else logger.info)("quantreg: %s", line)
+
+
+def _opaque(method: Any, layer: Any, prefix: str) -> Any:
+    """What quantreg built for a layer, as one opaque op call under vLLM's compiler (:mod:`.opaque`)."""
+    from .opaque import make_moe_opaque
+
+    return make_moe_opaque(method, layer, prefix)
 
 
 def layer_shape(moe_config: Any) -> dict[str, int] | None:

@@ -73,11 +73,12 @@ def hpu_ops() -> OpSet:
 
 
 def reference_ops() -> OpSet:
-    """The pure-torch reference, eager."""
-    from . import reference
+    """The pure-torch reference, eager, each kernel behind a torch custom op (:mod:`.reference_ops`)
+    so a compiled graph (vLLM's default mode) records one call, as for Gaudi's own kernels."""
+    from . import reference_ops as ops
 
-    return OpSet("reference", reference.bias_mxfp4_fused_weights, reference.mxfp4_fused_weights,
-                 reference.bias_fused_weights, reference.fused_weights)
+    return OpSet("reference", ops.bias_mxfp4_fused_weights, ops.mxfp4_fused_weights, ops.bias_fused_weights,
+                 ops.fused_weights)
 
 
 @dataclass(frozen=True)
