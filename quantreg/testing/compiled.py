@@ -39,7 +39,8 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 def where_trace_stopped(exc: BaseException) -> str:
     """``FILE:LINE (in FUNC)`` of the last user frame in a Dynamo error (torch's, the standard library's
-    and this kit's frames skipped: the method's own line is the one to change), else ``""``. Dynamo prints the user frames it was tracing under ``from user code:``."""
+    and this kit's frames skipped: the method's own line is the one to change), else ``""``. Dynamo
+    prints the user frames it was tracing under ``from user code:``."""
     text = str(exc)
     stdlib = sysconfig.get_paths()["stdlib"]
     frames = [(f, ln, fn) for f, ln, fn in _FRAME.findall(text)
