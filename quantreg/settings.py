@@ -160,7 +160,7 @@ SETTINGS: tuple[Setting, ...] = (
                                                "additional_config, compared by every Worker."),
     Setting(TABLES, parse_text, None, "Set by the driver: its user tables (paths, sha256, text) for workers on "
                                       "nodes without the files."),
-    Setting(SERVE_TIMEOUT, parse_seconds, 180.0, "Kit: seconds quantreg.testing.serving waits for a test server's "
+    Setting(SERVE_TIMEOUT, parse_seconds, 300.0, "Kit: seconds quantreg.testing.serving waits for a test server's "
                                                  "/health."),
     Setting(HIDE_AMX, parse_text, None, "Kit: 1 in a vLLM child's environment (quantreg.testing.host_kind) hides "
                                         "AMX from vLLM, so an AMX host shows the other kind's branch."),

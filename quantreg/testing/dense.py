@@ -7,7 +7,9 @@ in a one-rank vLLM parallel state), the method is built the way the dense seam b
 (``cls(vllms_method, **options)``), the layer's bf16 weight (and bias) loaded with seeded values,
 ``process_weights_after_loading`` run, and forwards at the shape's token counts compared with
 ``x @ W.T (+ b)`` in float64 (``max|out-ref|/max|ref|`` within the tolerance), plus a 3-D input
-(``[batch, seq, K]``) and the output dtype. Shapes: ``small`` (K=64, N=96; lm_head 512 x 64) and
+(``[batch, seq, K]``) and the output dtype; then ``compiled``: the first kind's ``apply`` under
+``torch.compile(fullgraph=True)`` with a dynamic token count equals eager (vLLM's default mode,
+:mod:`.compiled`). Shapes: ``small`` (K=64, N=96; lm_head 512 x 64) and
 ``20b`` (GPT-OSS-20B's qkv 2880->5120, o_proj 4096->2880, lm_head 2880->201088).
 """
 
@@ -66,12 +68,11 @@ def _layer(kind: str, k: int, n: int) -> Any:
     return ReplicatedLinear(k, n, bias=True, params_dtype=torch.bfloat16, prefix=prefix, disable_tp=True)
 
 
-def _check_kind(method: Method, kind: str, k: int, n: int, tokens: tuple[int, ...], tolerance: float,
-                options: dict[str, Any]) -> str:
-    """One layer of ``kind``: build, load, prepare, forwards; the worst error, or raises AssertionError."""
+def _built(method: Method, kind: str, k: int, n: int, options: dict[str, Any], gen: Any) -> tuple[Any, Any, Any, Any]:
+    """A layer of ``kind`` with random weights, the method built on it as the dense seam builds it and
+    prepared: ``(layer, method, weight, bias)``."""
     import torch
 
-    gen = torch.Generator().manual_seed(k * 7 + n)
     layer = _layer(kind, k, n)
     weight = (torch.randn(n, k, generator=gen) * 0.02).to(torch.bfloat16)
     bias = None
@@ -84,6 +85,16 @@ def _check_kind(method: Method, kind: str, k: int, n: int, tokens: tuple[int, ..
     built = construct(method.load(kind), layer.quant_method, context)
     layer.quant_method = built
     built.process_weights_after_loading(layer)
+    return layer, built, weight, bias
+
+
+def _check_kind(method: Method, kind: str, k: int, n: int, tokens: tuple[int, ...], tolerance: float,
+                options: dict[str, Any]) -> str:
+    """One layer of ``kind``: build, load, prepare, forwards; the worst error, or raises AssertionError."""
+    import torch
+
+    gen = torch.Generator().manual_seed(k * 7 + n)
+    layer, built, weight, bias = _built(method, kind, k, n, options, gen)
     worst = 0.0
     for m in tokens:
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
@@ -103,6 +114,38 @@ def _check_kind(method: Method, kind: str, k: int, n: int, tokens: tuple[int, ..
         out3 = built.apply(layer, x3, bias)
     assert out3.shape == (2, 3, n), f"{kind}: a [2, 3, K] input gave {tuple(out3.shape)}"
     return f"{k}->{n}: max error {worst:.3g} over {', '.join(map(str, tokens))} tokens"
+
+
+def _compiled_kind(method: Method, kind: str, k: int, n: int, tolerance: float) -> str:
+    """``apply(layer, x, bias)`` under ``torch.compile(fullgraph=True)``, the token count dynamic, equals
+    eager at 1 and 7 tokens (vLLM's default mode traces linear layers' methods too; :mod:`.compiled`)."""
+    import torch
+
+    from .compiled import HINT, first_line, where_trace_stopped
+
+    gen = torch.Generator().manual_seed(k * 11 + n)
+    layer, built, _weight, bias = _built(method, kind, k, n, {}, gen)
+    torch._dynamo.reset()
+
+    def call(x: Any) -> Any:
+        return built.apply(layer, x, bias)
+
+    fn = torch.compile(call, fullgraph=True, dynamic=True, backend="aot_eager")
+    for m in (1, 7):
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        with torch.no_grad():
+            eager = call(x)
+            try:
+                out = fn(x)
+            except Exception as exc:
+                where = where_trace_stopped(exc)
+                raise AssertionError(f"{kind}: torch.compile(fullgraph=True) of apply failed at {m} token(s): "
+                                     f"{first_line(exc)}" + (f" at {where}" if where else "") + f"; {HINT}") from None
+        assert out.shape == eager.shape and out.dtype == eager.dtype, \
+            f"{kind}: compiled output {tuple(out.shape)} {out.dtype}, eager {tuple(eager.shape)} {eager.dtype}"
+        err = float((out.double() - eager.double()).abs().max() / (eager.double().abs().max() or 1.0))
+        assert err <= tolerance, f"{kind}: compiled differs from eager at {m} token(s): {err:.3g}"
+    return f"{kind} {k}->{n}: apply under torch.compile(fullgraph=True, dynamic) equals eager at 1 and 7 tokens"
 
 
 def run_dense_suite(method: Method, report: Report, device: str, tolerance: float | None,
@@ -132,3 +175,12 @@ def run_dense_suite(method: Method, report: Report, device: str, tolerance: floa
                                                       f"{k}->{n}: {type(exc).__name__}: {exc}", True))
                 else:
                     report.results.append(CheckResult(check, title, Status.PASS, detail, True))
+        kind = method.layers[0]
+        k, n = sizes[kind][0]
+        title = "runs inside torch.compile(fullgraph=True) as in eager"
+        try:
+            detail = _compiled_kind(method, kind, k, n, bound)
+        except Exception as exc:
+            report.results.append(CheckResult("compiled", title, Status.FAIL, f"{type(exc).__name__}: {exc}", True))
+        else:
+            report.results.append(CheckResult("compiled", title, Status.PASS, detail, True))

@@ -28,7 +28,8 @@ from .. import settings
 from ..writing import open_log
 from .vllm_run import group_alive
 
-#: Bounded wait for /health; healthy in 32-53 s on a quiet machine (QUANTREG_SERVE_TIMEOUT overrides).
+#: Bounded wait for /health; healthy in 32-53 s eager on a quiet machine, compiling adds 20-60 s
+#: (QUANTREG_SERVE_TIMEOUT overrides).
 START_TIMEOUT = float(settings.value(settings.SERVE_TIMEOUT))
 REQUEST_TIMEOUT = 60.0
 #: Environment variables of the caller that would change what these servers decide.
@@ -108,8 +109,11 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 15.0) -> None:
 
 
 def start_server(model: Path, workdir: Path, extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None) -> Server:
-    """Start the server and wait (bounded) until ``/health`` answers 200 or the process exits."""
+                 env: dict[str, str] | None = None, *, eager: bool = False) -> Server:
+    """Start the server and wait (bounded) until ``/health`` answers 200 or the process exits.
+
+    vLLM's default mode (the model compiled, as ``vllm serve MODEL`` runs it) unless ``eager``
+    (``--enforce-eager``)."""
     port = free_port()
     child_env = {k: v for k, v in os.environ.items() if k not in QUANTREG_VARS}
     child_env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
@@ -117,7 +121,7 @@ def start_server(model: Path, workdir: Path, extra_args: Sequence[str] = (),
     log_path = workdir / f"server-{port}.log"
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16", "--max-model-len", "256",
-           "--enforce-eager", *extra_args]
+           *(["--enforce-eager"] if eager else []), *extra_args]
     with open_log(log_path) as log_file:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                 env=child_env, cwd=workdir, start_new_session=True)

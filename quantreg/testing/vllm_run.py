@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 VLLM_ONLY_ENV: dict[str, str] = {"VLLM_PLUGINS": ""}
 
 #: Fixed engine settings. ``kv_cache_memory_bytes`` is required: without an explicit KV-cache
-#: size the CPU worker sizes it from free memory and aborts on small machines.
+#: size the CPU worker sizes it from free memory and aborts on small machines. vLLM's default
+#: mode (compiled: ``enforce_eager`` False), as operators run it; pass ``llm_kwargs={"enforce_eager":
+#: True}`` (:data:`EAGER`) for eager mode where a test needs it (issue 43).
 LLM_KWARGS: dict[str, Any] = {
     "skip_tokenizer_init": True,
-    "enforce_eager": True,
+    "enforce_eager": False,
     "dtype": "bfloat16",
     "max_model_len": 256,
     "kv_cache_memory_bytes": 64 << 20,
@@ -61,6 +63,9 @@ VLLM_UNQUANTIZED_METHOD = "vllm.model_executor.layers.fused_moe.unquantized_fuse
 #: CPU without AMX, where its only CPU kernel declines); its wording changed in 0.31, so it is
 #: taken from the one place that knows vLLM versions (read from metadata: no vLLM import).
 VLLM_NO_MXFP4_BACKEND = no_mxfp4_backend_message(installed_vllm_version())
+
+#: ``llm_kwargs`` for vLLM's eager mode (``--enforce-eager``).
+EAGER: dict[str, Any] = {"enforce_eager": True}
 
 RESULT_NAME = "result.json"
 MOE_OUTPUTS_NAME = "moe_outputs.pt"
@@ -176,7 +181,7 @@ def run_vllm(
     probe_tokens: int = 0,
     probe_seed: int = 0,
     workdir: str | os.PathLike[str] | None = None,
-    timeout: float = 300.0,
+    timeout: float = 600.0,
     llm_kwargs: Mapping[str, Any] | None = None,
     worker_checks: Sequence[str] = (),
     progress: Callable[[float], None] | None = None,

