@@ -31,6 +31,7 @@ from .envelope import envelope, left_out, left_out_lines
 from .host import host_facts
 from .keys import EXPERTS, LAYER_KINDS, Key
 from .loading import load_tables
+from .methods import VLLM_METHOD
 from .problems import printable, problem_json
 from .registry import Registry
 from .table import cache as tablecache
@@ -301,11 +302,23 @@ def _doctor(args: argparse.Namespace) -> int:
         lines.append(f"chain:     {entry['key']} -> {entry['method']} [{entry['rule']}]")
         lines += [f"  {step['method']}: passed over: {step['reason']}" for step in entry["passed_over"]]
     lines += [f"dense:     {d['key']} -> {d['method']} [{d['rule']}]" for d in dense]
+    lines += _compiled_lines(registry, data)
     lines += [f"info: {f}" for f in findings if f.level == "info"]
     lines += [f"warning: {w}" for w in warnings]
     status = _doctor_decisions(args, data, lines)
     own = data.get("decisions", {}).get("problems", []) if status else []
     return max(status, _answer(args, registry, data, lines, left_out_shown=True, problems=own))
+
+
+def _compiled_lines(registry: Registry, data: dict[str, Any]) -> list[str]:
+    """Per registered method: does it survive vLLM's default (compiled) mode? From the kit's last
+    ``compiled`` check on this build (:mod:`quantreg.testing.compiled_record`; no torch, no vLLM here)."""
+    from .testing.compiled_record import doctor_line, recorded
+
+    seen = {m.name: recorded(m) for m in sorted(registry.methods.values(), key=lambda m: m.name)
+            if m.name != VLLM_METHOD}
+    data["compiled"] = seen
+    return [doctor_line(registry.methods[name], verdict) for name, verdict in seen.items()]
 
 
 def _passed_over(registry: Registry) -> list[dict[str, Any]]:

@@ -311,7 +311,7 @@ def test_doctor(tables: dict[str, Path]) -> None:
     assert set(data) == {"versions", "device", "device_source", "startup_hook", "plugins", "tables", "fingerprint",
                          "fingerprint_covers",
                          "strict", "vllm_tested_range", "findings", "warnings", "problems", "left_out",
-                         "vllm_would_refuse", "vllm_cpu_mxfp4_kernel", "host", "passed_over", "stale_tuned"}
+                         "vllm_would_refuse", "vllm_cpu_mxfp4_kernel", "host", "passed_over", "stale_tuned", "compiled"}
     kernel = data["vllm_cpu_mxfp4_kernel"]
     assert kernel["runs"] is (host.host_facts().kind == "amx") and kernel["host"]["kind"] == host.host_facts().kind
     assert f"vLLM CPU MXFP4 kernel: {'yes' if kernel['runs'] else 'no'}: {kernel['reason']}" in text

@@ -90,6 +90,7 @@ def run_checks(
         report.target, report.plugin = found.target, found.plugin
         with one_thread():
             run_dense_suite(found, report, device, tolerance, shape)
+        _keep_compiled(found, report)
         return report
     ctx = Context(found, registry, device, tolerance, option_sets, selected, harness, checks.PROBE_BUDGET_S, shape)
     ctx.progress = progress
@@ -102,7 +103,17 @@ def run_checks(
     report.available, report.availability = ctx.availability.ok, ctx.availability.reason
     report.tolerance, report.quant_format = ctx.tolerance, ctx.quant_format
     report.results = [ctx.results[c] for c in ids if c in ctx.results]
+    _keep_compiled(found, report)
     return report
+
+
+def _keep_compiled(method: Method, report: Report) -> None:
+    """The ``compiled`` check's PASS or FAIL, kept for ``quantreg doctor`` (:mod:`.compiled_record`)."""
+    from .compiled_record import record
+
+    for result in report.results:
+        if result.check == "compiled" and result.status in (Status.PASS, Status.FAIL):
+            record(method, result.status.value, result.detail)
 
 
 def check_method_command(name: str, *, device: str | None = None, config: Sequence[str] = (),

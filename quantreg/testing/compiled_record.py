@@ -1,0 +1,91 @@
+"""What the kit's ``compiled`` check last said about each method's current build, for ``quantreg doctor``.
+
+Why a record: whether a method survives vLLM's default (compiled) mode is known only by running it
+under ``torch.compile`` (:mod:`.compiled`), which takes seconds and imports torch and vLLM; ``doctor``
+must stay quick and import neither. So ``quantreg check-method`` writes the verdict, and ``doctor``
+reads it back, but only while it is about the same build: the method's target module (its source's
+SHA-256), its plugin's installed version and, for a compiled kernel, nothing more is assumed (a
+rebuilt library changes the plugin's version or its Python module in practice; ``check-method``
+again is the way to be sure). A record that does not match the build is reported as not checked.
+
+Where: the cache directory of the table cache (``$QUANTREG_CACHE_DIR`` / ``~/.cache/quantreg``),
+subdirectory ``compiled``; with caching off nothing is written and doctor says "not checked". Never
+raises: a missing, unreadable or corrupt record is "not checked".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ..methods import Method
+from ..table.cache import directory
+from ..writing import make_directory, replace_file
+
+PASS, FAIL = "PASS", "FAIL"
+
+
+def build_id(method: Method) -> str | None:
+    """The method's build: its target, its module's source hash and its plugin's version (``None``
+    when the module cannot be found without importing it)."""
+    module = method.target.split(":", 1)[0]
+    try:
+        spec = importlib.util.find_spec(module)
+        origin = spec.origin if spec is not None else None
+        source = Path(origin).read_bytes() if origin and origin.endswith(".py") else b""
+    except (ImportError, ValueError, OSError):
+        return None
+    try:
+        version = importlib.metadata.version(method.plugin) if method.plugin else ""
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        version = ""
+    return hashlib.sha256(f"{method.target}\0{version}\0".encode() + source).hexdigest()[:16]
+
+
+def _path(method: Method) -> Path | None:
+    root = directory()
+    return None if root is None else root / "compiled" / f"{method.name}.json"
+
+
+def record(method: Method, status: str, detail: str) -> None:
+    """Keep the ``compiled`` check's verdict for this build (best effort: a read-only home keeps nothing)."""
+    path, build = _path(method), build_id(method)
+    if path is None or build is None:
+        return
+    try:
+        make_directory(path.parent)
+        replace_file(path, json.dumps({"build": build, "status": status, "detail": detail[:2000],
+                                       "checked": time.strftime("%Y-%m-%d %H:%M:%S")}))
+    except Exception:  # a cache: never a reason for check-method to fail
+        return
+
+
+def recorded(method: Method) -> dict[str, Any]:
+    """``{"status": PASS|FAIL|"not checked", "detail": ...}`` for the method's current build."""
+    path = _path(method)
+    unchecked = {"status": "not checked", "detail": f"run `quantreg check-method {method.name}` on this build"}
+    if path is None:
+        return unchecked
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return unchecked
+    if not isinstance(data, dict) or data.get("build") != build_id(method) or data.get("status") not in (PASS, FAIL):
+        return unchecked
+    return {"status": data["status"], "detail": str(data.get("detail", "")), "checked": str(data.get("checked", ""))}
+
+
+def doctor_line(method: Method, seen: dict[str, Any]) -> str:
+    """One ``doctor`` line: is the method safe under vLLM's default (compiled) mode?"""
+    status = seen["status"]
+    if status == PASS:
+        return f"compiled:  {method.name}: yes (check-method's compiled check passed on this build, {seen['checked']})"
+    if status == FAIL:
+        return (f"compiled:  {method.name}: no: {seen['detail']} (quantreg's seam still runs it behind its own op; "
+                f"checked {seen['checked']})")
+    return f"compiled:  {method.name}: not checked: {seen['detail']}"
