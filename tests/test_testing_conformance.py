@@ -242,6 +242,12 @@ def _broken_module() -> types.ModuleType:
             self.calls += 1
             return out + self.calls
 
+    class ForwardRaises(Good):  # type: ignore[misc]
+        """Builds and loads, then fails where quantreg's seam no longer contains it (issue 46, class 2)."""
+
+        def apply(self, layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            raise RuntimeError("libqrt.so has ABI version 1, this package expects 2")
+
     class ProcessRaises(Good):  # type: ignore[misc]
         def process_weights_after_loading(self, layer: Any) -> None:
             raise RuntimeError("no kernel for this device")
@@ -259,7 +265,7 @@ def _broken_module() -> types.ModuleType:
     module = types.ModuleType(BROKEN)
     for cls in (SwappedNibbles, ConcatenatedGateUp, IgnoredW2Bias, WrongEpOffset, NoClamp, AcceptsAnything,
                 VagueRejection, Bf16Blocks, NoW2BiasParameter, NotFinite, Float32Output, Nondeterministic,
-                ProcessRaises, OtherFormat, ZeroTolerance, NotAMethod):
+                ForwardRaises, ProcessRaises, OtherFormat, ZeroTolerance, NotAMethod):
         cls.__module__ = BROKEN
         setattr(module, cls.__name__, cls)
     return module
@@ -301,9 +307,9 @@ def test_hpu_mxfp4_passes_device_independent_checks_and_skips_the_rest(
     assert ran and set(ran) <= {c.id for c in checks.CHECKS} and len(ran) == len(set(ran)), err
     rows = dict(reversed(m.groups()) for m in re.finditer(r"^  (PASS|FAIL|SKIPPED) +(\S+)", table, re.M))
     assert rows == {c.id: "SKIPPED" if c.needs_device else "PASS" for c in checks.CHECKS}, table
-    assert table.count(f"needs a device where 'hpu_mxfp4' runs; on {device}:") == 4
+    assert table.count(f"needs a device where 'hpu_mxfp4' runs; on {device}:") == 5
     assert reason in " ".join(table.split())
-    assert "7 passed, 0 failed, 4 skipped" in table
+    assert "7 passed, 0 failed, 5 skipped" in table
 
 
 @needs_vllm
@@ -351,6 +357,12 @@ BROKEN_CASES: list[tuple[str, tuple[str, ...], str, tuple[str, ...], tuple[str, 
     ("Float32Output", ("forward-no-bias",), "forward-no-bias", ("output dtype torch.float32",), ()),
     ("Nondeterministic", ("deterministic",), "deterministic", ("same layer with identical inputs differ",), ()),
     ("ProcessRaises", ("forward-bias",), "forward-bias", ("RuntimeError: no kernel for this device",), ()),
+    ("ForwardRaises", ("first-forward", "weights"), "first-forward",
+     ("built and loaded, then its first forward (1 token, top-2) raised RuntimeError: libqrt.so has ABI version 1",
+      "(at test_testing_conformance.py:", "in apply)", "in its constructor"), ("weights",)),
+    ("ProcessRaises", ("first-forward",), "first-forward",
+     ("is available here", "yet loading weights and process_weights_after_loading raised RuntimeError: no kernel "
+      "for this device (at test_testing_conformance.py:"), ()),
     ("NotAMethod", ("subclass", "weights"), "subclass", ("vLLM's seam only accepts subclasses",), ()),
 ]
 
@@ -375,7 +387,8 @@ def test_broken_method_fails_with_a_message_naming_what_differs(
 def test_a_format_the_kit_cannot_feed_is_skipped_and_a_bad_tolerance_fails() -> None:
     report = run_checks(method("qrt_nvfp4", f"{BROKEN}:OtherFormat"))
     skipped = {r.check for r in report.results if r.status is Status.SKIPPED}
-    assert skipped == {"weights", "forward-bias", "forward-no-bias", "expert-parallel", "deterministic"}
+    assert skipped == {"weights", "first-forward", "forward-bias", "forward-no-bias", "expert-parallel",
+                       "deterministic"}
     assert "no harness for format 'nvfp4'" in report.result("weights").detail and report.ok
     result = run_checks(method("qrt_zero", f"{BROKEN}:ZeroTolerance"), only=["declarations", "subclass"])
     assert result.result("declarations").status is Status.FAIL
