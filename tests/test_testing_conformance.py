@@ -369,7 +369,8 @@ BROKEN_CASES: list[tuple[str, tuple[str, ...], str, tuple[str, ...], tuple[str, 
 
 @needs_vllm
 @pytest.mark.usefixtures("example_on_path")
-@pytest.mark.parametrize(("cls", "only", "failing", "says", "passing"), BROKEN_CASES, ids=[c[0] for c in BROKEN_CASES])
+@pytest.mark.parametrize(("cls", "only", "failing", "says", "passing"), BROKEN_CASES,
+                         ids=[c[0] + ("-first-forward" if c[2] == "first-forward" else "") for c in BROKEN_CASES])
 def test_broken_method_fails_with_a_message_naming_what_differs(
         cls: str, only: tuple[str, ...], failing: str, says: tuple[str, ...], passing: tuple[str, ...]) -> None:
     report = run_checks(method(f"qrt_{cls.lower()}", f"{BROKEN}:{cls}"), only=only)

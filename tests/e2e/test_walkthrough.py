@@ -108,7 +108,7 @@ def test_installed_plugin_registers_the_method_and_its_rule_wins(site: Path, tmp
 def test_check_method_passes_every_check(site: Path, tmp_path: Path) -> None:
     proc = run([str(QUANTREG), "check-method", "example_mxfp4", "--device", "cpu"], site, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "example_mxfp4 on cpu: conforms -- 11 passed, 0 failed, 0 skipped" in proc.stdout, proc.stdout
+    assert "example_mxfp4 on cpu: conforms -- 12 passed, 0 failed, 0 skipped" in proc.stdout, proc.stdout
 
 
 def test_the_plugins_own_pytest_suite_passes(site: Path, tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_the_plugins_own_pytest_suite_passes(site: Path, tmp_path: Path) -> None
         args += ["-p", "quantreg.testing.pytest_plugin"]  # quantreg installed without its pytest11 entry point
     proc = run([*args, str(EXAMPLE / "tests")], site, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert re.search(r"\b12 passed\b", proc.stdout), proc.stdout[-2000:]  # 11 checks + the layer test
+    assert re.search(r"\b13 passed\b", proc.stdout), proc.stdout[-2000:]  # 12 checks + the layer test
 
 
 def test_vllm_cpu_runs_the_example_method_in_its_worker(site: Path, tmp_path: Path) -> None:

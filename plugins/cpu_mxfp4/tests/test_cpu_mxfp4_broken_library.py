@@ -1,4 +1,5 @@
-"""A library that is there but cannot run is passed over before the method is built (issue 46, class 2).
+"""A library that is there but cannot run is passed over before the method is built (issue 46, class 2;
+class 17 of docs/reliability.md).
 
 Before: with ``libquantreg_cpu_mxfp4.so`` of another ABI version, or a file that is not a library,
 the probe said "kernel built" (it only looked the file up), ``explain`` chose ``cpu_mxfp4``, the
