@@ -111,13 +111,22 @@ def test_the_probe_loads_the_library_and_says_why_it_is_not_usable(case: str, co
 
 
 def test_the_installed_library_loads_and_the_probe_says_so() -> None:
-    """The control: the real library, loaded by the probe in a process without torch."""
+    """The control: the real library, loaded by the probe in a process without torch; torch imported
+    afterwards runs with its own OpenMP runtime, the one the library uses (one ``libgomp`` mapped: without
+    the probe loading torch's first, torch would have bound to the system's)."""
     _installed_package()
-    code = ("import json, sys, quantreg_cpu_mxfp4.probe as p; print(json.dumps([p.kernel_available(), "
-            "'torch' in sys.modules]))")
-    (ok, why), torch_loaded = json.loads(python(code, env_for(Path("/nonexistent"))))
+    code = ("import json, sys, quantreg_cpu_mxfp4.probe as p; probe = p.kernel_available(); "
+            "loaded = 'torch' in sys.modules; import torch; from quantreg_cpu_mxfp4 import kernel; "
+            "maps = open('/proc/self/maps').read().splitlines(); "
+            "gomp = sorted({line.split()[-1] for line in maps if 'libgomp' in line}); "
+            "print(json.dumps([probe, loaded, kernel.status(), gomp, torch.__file__]))")
+    (ok, why), torch_loaded, (status_ok, _), gomp, torch_file = json.loads(python(code, env_for(Path("/nonexistent"))))
     assert ok is True and why.startswith(f"kernel loaded: {LIBRARY} (ABI 2), ISA path "), why
-    assert not torch_loaded
+    assert not torch_loaded and status_ok is True
+    assert len(gomp) == 1, gomp
+    bundled = Path(torch_file).parent / "lib" / "libgomp.so.1"
+    if bundled.is_file():  # pip's torch ships its own runtime: that one
+        assert Path(gomp[0]).resolve() == bundled.resolve(), gomp
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
