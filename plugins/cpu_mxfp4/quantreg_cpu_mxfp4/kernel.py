@@ -440,7 +440,7 @@ def _forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     """The op's CPU implementation: checks (the messages the extension gave), then one C call."""
     lib, why = _extension()
     if lib is None:
-        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available: {why}")
+        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available (extension not built: {why})")
     _check(precision_name in PRECISIONS, f"precision must be 'q8' or 'q8x2', got '{precision_name}'")
     _check(activation in ACTIVATIONS, f"activation must be 'swigluoai' or 'silu', got '{activation}'")
     _check(isa_name in ("avx2", "avx512"), f"unknown ISA '{isa_name}' (expected 'avx2' or 'avx512')")
@@ -532,7 +532,7 @@ def moe_forward(
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     lib, why = _extension()
     if lib is None:
-        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available: {why}")
+        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available (extension not built: {why})")
     prec = precision()
     threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens is None else int(gemm_min_tokens)
     out: torch.Tensor = torch.ops.quantreg_cpu_mxfp4.moe_forward(
