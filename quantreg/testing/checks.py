@@ -27,7 +27,7 @@ A method is judged by what vLLM and quantreg will do with it, not by its own tes
 * **compiled** -- the forward vLLM's runner calls traces under ``torch.compile(fullgraph=True)``
   with a dynamic token count and equals eager (vLLM's default mode; :mod:`.compiled`).
 
-The last five need the method to run here: when ``Method.availability(device)`` says no they
+The checks from ``first-forward`` on need the method to run here: when ``Method.availability(device)`` says no they
 are SKIPPED with its reason, never passed; everything else is checked anyway (construction,
 ``create_weights`` and loading do not touch the device's kernels). A method declares its
 weight format and tolerance as class attributes ``quantreg_format`` (default and, so far, only
