@@ -54,13 +54,19 @@ CLASSES: dict[str, tuple[str, list[str]]] = {
            ["tests/test_validate_limits.py::test_verify", "tests/test_validate_limits.py::test_validate"]),
     # issue 34 (reliability round 4)
     "12": ("one writer: a non-regular target refused before any work, atomic, nothing left on failure",
-           ["tests/test_writing.py", "tests/test_tiny_command.py", "tests/test_new_plugin.py::test_a_non_empty"]),
+           ["tests/test_writing.py", "tests/test_tiny_command.py", "tests/test_newplugin.py::test_a_non_empty"]),
     "13": ("every CLI path ends in a located line (the envelope under --json), exit 1/2: the printer, the last "
            "boundary, directory creation, tune's float64 reference inputs",
            ["tests/test_cli_paths.py", "tests/test_tune_inputs.py"]),
     "14": ("one escaping function for outside strings on terminals and in logs", ["tests/test_escaping.py"]),
     "15": ("messages say the value and what was expected", ["tests/test_messages.py",
                                                             "tests/test_tune_inputs.py::test_shape_problem"]),
+    # issue 46 (reliability round 5)
+    "17": ("a method that builds can run: native code loaded and its ABI checked by the probe and the "
+           "constructor, the kit's first-forward check",
+           ["plugins/cpu_mxfp4/tests/test_cpu_mxfp4_broken_library.py",
+            "tests/test_testing_conformance.py::test_broken_method_fails_with_a_message_naming_what_differs[ForwardRaises",
+            "tests/test_testing_conformance.py::test_broken_method_fails_with_a_message_naming_what_differs[ProcessRaises-"]),
 }
 
 

@@ -87,21 +87,56 @@ def test_each_changed_field_is_detected_and_named_with_both_values(change: str, 
     assert registry.fingerprint() != fresh.fingerprint()
 
 
-def test_simulated_host_flags_are_detected(tmp_path: Path, pins: dict[str, Any]) -> None:
-    """The host as quantreg sees it: QUANTREG_HOST_CPU_FLAGS removes a flag tune measured with."""
-    path = table(tmp_path, pins)
+#: each host kind's notable flags, as a plain QUANTREG_HOST_CPU_FLAGS list (it replaces the real ones),
+#: and a flag of that kind that a rebuilt or moved host may lack
+KIND_FLAGS: dict[str, tuple[str, str]] = {
+    "avx2": ("avx2 fma", "fma"),
+    "avx512": ("avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16", "avx512_bf16"),
+    "amx": ("avx2 fma avx512f avx512bw avx512vl avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8", "amx_tile"),
+}
+
+
+def explain_stale(path: Path, flags: str) -> list[str]:
+    """The ``cpu_flags`` stale lines ``quantreg explain`` gives on a host with ``flags`` (QUANTREG_HOST_CPU_FLAGS)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
-    env["QUANTREG_HOST_CPU_FLAGS"] = "-avx512_bf16"
+    env["QUANTREG_HOST_CPU_FLAGS"] = flags
     proc = subprocess.run([str(QUANTREG), "explain", *KEY, "--config", str(path), "--json"], capture_output=True,
                           text=True, env=env, timeout=300)
     data = json.loads(proc.stdout)
-    [stale] = [s for s in data["stale"] if s.startswith("cpu_flags")]  # (bandwidth may move on a loaded host)
-    assert stale.startswith("cpu_flags: tuned with [") and "avx512_bf16" in stale.split(", running ")[0]
-    assert "avx512_bf16" not in stale.split(", running ")[1]
-    doctor = subprocess.run([str(QUANTREG), "doctor", "--config", str(path), "--json"], capture_output=True,
-                            text=True, env=env, timeout=600)
-    found = json.loads(doctor.stdout)["stale_tuned"]
-    assert "cpu_flags" in [s["field"] for s in found], found
+    return [s for s in data.get("stale", []) if s.startswith("cpu_flags")]  # (bandwidth may move on a loaded host)
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_FLAGS))
+def test_simulated_host_flags_are_detected(kind: str, tmp_path: Path, pins: dict[str, Any]) -> None:
+    """The host as quantreg sees it, for each host kind whatever this host is: tuned on a host with the
+    kind's flags, run on one with the same flags (not stale) and on one lacking one of them (stale,
+    the flag named on the tuned side only)."""
+    flags, dropped = KIND_FLAGS[kind]
+    path = table(tmp_path, {**pins, "cpu_flags": sorted(flags.split())})
+    assert explain_stale(path, flags) == []
+    [stale] = explain_stale(path, " ".join(f for f in flags.split() if f != dropped))
+    assert stale.startswith("cpu_flags: tuned with [") and dropped in stale.split(", running ")[0]
+    assert dropped not in stale.split(", running ")[1]
+    if kind == "avx512":  # doctor reads the same evidence (one kind: doctor takes a while)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+        env["QUANTREG_HOST_CPU_FLAGS"] = " ".join(f for f in flags.split() if f != dropped)
+        doctor = subprocess.run([str(QUANTREG), "doctor", "--config", str(path), "--json"], capture_output=True,
+                                text=True, env=env, timeout=600)
+        found = json.loads(doctor.stdout)["stale_tuned"]
+        assert "cpu_flags" in [s["field"] for s in found], found
+
+
+def test_removing_a_flag_this_host_has_is_detected_and_one_it_lacks_is_not(tmp_path: Path,
+                                                                          pins: dict[str, Any]) -> None:
+    """This host's own pins, ``-avx512_bf16`` simulated: stale exactly where the host has the flag
+    (AVX-512 kinds here), unchanged on an AVX2-only host (the flag was never there to remove)."""
+    path = table(tmp_path, pins)
+    found = explain_stale(path, "-avx512_bf16")
+    if "avx512_bf16" in pins["cpu_flags"]:
+        [stale] = found
+        assert "avx512_bf16" in stale.split(", running ")[0] and "avx512_bf16" not in stale.split(", running ")[1]
+    else:
+        assert found == []
 
 
 def test_a_different_shape_is_detected_where_a_shape_is_known(tmp_path: Path, pins: dict[str, Any]) -> None:

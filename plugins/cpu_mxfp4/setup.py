@@ -9,7 +9,7 @@ every torch release (nothing in it depends on torch's C++ ABI). The wheel is tag
 
 Optional: if the compiler is missing or fails, the build prints one line saying so and installs
 the pure-Python package anyway; at run time ``quantreg_cpu_mxfp4.kernel.status()`` then answers
-``(False, "extension not built: ...")`` and a fallback chain moves on.
+``(False, "extension not built (...)")`` and a fallback chain moves on.
 
 ISA: every file is compiled for the baseline x86-64 target; the AVX2 and AVX-512 kernels carry
 ``__attribute__((target(...)))`` (``csrc/gemv.h``) and are chosen at run time, so one wheel runs

@@ -15,6 +15,9 @@ A method is judged by what vLLM and quantreg will do with it, not by its own tes
 * **weights** -- ``create_weights`` registers the parameters vLLM's GPT-OSS MXFP4 loader writes
   (names, dtypes, at least the loaded shapes; the leading dim is the rank's expert count), and
   the loader's writes succeed, with and without biases and on an EP rank;
+* **first-forward** -- a method that builds (constructor, ``create_weights``, loading) survives its
+  first forward: quantreg's seam contains a failure while a method is built, not one at its first
+  forward (a native library that does not load must be refused by the constructor);
 * **forward-bias / forward-no-bias** -- after ``process_weights_after_loading``, outputs for 1, 7
   and 64 tokens and top-k 1..4 have the input's shape and dtype, are finite, and are within the
   declared tolerance of the float64 reference (:mod:`quantreg.models.gpt_oss_moe`);
@@ -24,7 +27,7 @@ A method is judged by what vLLM and quantreg will do with it, not by its own tes
 * **compiled** -- the forward vLLM's runner calls traces under ``torch.compile(fullgraph=True)``
   with a dynamic token count and equals eager (vLLM's default mode; :mod:`.compiled`).
 
-The last four need the method to run here: when ``Method.availability(device)`` says no they
+The checks from ``first-forward`` on need the method to run here: when ``Method.availability(device)`` says no they
 are SKIPPED with its reason, never passed; everything else is checked anyway (construction,
 ``create_weights`` and loading do not touch the device's kernels). A method declares its
 weight format and tolerance as class attributes ``quantreg_format`` (default and, so far, only
@@ -58,6 +61,8 @@ CHECKS: tuple[CheckSpec, ...] = (
               declared.unknown_options),
     CheckSpec("weights", "create_weights makes what vLLM's GPT-OSS MXFP4 loader writes", Need.FORMAT,
               forward.weights),
+    CheckSpec("first-forward", "a build that succeeds survives its first forward", Need.DEVICE,
+              forward.first_forward),
     CheckSpec("forward-bias", "matches the float64 reference, with biases", Need.DEVICE, forward.forward_bias),
     CheckSpec("forward-no-bias", "matches the float64 reference, without biases", Need.DEVICE,
               forward.forward_no_bias),

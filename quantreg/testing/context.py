@@ -137,6 +137,20 @@ class Context:
     def passed(self, detail: str) -> None:
         self._pass_detail = detail
 
+    def refused_here(self, exc: Exception) -> Outcome | None:
+        """A SKIPPED outcome when building raised where the method is not available, else ``None``.
+
+        A method that cannot run here must refuse in its constructor (the ``first-forward``
+        check, issue 46): plugin #2 without its loadable library, say. Where
+        ``Method.availability`` already says no, that refusal is the method doing its job, not a
+        defect of the device-independent checks that build it; where it says yes, the build
+        failing is the check's FAIL.
+        """
+        if self.availability.ok:
+            return None
+        return skip(f"not available on {self.device} ({self.availability.reason}), and its constructor refuses "
+                    f"to build here: {describe(exc)}; checked where it runs")
+
     # -- what the checks need ---------------------------------------------------------------------
     def unmet(self, need: Need) -> str | None:
         """Why a check needing ``need`` cannot run here (its SKIPPED detail), or None if it can."""

@@ -145,12 +145,15 @@ def options(ctx: Context) -> None:
     sets = rule_option_sets(ctx.registry, ctx.method.name)
     sets += [("the caller", o) for o in ctx.extra_option_sets]
     config = ctx.harness.moe_config()
-    built = []
+    built: list[str] = []
     for where, opts in sets:
         try:
             with ctx.harness.context():
                 cls(config, **opts)
         except Exception as exc:
+            refused = ctx.refused_here(exc)
+            if refused is not None and not built:  # it builds nothing here: the options are checked where it runs
+                raise refused from exc
             raise fail(f"{cls.__name__}(moe_config, **{opts!r}) (options from {where}) raised "
                        f"{describe(exc, located=True)}; every option must have a default, and every option "
                        "a rule passes must build") from exc

@@ -1,8 +1,10 @@
 """Checks on a real vLLM layer built with the method: its weights, and its output against the reference.
 
 ``weights`` (``create_weights`` registers what vLLM's GPT-OSS MXFP4 loader writes, and the writes
-succeed), ``forward-bias`` and ``forward-no-bias`` (outputs for 1, 7 and 64 tokens and top-k 1..4
-within the declared tolerance of the float64 reference, :mod:`quantreg.models.gpt_oss_moe`).
+succeed), ``first-forward`` (a method that builds runs its first forward: what cannot run must
+refuse in its constructor, where quantreg's seam contains the failure), ``forward-bias`` and
+``forward-no-bias`` (outputs for 1, 7 and 64 tokens and top-k 1..4 within the declared tolerance
+of the float64 reference, :mod:`quantreg.models.gpt_oss_moe`).
 The machinery that turns many runs into one row (:func:`numeric`, :func:`layer_runs`) is shared
 with :mod:`quantreg.testing.consistency`. torch and vLLM are imported when a check runs.
 """
@@ -58,7 +60,14 @@ def weights(ctx: Context) -> None:
     for bias, ep_rank, ep_size in ((True, 0, 1), (False, 0, 1), (True, 1, EP_SIZE)):
         label = ("with biases" if bias else "without biases") + (
             f", EP rank {ep_rank} of {ep_size}" if ep_size > 1 else "")
-        layer = ctx.harness.build(ctx.factory(), shape=shape, top_k=2, bias=bias, ep_size=ep_size, ep_rank=ep_rank)
+        try:
+            layer = ctx.harness.build(ctx.factory(), shape=shape, top_k=2, bias=bias, ep_size=ep_size,
+                                      ep_rank=ep_rank)
+        except Exception as exc:
+            refused = ctx.refused_here(exc)
+            if refused is not None:
+                raise refused from exc
+            raise
         notes += _check_parameters(layer, layer.local_slice(experts_for(ctx, bias, seed=7)), label)
     ctx.passed("w13_weight/_scale, w2_weight/_scale (uint8), w13_bias/w2_bias (float) registered and "
                "written by vLLM's loader, with and without biases and on EP rank 1 of 2"
@@ -100,6 +109,40 @@ def _check_parameters(layer: MoeLayer, local: GptOssMxfp4Experts, label: str) ->
         if tuple(params[name].shape) != have or layer.parameters()[name] is not param:
             raise fail(f"{label}: loading replaced or reshaped '{name}'")
     return notes
+
+
+# -- a build that succeeds survives its first forward ---------------------------------------------
+
+
+def first_forward(ctx: Context) -> None:
+    """Build the method as the seam does, load weights, run one forward: only its completing counts.
+
+    Why a check of its own: quantreg's seam contains what a method raises while it is *built*
+    (lenient: a WARNING and vLLM's own method; strict: one line), but nothing after -- a method
+    that builds, loads, and raises at its first forward (a native library of another ABI
+    version, a kernel missing for this CPU) stops vLLM's start-up in every mode. So whatever a
+    method needs to run is checked in its constructor. The row names the stage that raised and
+    where (``file:line``); the output's values are the numerical checks' business.
+    """
+    experts = experts_for(ctx, True, seed=5)
+    stage = "building it (its constructor and create_weights, as the seam does)"
+    try:
+        layer = ctx.harness.build(ctx.factory(), shape=ctx.shape, top_k=2, bias=True)
+        stage = "loading weights and process_weights_after_loading"
+        layer.load(experts)
+        layer.process()
+    except Exception as exc:
+        raise fail(f"'{ctx.method.name}' is available here ({ctx.availability.reason}) yet {stage} raised "
+                   f"{describe(exc, located=True)}") from exc
+    case = case_for(experts, 1, 2, seed=6, layer=layer)
+    try:
+        out = layer.forward(case.x, case.router_logits)
+    except Exception as exc:
+        raise fail(f"built and loaded, then its first forward (1 token, top-2) raised {describe(exc, located=True)}. "
+                   "quantreg contains a failure while a method is built (lenient: vLLM's own method; strict: one "
+                   "line), not at its first forward, where it stops vLLM: check what the method needs to run "
+                   "(native library, ABI version, device kernel) in its constructor") from exc
+    ctx.passed(f"built, loaded and ran 1 token, top-2: output {list(out.shape)} {str(out.dtype).replace('torch.', '')}")
 
 
 # -- outputs against the reference ------------------------------------------------------------------

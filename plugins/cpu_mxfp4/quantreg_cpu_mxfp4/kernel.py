@@ -95,7 +95,9 @@ from typing import Any
 
 import torch
 
-from .probe import ISA_ENV  # the setting's one name: the probe (no torch) reads it too
+# the setting's and the ABI's one home: the probe (no torch) reads them too, and loads the library
+from .probe import ABI_VERSION as ABI_VERSION
+from .probe import ISA_ENV, load_library
 
 log = logging.getLogger("vllm.quantreg.cpu_mxfp4")
 
@@ -116,7 +118,6 @@ GEMM_MIN_TOKENS = {"q8x2": 48, "q8": 128}
 # the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
 GEMM_ROWS = 512
 LIBRARY = "libquantreg_cpu_mxfp4.so"
-ABI_VERSION = 2
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 GEMM_DONE = 0x51524F4B
 """What the prefill callback returns once it has written its rows (``csrc/moe.cpp``'s ``kQrGemmDone``):
@@ -148,30 +149,17 @@ class _MoeArgs(ctypes.Structure):
 
 @cache
 def _extension() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded C library or None, why not). Loaded after ``import torch`` (above), so its
-    ``libgomp.so.1`` is the one torch already loaded and both share one OpenMP thread pool."""
-    from .probe import build_failure
-
-    path = Path(__file__).with_name(LIBRARY)
-    if not path.is_file():
-        failure = build_failure()
-        why = f"the build failed: {failure}" if failure is not None else f"no {LIBRARY} in the package"
+    """(the loaded C library or None, why not): :func:`.probe.load_library` (the probe's one loader:
+    file, entry points, ABI version), then the argument types of the calls made here. Loaded after
+    ``import torch`` (above), so its ``libgomp.so.1`` is the one torch already loaded."""
+    lib, why = load_library(Path(__file__).with_name(LIBRARY))
+    if lib is None:
         log.debug("%s not loaded: %s", LIBRARY, why)
         return None, why
-    try:
-        lib = ctypes.CDLL(str(path))
-        lib.qr_abi_version.restype = ctypes.c_int32
-        version = int(lib.qr_abi_version())
-        if version != ABI_VERSION:
-            raise OSError(f"{LIBRARY} has ABI version {version}, this kernel.py expects {ABI_VERSION}")
-        lib.qr_cpu_supports.argtypes = [ctypes.c_char_p]
-        lib.qr_cpu_supports.restype = ctypes.c_int32
-        lib.qr_moe_forward.argtypes = [ctypes.POINTER(_MoeArgs), ctypes.c_char_p, ctypes.c_int64]
-        lib.qr_moe_forward.restype = ctypes.c_int32
-    except Exception as exc:  # OSError (missing symbols, wrong architecture), AttributeError
-        why = f"{type(exc).__name__}: {exc}"
-        log.debug("%s not loaded: %s", LIBRARY, why)
-        return None, why
+    lib.qr_cpu_supports.argtypes = [ctypes.c_char_p]
+    lib.qr_cpu_supports.restype = ctypes.c_int32
+    lib.qr_moe_forward.argtypes = [ctypes.POINTER(_MoeArgs), ctypes.c_char_p, ctypes.c_int64]
+    lib.qr_moe_forward.restype = ctypes.c_int32
     return lib, ""
 
 
@@ -183,18 +171,30 @@ def _supports(isa_name: str) -> bool:
 def status() -> tuple[bool, str]:
     """``(True, "avx512" | "avx2")``: the kernel can run and this path would; else ``(False, why)``.
 
-    Never raises: a fallback chain asks this first. The reasons are ``"extension not built: ..."``
-    (the build had no compiler, failed, or the module does not load) and ``"CPU lacks avx2+fma"``.
+    Never raises: a fallback chain asks this first. The reasons are ``"extension not built (...)"``
+    (the build had no compiler or failed), ``"extension does not load (...)"`` (not a library,
+    another ABI version, missing entry points: :func:`.probe.load_library`) and
+    ``"CPU lacks avx2+fma"``.
     """
     try:
         module, why = _extension()
         if module is None:
-            return False, f"extension not built: {why}"
+            return False, why
         if not _supports("avx2"):
             return False, "CPU lacks avx2+fma"
         return True, isa()
     except Exception as exc:  # pragma: no cover - defensive: status() must never raise
         return False, f"extension not usable: {type(exc).__name__}: {exc}"
+
+
+def require() -> None:
+    """Raise ``RuntimeError`` naming why unless the kernel can run here: what the method's
+    constructor calls, so a method that is built can run its first forward (the seam contains a
+    failure at build -- lenient: vLLM's own method; strict: one line -- but not one at the first
+    forward)."""
+    ok, why = status()
+    if not ok:
+        raise RuntimeError(f"cpu_mxfp4 cannot run in this process: {why}")
 
 
 def precision() -> str:

@@ -5,6 +5,8 @@ and E8M0 scales, bf16 biases, and the GPT-OSS and Mixtral loaders' expectations:
 these parameters, see quantreg's ``tests/e2e/test_second_arch.py``), and replaces everything that
 runs:
 
+* construction refuses where the kernel cannot run (:func:`.kernel.require`: the library loads,
+  has this package's ABI version, and the CPU has AVX2+FMA), so a method that builds can run;
 * construction skips the parent's CUDA backend selection
   (:func:`quantreg.vllm.moe_method.init_without_backend`: ``mxfp4_backend = None``); vLLM then
   rounds the intermediate size up to a multiple of 64 and zero-fills the padding, which this
@@ -56,8 +58,14 @@ class CpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
     MXFP4_BLOCK_SIZE: ClassVar[int] = 32
 
     def __init__(self, moe: Any, quantreg_context: BuildContext | None = None, **options: Any) -> None:
-        """``cls(moe_config, **options)``; quantreg's seam also passes ``quantreg_context`` (the layer's key)."""
+        """``cls(moe_config, **options)``; quantreg's seam also passes ``quantreg_context`` (the layer's key).
+
+        Raises unless the kernel loads here (:func:`.kernel.require`: library, ABI version, CPU): a
+        failure now is the seam's to contain (lenient: a WARNING and vLLM's own method; strict: one
+        line), one at the first forward would stop vLLM. The probe asks the same first, so a chain
+        normally passes the method over before it is built."""
         self.method_options = MethodOptions.parse(self.quantreg_name, options)
+        kernel.require()
         init_without_backend(self, moe)  # vLLM's create_weights, not its CUDA backend selection
         self.model_type = routing.model_type(quantreg_context)
         self._order = "vllm" if self.method_options.routing == "vllm" else "pending"

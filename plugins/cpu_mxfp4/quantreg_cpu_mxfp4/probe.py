@@ -4,21 +4,33 @@ quantreg calls it when a rule's chain reaches the method: on a CPU without AMX t
 ``explain``/``plan`` of a GPT-OSS MXFP4 key (the plugin's chain ``[vllm, cpu_mxfp4]`` passes
 ``vllm`` over there), so it must stay as cheap as a decision. What it needs of the CPU (AVX2+FMA)
 the method declares (``host: cpu:avx2, cpu:fma``), decided by quantreg from host facts before
-this runs; here "was the kernel built?" and "which ISA path will it take?": the library file is
-looked up without loading it (loading it before torch would bring in a second OpenMP runtime), and
-the path is read from the CPU flags and ``QUANTREG_CPU_MXFP4_ISA`` the way the kernel decides it.
-A library that is there but cannot load fails when the method is built, where the seam falls back
-(lenient) or stops (strict) with that reason; :func:`quantreg_cpu_mxfp4.kernel.status` is the
-full check.
+this runs; here "does the kernel load?" and "which ISA path will it take?".
+
+"Available" means loadable: :func:`load_library` loads the library once per process (cached) and
+checks its ABI version and entry points, so a library of another ABI version, a truncated file or
+a file that is not a library is passed over here -- in ``explain``, ``plan`` and the seam's
+chain, with the reason -- instead of being built and failing at the first forward (issue 46,
+class 2). The method's constructor asks the same question (:func:`quantreg_cpu_mxfp4.kernel.status`),
+so a build that succeeds has a kernel that runs. Loading needs no torch: where torch ships its own
+``libgomp.so.1`` (pip wheels, ``torch/lib``), that file is loaded first, so the library's OpenMP
+dependency resolves to the runtime torch will use later and a process never holds two.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
 import os
+import sys
+from functools import cache
 from pathlib import Path
 
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_mxfp4.so")
 """The kernel (a plain C library; kernel.LIBRARY)."""
+ABI_VERSION = 2
+"""The C ABI this package's Python side speaks (``qr_abi_version()`` of ``csrc/moe.cpp``): bump both together."""
+ENTRY_POINTS = ("qr_abi_version", "qr_cpu_supports", "qr_moe_forward")
+"""The library's C functions the kernel calls: all must be exported for it to count as loadable."""
 ISA_ENV = "QUANTREG_CPU_MXFP4_ISA"
 """The setting forcing the kernel's ISA path: named here, where no torch is imported; kernel.py imports it."""
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni"})
@@ -54,15 +66,59 @@ def isa_path() -> str:
     return "avx512 (AVX-512 VNNI)" if AVX512_FLAGS <= _cpu_flags() else "avx2 (AVX2+FMA)"
 
 
-def kernel_available() -> tuple[bool, str]:
-    """``(True, "kernel built: <file>, ISA path <path>")`` or
-    ``(False, "unavailable: extension not built (<why>)")``."""
+def _torch_openmp() -> Path | None:
+    """torch's own ``libgomp.so.1`` (pip wheels ship it in ``torch/lib``), found without importing torch."""
     try:
-        built = LIBRARY.is_file()
-    except OSError as exc:  # a broken package must not break resolution
-        return False, f"unavailable: extension not built ({type(exc).__name__}: {exc})"
-    if not built:
-        failure = build_failure()
-        why = f"the build failed: {failure}" if failure is not None else f"no {LIBRARY.name} in the package"
-        return False, f"unavailable: extension not built ({why})"
-    return True, f"kernel built: {LIBRARY.name}, ISA path {isa_path()}"
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    candidate = Path(spec.origin).parent / "lib" / "libgomp.so.1"
+    return candidate if candidate.is_file() else None
+
+
+@cache
+def load_library(path: Path = LIBRARY) -> tuple[ctypes.CDLL | None, str]:
+    """``(the loaded library, "")`` or ``(None, why it is not usable)``; loaded once per path and process.
+
+    Usable means: the file exists, the dynamic loader accepts it, it exports :data:`ENTRY_POINTS`,
+    and ``qr_abi_version()`` is :data:`ABI_VERSION`. The reasons start ``"extension not built"``
+    (no file: no compiler at install, or the build failed, as ``BUILD_FAILED.txt`` says) or
+    ``"extension does not load"`` (anything else: a file that is not a library, another ABI
+    version, missing symbols). Never raises.
+    """
+    try:
+        if not path.is_file():
+            failure = build_failure() if path == LIBRARY else None
+            why = f"the build failed: {failure}" if failure is not None else f"no {path.name} in the package"
+            return None, f"extension not built ({why})"
+        if "torch" not in sys.modules:  # see the module docstring: one OpenMP runtime per process
+            openmp = _torch_openmp()
+            if openmp is not None:
+                ctypes.CDLL(str(openmp))
+        lib = ctypes.CDLL(str(path))
+        missing = [name for name in ENTRY_POINTS if not hasattr(lib, name)]
+        if missing:
+            return None, f"extension does not load ({path.name} does not export {', '.join(missing)})"
+        lib.qr_abi_version.argtypes = []
+        lib.qr_abi_version.restype = ctypes.c_int32
+        version = int(lib.qr_abi_version())
+    except Exception as exc:  # OSError: not an ELF file, too short, wrong architecture, missing dependency
+        return None, f"extension does not load ({type(exc).__name__}: {' '.join(str(exc).split())})"
+    if version != ABI_VERSION:
+        return None, (f"extension does not load ({path.name} has ABI version {version}, this package expects "
+                      f"{ABI_VERSION}: a library from another release of quantreg-cpu-mxfp4; reinstall it)")
+    return lib, ""
+
+
+def kernel_available() -> tuple[bool, str]:
+    """``(True, "kernel loaded: <file> (ABI <n>), ISA path <path>")`` or ``(False, "unavailable: <why>")``,
+    ``<why>`` from :func:`load_library`."""
+    try:
+        lib, why = load_library(LIBRARY)
+    except Exception as exc:  # pragma: no cover - load_library never raises; a probe must not either
+        lib, why = None, f"extension does not load ({type(exc).__name__}: {exc})"
+    if lib is None:
+        return False, f"unavailable: {why}"
+    return True, f"kernel loaded: {LIBRARY.name} (ABI {ABI_VERSION}), ISA path {isa_path()}"

@@ -18,7 +18,7 @@ pytest.importorskip("quantreg_cpu_mxfp4", reason="quantreg-cpu-mxfp4 is not inst
                     "(compat.sh installs it where the release pins the main venv's torch)")
 
 import quantreg
-from quantreg.testing import run_checks
+from quantreg.testing import CHECK_IDS, run_checks
 from quantreg.testing.report import Status
 
 pytestmark = pytest.mark.vllm
@@ -33,7 +33,7 @@ def registry() -> quantreg.Registry:
 @pytest.mark.compat  # scripts/compat.sh: the method in real vLLM layers of every release of the matrix
 @pytest.mark.parametrize("isa", ["default", "avx2"])
 def test_every_check_passes_on_both_isa_paths(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """All 11 checks on the default path; the numerical ones again on the forced AVX2 baseline."""
+    """Every check on the default path; the numerical ones again on the forced AVX2 baseline."""
     from quantreg_cpu_mxfp4 import kernel
 
     if isa == "avx2":
@@ -45,7 +45,7 @@ def test_every_check_passes_on_both_isa_paths(isa: str, monkeypatch: pytest.Monk
     print(report.render())
     assert report.available and report.results
     assert all(r.status is Status.PASS for r in report.results), report.render()
-    assert len(report.results) == (len(NUMERIC) if isa == "avx2" else 11)
+    assert len(report.results) == (len(NUMERIC) if isa == "avx2" else len(CHECK_IDS))
 
 
 def test_forward_at_the_gpt_oss_20b_layer_shape() -> None:

@@ -45,13 +45,13 @@ def test_options_have_one_field_each_and_are_checked() -> None:
 
 
 def test_probe_agrees_with_the_kernel_status() -> None:
-    """The probe only looks the built library up (no torch) and names the ISA path; the kernel's status
-    loads it: they agree, on the ISA path too."""
+    """The probe loads the library (no torch) and names the ISA path; the kernel's status uses the same
+    loader: they agree, on the ISA path too."""
     ok, why = probe.kernel_available()
     from quantreg_cpu_mxfp4 import kernel
 
     status = kernel.status()
-    assert ok is status[0] and (why.startswith("kernel built: libquantreg_cpu_mxfp4.so, ISA path ") if ok
+    assert ok is status[0] and (why.startswith("kernel loaded: libquantreg_cpu_mxfp4.so (ABI 2), ISA path ") if ok
                                 else "not built" in why)
     if ok:
         assert why.split("ISA path ")[1].split()[0] == status[1], (why, status)

@@ -47,7 +47,7 @@ def test_build_without_compiler_prints_one_line_and_status_says_not_built(tmp_pa
                          capture_output=True, text=True, timeout=120, check=True)
     ok, why = json.loads(run.stdout.strip().splitlines()[-1])
     assert ok is False
-    assert why.startswith("extension not built: the build failed: "), why
+    assert why.startswith("extension not built (the build failed: "), why
 
 
 def test_the_built_library_depends_on_no_torch() -> None:
