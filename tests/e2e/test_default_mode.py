@@ -163,11 +163,10 @@ def test_compiled_agrees_with_eager(served: tuple[str, Server], eager: dict[str,
     assert compiled_tokens[0] == eager_tokens[0] or diffs[0] <= LOGPROB_BOUND
 
 
+@pytest.mark.parametrize("served", ["split"], indirect=True)
 def test_the_split_serves_every_forward_by_its_size(served: tuple[str, Server],
                                                     setups: dict[str, dict[str, Any]]) -> None:
-    case, server = served
-    if case != "split":
-        pytest.skip("the split case only")
+    _case, server = served
     record: Path = setups["split"]["record"]
     record.write_text("", encoding="utf-8")  # start-up forwards (warm-up, profiling) are not this test's
     server.post("/v1/completions", {"model": server.model, "prompt": PROMPT[:5], "max_tokens": 3,
