@@ -165,14 +165,30 @@ def cpu_binding(threads: int) -> str:
     return f"0-{threads - 1}" if threads > 1 else "0"
 
 
-def vllm_engine(label: str, table: Path | None, model: Path, threads: int, max_len: int) -> Engine:
+#: vLLM's modes: its default (the model compiled, traced once: what `vllm serve` does) and eager
+#: (``--enforce-eager``); a variant measured in both gets the eager one labelled with this suffix.
+VLLM_MODES = ("default", "eager")
+EAGER_SUFFIX = " [eager]"
+
+
+def vllm_engine(label: str, table: Path | None, model: Path, threads: int, max_len: int,
+                mode: str = "default") -> Engine:
     env = python_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=cpu_binding(threads),
                      VLLM_CPU_KVCACHE_SPACE="1", PYTHONHASHSEED="0", OMP_NUM_THREADS=str(threads))
     env.pop("QUANTREG_CONFIG", None)
     if table is not None:
         env["QUANTREG_CONFIG"] = str(table.resolve())
-    return Engine(label, "vllm", [sys.executable, "-m", "bench.wholemodel_vllm_child", str(model), str(max_len)], env,
-                  detail={"table": None if table is None else str(table)})
+    return Engine(label, "vllm", [sys.executable, "-m", "bench.wholemodel_vllm_child", str(model), str(max_len), mode],
+                  env, detail={"table": None if table is None else str(table), "mode": mode})
+
+
+def vllm_modes(text: str) -> list[str]:
+    """``--vllm-modes``: a comma-separated subset of :data:`VLLM_MODES`, in that order."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in VLLM_MODES]
+    if bad or not modes:
+        raise SystemExit(f"--vllm-modes expects a comma-separated subset of {', '.join(VLLM_MODES)}, got {text!r}")
+    return [m for m in VLLM_MODES if m in modes]
 
 
 def llama_engine(dense: str, gguf: Path, llama_env: Path, threads: int, max_len: int) -> Engine:
@@ -258,7 +274,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not Path(path).is_file():
             raise SystemExit(f"--vllm-table {label}: {path} is not a file")
         variants.append((label, Path(path)))
-    engines = [vllm_engine(label, table, model, args.threads, max_len) for label, table in variants]
+    engines = [vllm_engine(label + (EAGER_SUFFIX if mode == "eager" else ""), table, model, args.threads, max_len, mode)
+               for label, table in variants for mode in vllm_modes(args.vllm_modes)]
     skipped: dict[str, str] = {}
     dense_types = [d for d in args.llama_dense.split(",") if d and d != "none"]
     if dense_types and llama_python(args.llama_env) is None:
@@ -303,7 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results[e.label]["rounds"].append(measure_round(e, 1000 + r, args.decode_tokens, args.prefill_tokens))
             loads.append(load_average())
         for e in group:
-            if e.kind == "vllm":
+            if e.kind == "vllm" and e.detail.get("mode") == "eager":  # module hooks do not fire in a compiled graph
                 results[e.label]["split"] = split_step(e, args.decode_tokens, 99)
             e.finish()
             results[e.label]["peak_rss_bytes"] = e.final.get("peak_rss_bytes")
@@ -391,6 +408,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-table", action="append", default=[], metavar="LABEL=TABLE.yaml",
                    help="add a vLLM variant served with this quantreg table (repeatable)")
     p.add_argument("--no-default-vllm", action="store_true", help="drop the table-less vLLM variant")
+    p.add_argument("--vllm-modes", default="default,eager",
+                   help="vLLM's modes to measure each variant in: default (compiled, as `vllm serve`), eager")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=128)

@@ -1,6 +1,10 @@
 """One vLLM-CPU engine for :mod:`bench.wholemodel_bench`, driven one measurement at a time.
 
-Usage: ``python -m bench.wholemodel_vllm_child MODEL_DIR`` (environment from the parent: the
+Usage: ``python -m bench.wholemodel_vllm_child MODEL_DIR [MAX_LEN [default|eager]]``: vLLM's default
+mode (the model compiled, traced once, as ``vllm serve`` runs it; ``engine_s`` then includes the
+compile) or eager (``enforce_eager``). The split's hooks see only modules run outside a compiled graph,
+so in the default mode it measures the lm_head and what is outside the model; the parent reports it
+for eager variants. Environment from the parent: the
 thread binding, ``QUANTREG_CONFIG`` for a table variant, ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so the
 model runs in this process and its modules can be timed here). It builds the engine, runs one
 warm-up, prints ``READY`` with its start-up split, then obeys one JSON command per stdin line:
@@ -192,6 +196,7 @@ def _moe_repack_timer() -> dict[str, float]:
 def main() -> None:
     model_dir = sys.argv[1]
     max_model_len = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
+    eager = len(sys.argv) > 3 and sys.argv[3] == "eager"  # else vLLM's default mode: compiled, traced once
     t0 = time.perf_counter()
     import vllm  # noqa: F401  (timed: the import is part of every start-up)
     from vllm import LLM, SamplingParams
@@ -201,7 +206,7 @@ def main() -> None:
     loader = _repack_timer()
     moe_repack = _moe_repack_timer()
     t0 = time.perf_counter()
-    llm = LLM(model=model_dir, seed=0, skip_tokenizer_init=True, enforce_eager=True, dtype="bfloat16",
+    llm = LLM(model=model_dir, seed=0, skip_tokenizer_init=True, enforce_eager=eager, dtype="bfloat16",
               max_model_len=max_model_len, kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False,
               max_num_batched_tokens=max(max_model_len, 2048))
     engine_s = time.perf_counter() - t0

@@ -46,12 +46,19 @@ def test_both_vllm_variants_measured_with_their_methods(result: dict[str, object
                                                         host_kind: object) -> None:
     engines = result["engines"]
     assert isinstance(engines, dict)
-    default = engines["vLLM-CPU + quantreg (registry's choice)"]
+    default = engines["vLLM-CPU + quantreg (registry's choice) [eager]"]
     # The registry's choice on this host: vLLM's own kernel with AMX, plugin #2 without.
     assert default["moe_methods"] == [VLLM_MXFP4_METHOD if mxfp4_kernel_available else CPU_MXFP4]
-    assert engines["reference"]["moe_methods"] == [REFERENCE]
-    assert engines["reference"]["table"].endswith("reference.yaml")
-    for engine in (default, engines["reference"]):
+    assert engines["reference [eager]"]["moe_methods"] == [REFERENCE]
+    assert engines["reference [eager]"]["table"].endswith("reference.yaml")
+    # vLLM's default mode (compiled) beside eager: same methods, measured; no module split (hooks do
+    # not fire inside a compiled graph)
+    for label in ("vLLM-CPU + quantreg (registry's choice)", "reference"):
+        compiled = engines[label]
+        assert compiled["mode"] == "default" and engines[f"{label} [eager]"]["mode"] == "eager"
+        assert compiled["moe_methods"] == engines[f"{label} [eager]"]["moe_methods"]
+        assert len(compiled["rounds"]) == 1 and "split" not in compiled
+    for engine in (default, engines["reference [eager]"]):
         assert len(engine["rounds"]) == 1
         assert engine["held_bytes"]["experts"] > 0 and engine["held_bytes"]["embedding"] == 201088 * 128 * 2
         split = engine["split"]
@@ -77,4 +84,5 @@ def test_llama_half_ran_or_was_skipped_by_name(result: dict[str, object]) -> Non
     assert len(llama["rounds"]) == 1 and llama["decode_tok_s"] > 0
     ratios = result["ratios"]
     assert isinstance(ratios, dict)
-    assert set(ratios) == {f"vLLM-CPU + quantreg (registry's choice) / {label}", f"reference / {label}"}
+    assert set(ratios) == {f"{v}{m} / {label}" for v in ("vLLM-CPU + quantreg (registry's choice)", "reference")
+                           for m in ("", " [eager]")}
