@@ -27,13 +27,15 @@ Bounds (measured; tests/e2e/test_mxfp4_reference.py holds the same comparison): 
 identical; logprob of a token at the same step within 0.15 (seen 0.098 on the demo's three prompts,
 one of 140 tokens, on an AMD EPYC host; the test's shorter prompts see 0.053 against its 0.1: the
 random tiny model's near-flat logits amplify one bf16 rounding); MoE outputs on a fixed input
-within 2 bf16 ULPs of the layer's largest output (seen 0.0312, exactly 1 ULP).
+within the two methods' stated errors added up: each method declares how far it may be from the
+float64 MoE (``quantreg_tolerance``, as a fraction of the layer's largest output; vLLM's own methods
+declare none and get the kit's default, 0.02), so two of them can differ by at most the sum
+(seen 0.0312-0.0625 on outputs up to 8.6, 1-2 bf16 ULPs, against a bound of ~0.26-0.34).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +44,7 @@ from typing import Any
 
 from .. import settings
 from ..envelope import envelope
+from ..error_measure import DEFAULT_TOLERANCE
 from ..files import WriteRefused
 from ..host import guess_device
 from ..keys import Key
@@ -62,7 +65,6 @@ rules:
 MAX_TOKENS = 6
 PROBE_TOKENS = 8
 LOGPROB_BOUND = 0.15
-MOE_ULPS = 2
 
 
 def _max_logprob_diff(a: RunResult, b: RunResult) -> float | None:
@@ -78,13 +80,23 @@ def _max_logprob_diff(a: RunResult, b: RunResult) -> float | None:
     return worst
 
 
-def bf16_ulp(x: float) -> float:
-    """The spacing of bf16 numbers at magnitude ``x`` (8 significant bits)."""
-    return 2.0 ** (math.floor(math.log2(x)) - 7) if x > 0 else 2.0 ** -133
+def stated_error(registry: Registry, method: str) -> float:
+    """How far ``method`` says its MoE output may be from float64, as a fraction of the layer's
+    largest output: its class's ``quantreg_tolerance`` (the kit holds it to that), else the kit's
+    default for a method that states none (vLLM's own)."""
+    found = registry.methods.get(method)
+    if found is None or found.keeps_vllm:
+        return DEFAULT_TOLERANCE
+    try:
+        tol = getattr(found.load(), "quantreg_tolerance", DEFAULT_TOLERANCE)
+    except Exception:  # the run itself reports a method that does not load
+        return DEFAULT_TOLERANCE
+    return float(tol) if isinstance(tol, (int, float)) and 0 < tol < 1 else DEFAULT_TOLERANCE
 
 
-def _max_moe_diff(a: RunResult, b: RunResult) -> tuple[float, float] | None:
-    """(worst |MoE output difference|, its bound: MOE_ULPS bf16 ULPs of that layer's largest output)."""
+def _max_moe_diff(a: RunResult, b: RunResult, stated: float) -> tuple[float, float] | None:
+    """(worst |MoE output difference|, its bound: ``stated`` (the two methods' stated errors added up)
+    times that layer's largest output), the layer closest to its bound."""
     try:
         out_a, out_b = a.load_moe_outputs(), b.load_moe_outputs()
     except (ValueError, OSError):
@@ -92,7 +104,7 @@ def _max_moe_diff(a: RunResult, b: RunResult) -> tuple[float, float] | None:
     worst: tuple[float, float] | None = None
     for k in (k for k in out_a if k != "input" and k in out_b):
         diff = float((out_a[k].float() - out_b[k].float()).abs().max())
-        bound = MOE_ULPS * bf16_ulp(float(out_a[k].float().abs().max()))
+        bound = stated * max(float(out_a[k].float().abs().max()), float(out_b[k].float().abs().max()))
         if worst is None or diff / bound > worst[0] / worst[1]:
             worst = (diff, bound)
     return worst
@@ -112,7 +124,7 @@ def verdict(own: RunResult, routed: RunResult, lp: float | None, moe: tuple[floa
     checks.append((moe is not None and moe[0] <= moe[1],
                    "max MoE output diff n/a" if moe is None else
                    f"max MoE output diff {moe[0]:.4f} ≤ {moe[1]:.4f} "
-                   f"({MOE_ULPS} bf16 ULPs of the layer's largest output)"))
+                   "(the two methods' stated errors of the layer's largest output)"))
     ok = all(passed for passed, _ in checks)
     shown = [text if passed else f"{text} FAILED" for passed, text in checks]
     return ok, f"{'PASS' if ok else 'FAIL'}: {', '.join(shown)}"
@@ -221,7 +233,9 @@ def run_demo(keep: str | None = None, as_json: bool = False) -> int:
         own, routed = (f.result() for f in futures)
     for line in _describe(first[0], own) + _describe(second[0], routed):
         say(line)
-    lp, moe = _max_logprob_diff(own, routed), _max_moe_diff(own, routed)
+    compared = "vllm" if not mxfp4_own else demo.resolve(key).method  # the second run's method
+    stated = stated_error(default, installed.method) + stated_error(demo if mxfp4_own else default, compared)
+    lp, moe = _max_logprob_diff(own, routed), _max_moe_diff(own, routed, stated)
     say(f"\nmax |logprob difference| (same token, same step): {lp if lp is None else f'{lp:.4f}'}")
     say(f"max |MoE output difference| on a fixed {PROBE_TOKENS}-token input: "
         f"{'n/a' if moe is None else f'{moe[0]:.4f}'}")
