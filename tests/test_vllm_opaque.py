@@ -180,3 +180,19 @@ def test_the_opaque_calls_key_vllms_compile_cache() -> None:
         hashes.append(config.compute_hash())
         assert hashes[-1] != before
     assert len(set(hashes)) == 3
+
+
+def test_on_the_cpu_vllm_traces_into_the_moe_runner_so_quantreg_needs_its_own_op() -> None:
+    """Why quantreg registers ops at all: on CUDA and TPU vLLM 0.32 runs every MoE layer behind its own
+    ``torch.ops.vllm.moe_forward`` (opaque to the compiler, method included); on the CPU its runner
+    calls the Python function directly, so Dynamo traces into the quant method. Read from a real layer
+    built by vLLM's factory (the kit's harness), on this CPU platform."""
+    from vllm.model_executor.layers.fused_moe.runner import moe_runner
+
+    from quantreg.testing.harness import VllmMoeHarness
+
+    with VllmMoeHarness() as harness:
+        layer = harness.build_routed(quant_config=None)  # an unquantized layer: vLLM's own method on any CPU
+    entry = layer.runner._forward_entry
+    assert entry is moe_runner._moe_forward, entry
+    assert entry is not torch.ops.vllm.moe_forward
