@@ -43,6 +43,10 @@ SDIST=$(ls "$ENV_DIR"/sdist/llama_cpp_python-"$LLAMA_VERSION".tar.gz)
 tar -xzf "$SDIST" -C "$ENV_DIR/src"
 # The converter's imports (torch from the same pinned CPU build quantreg's .venv uses).
 $PIP install -q "gguf==$GGUF_VERSION" numpy safetensors sentencepiece protobuf "transformers<5.18" "torch==2.13.0"
+# llama-cpp-python's own runtime dependencies (its pyproject's list): the engine is installed with
+# --no-deps below (so pip never swaps torch or numpy), so they are named here; without them
+# `import llama_cpp` fails after the whole build ("No module named 'diskcache'", measured).
+$PIP install -q "typing-extensions>=4.5.0" "numpy>=1.20.0" "diskcache>=5.6.1" "jinja2>=2.11.3"
 # The engine itself, native ISA (AVX-512 where the host has it).
 CMAKE_ARGS="$CMAKE_ARGS_WANTED" $PIP install -q --no-build-isolation --force-reinstall --no-deps "$SDIST"
 "$ENV_DIR/bin/python" -c "import llama_cpp, gguf; print('llama_setup: llama_cpp', llama_cpp.__version__, 'gguf ok'); print(llama_cpp.llama_print_system_info().decode())"
