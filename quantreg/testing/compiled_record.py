@@ -23,11 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..files import ReadRefused, read_regular
 from ..methods import Method
 from ..table.cache import directory
 from ..writing import make_directory, replace_file
 
 PASS, FAIL = "PASS", "FAIL"
+MAX_SOURCE = 4 << 20  # a method module larger than this is not hashed (no record: "not checked")
+MAX_RECORD = 64 << 10
 
 
 def build_id(method: Method) -> str | None:
@@ -37,8 +40,8 @@ def build_id(method: Method) -> str | None:
     try:
         spec = importlib.util.find_spec(module)
         origin = spec.origin if spec is not None else None
-        source = Path(origin).read_bytes() if origin and origin.endswith(".py") else b""
-    except (ImportError, ValueError, OSError):
+        source = read_regular(origin, MAX_SOURCE, noun="a method module") if origin and origin.endswith(".py") else b""
+    except (ImportError, ValueError, OSError, ReadRefused):
         return None
     try:
         version = importlib.metadata.version(method.plugin) if method.plugin else ""
@@ -72,8 +75,8 @@ def recorded(method: Method) -> dict[str, Any]:
     if path is None:
         return unchecked
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path, MAX_RECORD, noun="a compiled-check record"))
+    except (ReadRefused, ValueError):
         return unchecked
     if not isinstance(data, dict) or data.get("build") != build_id(method) or data.get("status") not in (PASS, FAIL):
         return unchecked
