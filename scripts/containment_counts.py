@@ -54,13 +54,20 @@ CLASSES: dict[str, tuple[str, list[str]]] = {
            ["tests/test_validate_limits.py::test_verify", "tests/test_validate_limits.py::test_validate"]),
     # issue 34 (reliability round 4)
     "12": ("one writer: a non-regular target refused before any work, atomic, nothing left on failure",
-           ["tests/test_writing.py", "tests/test_tiny_command.py", "tests/test_new_plugin.py::test_a_non_empty"]),
+           ["tests/test_writing.py", "tests/test_tiny_command.py", "tests/test_newplugin.py::test_a_non_empty"]),
     "13": ("every CLI path ends in a located line (the envelope under --json), exit 1/2: the printer, the last "
            "boundary, directory creation, tune's float64 reference inputs",
            ["tests/test_cli_paths.py", "tests/test_tune_inputs.py"]),
     "14": ("one escaping function for outside strings on terminals and in logs", ["tests/test_escaping.py"]),
     "15": ("messages say the value and what was expected", ["tests/test_messages.py",
                                                             "tests/test_tune_inputs.py::test_shape_problem"]),
+    # issue 46 (reliability round 5)
+    "18": ("a method's host declaration is where its kit passes: passed over with the reason elsewhere",
+           ["tests/test_host_chains.py::test_a_requirement_with_alternatives",
+            "tests/test_vllm_dense_seam.py::test_int8_for_lm_head",
+            "tests/test_tune_dense.py::test_allow_lossy_chains",
+            "plugins/cpu_int8_dense/tests/test_check_method.py",
+            "plugins/cpu_int8_dense/tests/test_readme.py::test_readme_explain"]),
 }
 
 

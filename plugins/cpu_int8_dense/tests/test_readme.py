@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from quantreg.host import host_facts, simulate
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 BIN = Path(sys.executable).parent
 
@@ -25,8 +27,15 @@ def test_readme_explain_command_and_the_opt_in() -> None:
     assert len(explain) == 1 and "QUANTREG_CONFIG=$(python -m quantreg_cpu_int8_dense)" in explain[0]
     done = _shell(explain[0])
     assert done.returncode == 0, done.stderr
+    facts = host_facts()
+    vnni = facts.has("avx512_vnni") or facts.has("avx_vnni")
     assert done.stdout.splitlines()[:2] == ["key      (gpt_oss_mxfp4, gpt_oss, cpu, lm_head)",
-                                            "method   cpu_int8_dense"]
+                                            f"method   {'cpu_int8_dense' if vnni else 'vllm'}"]
+    # without VNNI (real, or simulated) the method is passed over and explain says why (issue 46, class 3)
+    avx2 = _shell(explain[0], **simulate("avx2"))
+    assert avx2.returncode == 0 and "method   vllm" in avx2.stdout.splitlines()[1], avx2.stdout + avx2.stderr
+    assert "  no  cpu_int8_dense: passed over: needs cpu flag avx512_vnni or avx_vnni, this host has an avx2 " \
+           "CPU (flags: avx2, fma); flags simulated by QUANTREG_HOST_CPU_FLAGS" in avx2.stdout.splitlines(), avx2.stdout
     plain = _shell(explain[0].split(") ", 1)[1])  # the same command without the table: vLLM's own method
     assert plain.returncode == 0, plain.stderr
     assert "method   vllm" in plain.stdout.splitlines()[1]

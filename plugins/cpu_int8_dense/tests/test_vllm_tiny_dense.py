@@ -14,6 +14,10 @@ prefix every chosen token's logprob is within
 layer's output by at most ~1.2e-2 of its largest value (bench/results/dense_int8.json; ``verify:``
 checks the lm_head below 0.02 in this very run), and the tiny model's logits reach ~35, so a
 logprob (logit minus logsumexp, both moved) moves by up to 2 x 0.02 x 35 = 1.4.
+
+On a host without VNNI the method is declared unable to run (oneDNN's int8 GEMM saturates there,
+issue 46 class 3): the same runs then show it passed over with the reason, and vLLM's own bf16
+layers give the base run's tokens exactly.
 """
 
 from __future__ import annotations
@@ -28,9 +32,17 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 LOGPROB_BOUND = 1.5
+PASSED_OVER = "chain: cpu_int8_dense: passed over: needs cpu flag avx512_vnni or avx_vnni, this host has "
 TIE_BOUND = 0.25
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 3, 8, 21, 34, 55, 4], [100, 200, 300, 400], [7, 7, 7, 7, 7, 7, 7, 7]]
 TOKENS = 8
+
+
+def vnni_here() -> bool:
+    from quantreg.host import host_facts
+
+    facts = host_facts()
+    return facts.has("avx512_vnni") or facts.has("avx_vnni")
 
 
 def _table(tmp: Path) -> Path:
@@ -80,6 +92,13 @@ def _agree(base: Any, other: Any) -> list[int]:
 
 def test_int8_dense_rules_keep_greedy_tokens_within_the_stated_bound(runs: dict[str, Any]) -> None:
     dense = runs["dense"]
+    if not vnni_here():
+        for kind in ("lm_head", "attention"):
+            assert re.search(rf"quantreg: \(gpt_oss_mxfp4, gpt_oss, cpu, {kind}\) -> vllm \[.*{re.escape(PASSED_OVER)}",
+                             dense.log), kind
+        assert "-> cpu_int8_dense" not in dense.log
+        assert dense.token_ids == runs["base"].token_ids  # vLLM's own layers: the same model
+        return
     for kind in ("lm_head", "attention"):
         assert re.search(rf"quantreg: \(gpt_oss_mxfp4, gpt_oss, cpu, {kind}\) -> cpu_int8_dense \[", dense.log), kind
     assert re.search(r"quantreg: \(gpt_oss_mxfp4, gpt_oss, cpu, dense\) -> vllm \[no rule\]", dense.log)
@@ -89,6 +108,8 @@ def test_int8_dense_rules_keep_greedy_tokens_within_the_stated_bound(runs: dict[
 
 
 def test_verify_watches_the_int8_lm_head_against_float64(runs: dict[str, Any]) -> None:
+    if not vnni_here():
+        pytest.skip("no VNNI here: cpu_int8_dense is passed over, nothing int8 to verify (see the test above)")
     lines = [line for line in runs["dense"].log.splitlines() if "quantreg verify: lm_head" in line]
     errors = [float(m.group(1)) for line in lines for m in [re.search(r"= ([0-9.e-]+) within tolerance", line)] if m]
     assert any(": load:" in line for line in lines) and len(errors) >= 4, lines
@@ -97,6 +118,10 @@ def test_verify_watches_the_int8_lm_head_against_float64(runs: dict[str, Any]) -
 
 def test_tp2_with_the_dense_rules(runs: dict[str, Any]) -> None:
     tp2 = runs["tp2"]
+    if not vnni_here():
+        assert "-> cpu_int8_dense" not in tp2.log and PASSED_OVER in tp2.log
+        _agree(runs["base"], tp2)
+        return
     workers = set(re.findall(r"\((Worker_TP\d)[^)]*\).*quantreg: \(gpt_oss_mxfp4, gpt_oss, cpu, lm_head\) -> "
                              r"cpu_int8_dense", tp2.log))
     assert workers == {"Worker_TP0", "Worker_TP1"}, workers
