@@ -14,7 +14,7 @@ step at their magnitude is 0.0625-0.125, so ties within one to four steps are co
 runs part only at gaps of 0 and 0.0625); after that the sequences legitimately part. On the common
 prefix every chosen token's logprob is within
 ``LOGPROB_BOUND`` = 1.5 nats: int8 per-channel weights with per-token int8 activations change a
-layer's output by at most ~1.2e-2 of its largest value (plugins/cpu_int8_dense/tests/test_kernel.py,
+layer's output by at most ~1.2e-2 of its largest value (plugins/cpu_int8_dense/tests/test_int8_kernel.py,
 bench/results/dense_int8.json; ``verify:`` checks the lm_head below 0.02 in this very run), and the
 tiny model's logits reach ~35, so a logprob (logit minus logsumexp, both moved) moves by up to
 2 x 0.02 x 35 = 1.4.
