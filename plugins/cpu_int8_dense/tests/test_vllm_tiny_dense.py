@@ -114,6 +114,9 @@ def test_the_kernel_rules_keep_greedy_tokens_within_the_stated_bound(runs: dict[
     """Eager (MXFP4 model) and vLLM's default compiled mode (its bf16 twin): the kernel decided for
     attention and lm_head, tokens within the bound of the run without int8 layers."""
     run = runs[mode]
+    # vLLM-CPU logs this only when its compilation mode is not NONE (cpu_model_runner.warming_up_model)
+    compiling = "Warming up model for the compilation" in run.log
+    assert compiling == (mode == "compiled") and "Warming up model for the compilation" not in runs[base].log
     for kind in ("lm_head", "attention"):
         decided = rf"quantreg: \(\w+, gpt_oss, cpu, {kind}\) -> cpu_int8_dense_kernel \["
         assert re.search(decided, run.log), kind
