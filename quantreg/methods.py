@@ -85,7 +85,9 @@ class Method:
     ``expert_layout`` says how the method holds the expert weights, for ``quantreg plan``'s
     memory estimate: one of :data:`EXPERT_LAYOUTS` (``None``: not declared, bytes unknown).
     ``host`` lists what the method needs of the host, as ``"cpu:FLAG"`` entries (a
-    ``/proc/cpuinfo`` flag such as ``"cpu:avx2"``, ``"cpu:fma"``, ``"cpu:amx_tile"``): decided from
+    ``/proc/cpuinfo`` flag such as ``"cpu:avx2"``, ``"cpu:fma"``, ``"cpu:amx_tile"``), every entry
+    required; one entry may name alternatives, ``"cpu:avx512_vnni|avx_vnni"`` (either flag meets
+    it: an int8 kernel that needs VNNI in its EVEX or its VEX form). Decided from
     :func:`quantreg.host.host_facts` before the probe runs, so a kernel that needs AVX2 is passed
     over on a CPU without it by a declaration rather than by running plugin code.
     """
@@ -209,11 +211,12 @@ def check_method(method: Any) -> str | None:
 
 # -- what a method needs of the host ----------------------------------------------------------
 HOST_KINDS = ("cpu",)
-_FLAG_MATCH = re.compile(r"[a-z0-9_]+").fullmatch
+_FLAG_MATCH = re.compile(r"[a-z0-9_]+(\|[a-z0-9_]+)*").fullmatch
+"""One flag, or alternatives ``a|b`` (either meets the requirement)."""
 
 
 def host_requirements_problem(value: Any) -> str | None:
-    """``None`` if ``value`` is a tuple/list of ``"cpu:FLAG"`` strings, else what is wrong."""
+    """``None`` if ``value`` is a tuple/list of ``"cpu:FLAG"`` (or ``"cpu:FLAG|FLAG"``) strings, else what is wrong."""
     if isinstance(value, str) or not isinstance(value, (tuple, list)):
         return f"host must be a tuple of requirements such as ('cpu:avx2', 'cpu:fma'), got " \
                f"{type(value).__name__} {_shown(value)}"
@@ -221,17 +224,20 @@ def host_requirements_problem(value: Any) -> str | None:
         kind, sep, flag = item.partition(":") if isinstance(item, str) else ("", "", "")
         if not sep or kind not in HOST_KINDS or not _FLAG_MATCH(flag):
             return (f"host holds {_shown(item)}, which is not a requirement of the form 'cpu:FLAG' "
-                    "(a lower-case /proc/cpuinfo flag such as 'cpu:avx2')")
+                    "(a lower-case /proc/cpuinfo flag such as 'cpu:avx2', or alternatives such as "
+                    "'cpu:avx512_vnni|avx_vnni')")
     return None
 
 
 def host_shortfall(requirements: tuple[str, ...], facts: HostFacts) -> str | None:
-    """Why ``facts`` do not meet ``requirements`` (``"cpu:FLAG"`` entries), or ``None`` if they do."""
-    flags = [r.partition(":")[2] for r in requirements if r.startswith("cpu:")]
-    missing = [f for f in flags if f not in facts.cpu_flags]
-    if not missing:
+    """Why ``facts`` do not meet ``requirements`` (``"cpu:FLAG"`` entries, ``"cpu:A|B"`` met by
+    either flag), or ``None`` if they do. An unmet alternative reads ``A or B``."""
+    wanted = [r.partition(":")[2].split("|") for r in requirements if r.startswith("cpu:")]
+    unmet = [alts for alts in wanted if not any(f in facts.cpu_flags for f in alts)]
+    if not unmet:
         return None
-    if not facts.is_x86 and any(f.startswith(("avx", "amx", "fma")) for f in missing):
+    missing = [" or ".join(alts) for alts in unmet]
+    if not facts.is_x86 and any(f.startswith(("avx", "amx", "fma")) for alts in unmet for f in alts):
         have = f"{_article(facts.machine)} {facts.machine} CPU"
     else:
         shown = facts.notable_flags

@@ -67,6 +67,12 @@ CLASSES: dict[str, tuple[str, list[str]]] = {
            ["plugins/cpu_mxfp4/tests/test_cpu_mxfp4_broken_library.py",
             "tests/test_testing_conformance.py::test_broken_method_fails_with_a_message_naming_what_differs[ForwardRaises",
             "tests/test_testing_conformance.py::test_broken_method_fails_with_a_message_naming_what_differs[ProcessRaises-"]),
+    "18": ("a method's host declaration is where its kit passes: passed over with the reason elsewhere",
+           ["tests/test_host_chains.py::test_a_requirement_with_alternatives",
+            "tests/test_vllm_dense_seam.py::test_int8_for_lm_head",
+            "tests/test_tune_dense.py::test_allow_lossy_chains",
+            "plugins/cpu_int8_dense/tests/test_check_method.py",
+            "plugins/cpu_int8_dense/tests/test_readme.py::test_readme_explain"]),
 }
 
 

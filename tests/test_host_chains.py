@@ -134,12 +134,33 @@ def test_host_shortfall_messages() -> None:
     assert host_shortfall(("cpu:avx2",), arm) == "needs cpu flag avx2, this host has an aarch64 CPU"
 
 
+@pytest.mark.parametrize(("flags", "shortfall"), [
+    ({"avx2", "fma"}, "needs cpu flag avx512_vnni or avx_vnni, this host has an avx2 CPU (flags: avx2, fma)"),
+    ({"avx2", "fma", "avx_vnni"}, None),  # VEX VNNI without AVX-512 (Alder Lake class)
+    ({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}, None),
+    ({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"},  # AVX-512 without VNNI (Skylake-SP)
+     "needs cpu flag avx512_vnni or avx_vnni, this host has an avx512 CPU (flags: avx2, avx512bw, avx512f, "
+     "avx512vl, fma)"),
+])
+def test_a_requirement_with_alternatives_is_met_by_either_flag(flags: set[str], shortfall: str | None) -> None:
+    """``cpu:A|B``: an int8 kernel needing VNNI in either its EVEX or its VEX form (issue 46, class 3)."""
+    facts = HostFacts(machine="x86_64", cpu_flags=frozenset(flags))
+    assert host_shortfall(("cpu:avx512_vnni|avx_vnni",), facts) == shortfall
+    both = host_shortfall(("cpu:avx2", "cpu:avx512_vnni|avx_vnni", "cpu:amx_tile"), facts)
+    assert both is not None and both.startswith("needs cpu flag amx_tile," if shortfall is None else
+                                                "needs cpu flags avx512_vnni or avx_vnni, amx_tile,")
+    assert check_method(Method(name="m", target="a.b:C", host=("cpu:avx512_vnni|avx_vnni",))) is None
+
+
 @pytest.mark.parametrize(("host", "expected"), [
     ("cpu:avx2", "host must be a tuple of requirements such as ('cpu:avx2', 'cpu:fma'), got str"),
     (("avx2",), "host holds 'avx2', which is not a requirement of the form 'cpu:FLAG'"),
     (("gpu:avx2",), "host holds 'gpu:avx2'"),
     (("cpu:AVX2",), "host holds 'cpu:AVX2'"),
     ((3,), "host holds 3"),
+    (("cpu:avx512_vnni|",), "host holds 'cpu:avx512_vnni|'"),
+    (("cpu:|avx_vnni",), "host holds 'cpu:|avx_vnni'"),
+    (("cpu:avx2 | fma",), "host holds 'cpu:avx2 | fma'"),
 ])
 def test_registration_type_checks_host(host: object, expected: str) -> None:
     problem = check_method(Method(name="m", target="a.b:C", host=host))  # type: ignore[arg-type]

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from core_support import DENSE_CHILD_HEAD, child_env
 
+from quantreg.host import host_facts, simulate
+
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("clean_env")]
 
 TABLE = """version: 1
@@ -103,11 +105,12 @@ print(json.dumps(out))
 """
 
 
-def run(tmp_path: Path, attention: str = "vllm", dense: str = "vllm", strict: bool = False) -> dict[str, object]:
+def run(tmp_path: Path, attention: str = "vllm", dense: str = "vllm", strict: bool = False,
+        **extra: str) -> dict[str, object]:
     (tmp_path / "brokendense.py").write_text(textwrap.dedent(BROKEN))
     table = tmp_path / "dense.yaml"
     table.write_text(("strict: true\n" if strict else "") + TABLE.format(attention=attention, dense=dense))
-    env = child_env(None, "cpu_int8_dense")
+    env = child_env(None, "cpu_int8_dense", **extra)
     env["PYTHONPATH"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-c", CHILD, str(table)], capture_output=True, text=True, env=env,
                           timeout=600, cwd=tmp_path)
@@ -116,18 +119,45 @@ def run(tmp_path: Path, attention: str = "vllm", dense: str = "vllm", strict: bo
     return result
 
 
+def vnni_here() -> bool:
+    """This CPU's real flags (the child gets no simulation unless a test passes one) include VNNI."""
+    facts = host_facts()
+    return facts.has("avx512_vnni") or facts.has("avx_vnni")
+
+
+@pytest.mark.parametrize("kind", ["here", "avx2"])
 def test_int8_for_lm_head_and_attention_a_broken_method_leaves_vllms_and_coverage_names_the_early_layer(
-        tmp_path: Path) -> None:
-    out = run(tmp_path, attention="cpu_int8_dense", dense="broken_dense")
+        tmp_path: Path, kind: str) -> None:
+    """What holds depends on the host kind (issue 46, class 3): ``cpu_int8_dense`` declares VNNI
+    (``cpu:avx512_vnni|avx_vnni``). With it (AVX-512, AMX hosts) the int8 method is built for the
+    lm_head and attention; without it (AVX2-only hosts, here also simulated by
+    ``QUANTREG_HOST_CPU_FLAGS``) it is passed over with the reason in one WARNING per key and vLLM's
+    own method stays."""
+    extra = simulate("avx2") if kind == "avx2" else {}
+    out = run(tmp_path, attention="cpu_int8_dense", dense="broken_dense", **extra)
     methods = out["methods"]
-    assert methods == {"head": "CpuInt8DenseMethod", "qkv": "CpuInt8DenseMethod",
-                       "router": "UnquantizedLinearMethod", "early": "UnquantizedLinearMethod"}, methods
-    assert out["head_weight"] is None  # only the int8 copy stays resident
-    assert 0 < float(out["head_error"]) <= 0.02  # type: ignore[arg-type]
-    assert out["router_ok"]
     lines = [m for _, m in out["log"]]  # type: ignore[attr-defined]
-    assert any("(unquantized, unknown, cpu, lm_head) -> cpu_int8_dense" in m for m in lines), lines
-    assert any("(unquantized, unknown, cpu, attention) -> cpu_int8_dense" in m for m in lines), lines
+    if kind == "here" and vnni_here():
+        assert methods == {"head": "CpuInt8DenseMethod", "qkv": "CpuInt8DenseMethod",
+                           "router": "UnquantizedLinearMethod", "early": "UnquantizedLinearMethod"}, methods
+        assert out["head_weight"] is None  # only the int8 copy stays resident
+        assert 0 < float(out["head_error"]) <= 0.02  # type: ignore[arg-type]
+        assert any("(unquantized, unknown, cpu, lm_head) -> cpu_int8_dense" in m for m in lines), lines
+        assert any("(unquantized, unknown, cpu, attention) -> cpu_int8_dense" in m for m in lines), lines
+    else:
+        assert methods == {"head": "UnquantizedEmbeddingMethod", "qkv": "UnquantizedLinearMethod",
+                           "router": "UnquantizedLinearMethod", "early": "UnquantizedLinearMethod"}, methods
+        assert out["head_weight"] == [512, 64]  # vLLM's bf16 weight, untouched
+        for key in ("lm_head", "attention"):
+            (passed,) = [(lvl, m) for lvl, m in out["log"] if f"cpu, {key}) -> vllm" in m]  # type: ignore[attr-defined]
+            assert passed[0] == "WARNING", passed
+            assert "chain: cpu_int8_dense: passed over: needs cpu flag avx512_vnni or avx_vnni, this host has " \
+                in passed[1], passed
+            if extra:
+                assert passed[1].endswith("an avx2 CPU (flags: avx2, fma); flags simulated by "
+                                          "QUANTREG_HOST_CPU_FLAGS"), passed
+        assert not any("-> cpu_int8_dense" in m for m in lines), lines
+    assert out["router_ok"]
     broken = [(lvl, m) for lvl, m in out["log"] if "broken_dense" in m and "could not be built" in m]  # type: ignore[attr-defined]
     assert len(broken) == 1 and broken[0][0] == "WARNING" and "using vLLM's own method" in broken[0][1]
     early = [m for lvl, m in out["log"] if "early" in m and "without passing quantreg's dense seam" in m]  # type: ignore[attr-defined]

@@ -20,6 +20,8 @@ NAME_PATTERN = NAME_RE + r"(?!\n)"
 # ``\w`` is Unicode in Python's re (jsonschema, check-jsonschema), as in the loader; an ECMA-262
 # validator without the ``u`` flag reads it as ASCII and is then stricter than the loader.
 MATCH_VALUE_PATTERN = MATCH_VALUE_RE + r"(?!\n)"
+# ``host``: ``cpu:FLAG``, or ``cpu:A|B`` met by either flag (quantreg.methods.host_requirements_problem)
+HOST_RE = r"^cpu:[a-z0-9_]+(\|[a-z0-9_]+)*$(?!\n)"
 # ``tokens``: what :meth:`quantreg.keys.TokenRange.parse` accepts (N >= 1; "<N" needs N >= 2)
 TOKENS_PATTERN = r"^\s*(?:(?:<=|>=|>)\s*0*[1-9][0-9]*|<\s*0*(?:[2-9]|[1-9][0-9]+))\s*$(?!\n)"
 
@@ -151,9 +153,10 @@ def table_schema() -> dict[str, Any]:
                     "target": {"type": "string", "pattern": "^" + TARGET_RE + "$(?!\\n)"},
                     "devices": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "requires": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-                    "host": {"anyOf": [{"type": "string", "pattern": "^cpu:[a-z0-9_]+$"},
-                                       {"type": "array", "items": {"type": "string", "pattern": "^cpu:[a-z0-9_]+$"}}],
-                             "description": "what the method needs of the host, e.g. [cpu:avx2, cpu:fma]"},
+                    "host": {"anyOf": [{"type": "string", "pattern": HOST_RE},
+                                       {"type": "array", "items": {"type": "string", "pattern": HOST_RE}}],
+                             "description": "what the method needs of the host, e.g. [cpu:avx2, cpu:fma]; "
+                                            "cpu:A|B is met by either flag"},
                     "options": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
                     "description": {"type": "string"},
                     "layers": {"anyOf": [{"enum": list(LAYER_KINDS)},

@@ -1,0 +1,39 @@
+"""``quantreg check-method cpu_int8_dense_kernel``: the kit's dense suite (real vLLM layers: attention,
+dense, lm_head at its small shape, 1 / 7 / 64 tokens, against float64 with the kit's 0.02 tolerance)
+passes on both ISA paths -- AVX-512 VNNI where the CPU has it, and AVX2 forced by
+``QUANTREG_CPU_INT8_DENSE_ISA=avx2`` -- and on a host quantreg believes AVX2-only
+(``quantreg.host.simulate("avx2")``: the method declares ``cpu:avx2, cpu:fma`` only, so it stays
+available there, unlike ``cpu_int8_dense``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantreg.host import simulate
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.mark.parametrize("setting", ["default", "avx2-forced", "avx2-host"])
+def test_the_kit_passes_on_each_isa_path(setting: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    if setting != "default":
+        env["QUANTREG_CPU_INT8_DENSE_ISA"] = "avx2"
+    if setting == "avx2-host":
+        env.update(simulate("avx2"))
+    done = subprocess.run([str(Path(sys.executable).parent / "quantreg"), "check-method", "cpu_int8_dense_kernel"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("device cpu: available (kernel built: libquantreg_cpu_int8_dense.so, ISA path "), lines
+    if setting != "default":
+        assert "ISA path avx2 (AVX2 sign trick, forced by QUANTREG_CPU_INT8_DENSE_ISA)" in lines[1], lines[1]
+    for layer in ("attention", "dense", "lm_head"):
+        row = next(line for line in lines if f"forward_{layer}" in line)
+        assert row.split()[0] == "PASS", row
+    assert "cpu_int8_dense_kernel on cpu: conforms -- 5 passed, 0 failed, 0 skipped" in lines
