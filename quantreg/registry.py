@@ -280,7 +280,7 @@ class Registry:
     def stale_evidence(self, rule: Rule, shape: Mapping[str, Any] | None = None) -> list[Any]:
         """The :class:`quantreg.pins.Stale` fields of ``rule``'s ``tuned.pins`` here (none without pins)."""
         pins = rule.tuned.raw.get("pins") if rule.tuned is not None else None
-        if not isinstance(pins, Mapping) or not pins:
+        if pins is None or (isinstance(pins, Mapping) and not pins):
             return []
         from .pins import stale_pins  # only tables written by tune pay for the check
 
