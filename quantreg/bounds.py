@@ -26,7 +26,12 @@ MAX_SIZE = 1 << 20
 """Largest model size field read from config.json or a CLI (hidden, intermediate, experts, vocab,
 heads, head_dim): over 4x GPT-OSS-120B's vocabulary and 300x its hidden size."""
 MAX_LAYERS = 1024
-"""Largest layer count a tool builds or reads (``tiny-model --layers``, ``num_hidden_layers``)."""
+"""Largest layer count or index read from a table (``verify: layers``) or a config.json (``num_hidden_layers``)."""
+MAX_TINY_LAYERS = 256
+"""Largest ``tiny-model --layers``: a checkpoint a tool writes (GPT-OSS-120B has 36 layers; 256 tiny layers are
+~500 MB, built in memory; at 20B width each layer is ~0.55 GB on disk)."""
+MAX_BUDGET_S = 1e6
+"""Largest ``tune --budget`` in seconds (11.6 days); a budget is also recorded as ``tuned.budget_s``."""
 MAX_DIGITS = 12
 """A number written as text with more digits than this is refused before ``int()`` reads it."""
 
