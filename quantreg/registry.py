@@ -162,8 +162,8 @@ class Registry:
                 if a.rank == b.rank:
                     continue  # an exact tie: reported as ambiguous by the table checks
                 win, lose = (a, b) if a.rank > b.rank else (b, a)
-                lines.append(f"rule {win.location} [{win.layer}] ({', '.join(win.methods)}) takes keys matching "
-                             f"{win.match} from rule {lose.location} [{lose.layer}] ({', '.join(lose.methods)}), "
+                lines.append(f"rule {win.location} [{win.tier}] ({', '.join(win.methods)}) takes keys matching "
+                             f"{win.match} from rule {lose.location} [{lose.tier}] ({', '.join(lose.methods)}), "
                              f"which loses: {why_lost(lose, win)}")
         return lines
 
