@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .host import host_facts
 from .installed import dist_version, installed_vllm_version
+from .table.tuned import SHAPE_KEYS
 
 if TYPE_CHECKING:
     from .methods import Method
@@ -78,7 +79,7 @@ BANDWIDTH_SCANS = 15
 BANDWIDTH_BYTES = 64 << 20
 """Read per bandwidth sample: beyond any last-level cache of a host this runs on (so memory is measured)."""
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib")
-SHAPE_FIELDS = ("experts", "hidden", "intermediate", "top_k", "heads", "kv_heads", "head_dim", "vocab")
+SHAPE_FIELDS = SHAPE_KEYS  # the table reader's list (quantreg.table.tuned): one list of shape fields
 DENSE_SHAPE_FIELDS: Mapping[str, tuple[str, ...]] = {
     "attention": ("hidden", "heads", "kv_heads", "head_dim"),
     "dense": ("hidden", "experts"),

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from . import jsonread
 from .bounds import MAX_SIZE, shown
 from .files import ReadRefused, inside, read_regular
-from .keys import EXPERTS, LAYER_KINDS, Key
+from .keys import EXPERTS, LAYER_KINDS, Key, TokenRange
 from .models.checkpoint import INDEX_NAME, checkpoint_index
 from .models.moe_config import (
     EXPERT_COUNT_KEYS,
@@ -50,6 +50,7 @@ from .problems import printable
 
 if TYPE_CHECKING:
     from .registry import Registry
+    from .table.file import Rule
 
 UNQUANTIZED = "unquantized"
 
@@ -365,12 +366,13 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
                  if winner is not None and f"rule {winner.location} " in c and winner.match.matches(key)]
     shape = {"experts": ck.experts.get("count"), "hidden": ck.experts.get("hidden_size"),
              "intermediate": ck.experts.get("intermediate_size"), "top_k": ck.experts.get("per_token")}
-    side_of = {side.decision.rule: side.tokens for side in reversed(decision.sides)  # a split's second side too
-               if side.decision.rule is not None and side.decision.rule.tuned is not None}
-    tuned = set(side_of)
+    tuned: dict[int, tuple[Rule, TokenRange]] = {}  # by identity (a Rule holds mappings: not hashable)
+    for side in decision.sides:  # every side's rule, a split's second side too; once per rule
+        if side.decision.rule is not None and side.decision.rule.tuned is not None:
+            tuned.setdefault(id(side.decision.rule), (side.decision.rule, side.tokens))
     if all(isinstance(v, int) for v in shape.values()):  # the checkpoint's shape vs tune's
-        for rule in sorted(tuned, key=lambda r: (r.path, r.line)):
-            where = f" (tokens{side_of[rule]})" if decision.split else ""
+        for rule, tokens in tuned.values():
+            where = f" (tokens{tokens})" if decision.split else ""
             warnings += [f"tuned rule is stale{where}: {s.text()}"
                          for s in registry.stale_evidence(rule, shape) if s.field == "shape"]
     expert_bytes = _expert_bytes(registry, ck, key, decision.method, warnings)

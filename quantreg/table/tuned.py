@@ -131,7 +131,8 @@ def _flag_list_problem(value: Any, what: str) -> str | None:
                                        for f in value):
         return None
     if isinstance(value, str):  # read letter by letter it would be [a, v, x, 2]
-        return f"expected a list of {what} such as [avx2, fma], got {shown(value)} (write it as a list: [{value}])"
+        return (f"expected a list of {what} such as [avx2, fma], got {shown(value)} (write it as a list: "
+                f"[{printable(value[:40])}])")
     return f"expected a list of {what} such as [avx2, fma], got {shown(value)}"
 
 
