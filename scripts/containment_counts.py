@@ -54,7 +54,7 @@ CLASSES: dict[str, tuple[str, list[str]]] = {
            ["tests/test_validate_limits.py::test_verify", "tests/test_validate_limits.py::test_validate"]),
     # issue 34 (reliability round 4)
     "12": ("one writer: a non-regular target refused before any work, atomic, nothing left on failure",
-           ["tests/test_writing.py", "tests/test_tiny_command.py", "tests/test_new_plugin.py::test_a_non_empty"]),
+           ["tests/test_writing.py", "tests/test_tiny_command.py", "tests/test_newplugin.py::test_a_non_empty"]),
     "13": ("every CLI path ends in a located line (the envelope under --json), exit 1/2: the printer, the last "
            "boundary, directory creation, tune's float64 reference inputs",
            ["tests/test_cli_paths.py", "tests/test_tune_inputs.py"]),
