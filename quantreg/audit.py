@@ -186,6 +186,12 @@ class Choice:
     layers: int
     strict: bool
     time: str
+    decided: str = ""
+    """Every side's method (``m1 for tokens<=32, m2 for tokens>32``, :func:`quantreg.decision.sides_text`),
+    or ``method`` when the key is not split: what two processes are compared by."""
+
+    def __post_init__(self) -> None:
+        self.decided = self.decided or self.method
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -292,7 +298,7 @@ class Summary:
         for key, choices in self.keys.items():
             out.append(f"  {printable(key)}")
             for c in choices:
-                out.append(f"    {printable(c.method):<18} {printable(c.role)} pid {c.pid}  "
+                out.append(f"    {printable(c.decided):<18} {printable(c.role)} pid {c.pid}  "
                            f"[{printable(c.rule or 'no rule')}]  layers {c.layers}  fingerprint "
                            f"{printable(c.fingerprint)}  {printable(c.time)}{'  strict' if c.strict else ''}")
         out += [v.render() for v in self.verified.values()]
@@ -303,6 +309,21 @@ class Summary:
         if self.ok:
             out.append("all processes agree")
         return "\n".join(out)
+
+
+def _decided(item: Mapping[str, Any]) -> str:
+    """A decision line's value compared between processes: every side of its ``split`` (as
+    :func:`line_for` writes it), else its ``method``. A ``split`` not in that form is a bad line."""
+    split = item.get("split")
+    if split is None:
+        return str(item["method"])
+    if not isinstance(split, list) or not split or not all(
+            isinstance(s, dict) and isinstance(s.get("method"), str) and isinstance(s.get("tokens"), str)
+            for s in split):
+        raise ValueError("split: expected a list of {tokens, method} as quantreg writes it")
+    from .decision import sides_text
+
+    return sides_text([(s["method"], s["tokens"]) for s in split])
 
 
 def _key_text(raw: Any) -> str:
@@ -350,7 +371,7 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
                 continue
             choice = Choice(int(item["pid"]), str(item.get("role", "?")), str(item["method"]),
                             item.get("rule"), str(item.get("fingerprint", "")), int(item.get("layers", 0)),
-                            bool(item.get("strict", False)), read_time(item.get("time")))
+                            bool(item.get("strict", False)), read_time(item.get("time")), _decided(item))
             key = _key_text(item["key"])
         except (ValueError, KeyError, TypeError) as exc:
             if last and not complete:
@@ -363,10 +384,10 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
     for key, by_pid in per_key.items():
         choices = sorted(by_pid.values(), key=lambda c: c.pid)
         summary.keys[key] = choices
-        methods = sorted({c.method for c in choices})
+        methods = sorted({c.decided for c in choices})  # every side of a split, not only the first
         prints = sorted({c.fingerprint for c in choices})
         if len(methods) > 1:
-            who = "; ".join(f"{m}: " + ", ".join(f"{c.role} pid {c.pid}" for c in choices if c.method == m)
+            who = "; ".join(f"{m}: " + ", ".join(f"{c.role} pid {c.pid}" for c in choices if c.decided == m)
                             for m in methods)
             summary.disagreements.append(f"{key}: processes chose different methods ({who})")
         if len(prints) > 1:

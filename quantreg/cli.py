@@ -26,11 +26,12 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from . import host, installed, settings
+from .bounds import MAX_COUNT, MAX_TINY_LAYERS
 from .decision import Decision
 from .envelope import envelope, left_out, left_out_lines
 from .host import host_facts
 from .keys import EXPERTS, LAYER_KINDS, Key
-from .loading import load_tables
+from .loading import config_paths, load_tables
 from .methods import VLLM_METHOD
 from .problems import printable, problem_json
 from .registry import Registry
@@ -120,7 +121,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     rules = sorted(registry.index.rules, key=lambda r: tuple(-x for x in r.rank))
     lines = ["effective rules, highest precedence first:"]
     for r in rules:
-        lines.append(f"  {r.location}  [{r.layer}, specificity {r.match.specificity}, priority {r.priority}]  "
+        lines.append(f"  {r.location}  [{r.tier}, specificity {r.match.specificity}, priority {r.priority}]  "
                      f"{r.match} -> {' | '.join(r.methods)}" + (f"  options={dict(r.options)}" if r.options else ""))
     return _answer(args, registry, {"rules": [rule_json(r) for r in rules]}, lines)
 
@@ -203,8 +204,10 @@ def _validate(args: argparse.Namespace) -> int:
     faults = [str(p) for p in problems]
     warnings = _match_warnings(registry, tables)
     if not faults:  # which installed plugin rules these tables take keys from (or give them to), once
-        with _plugin_output_to_stderr():
-            together = Registry.build(config=[*args.config, *args.files]) if args.files else registry
+        with _plugin_output_to_stderr():  # the files in the layer they were checked in (user), as a start-up reads them
+            together = Registry.build(config=args.config, env={
+                **os.environ, settings.CONFIG: os.pathsep.join([*config_paths(os.environ), *args.files])}) \
+                if args.files else registry
         names = [str(f) for f in (args.files or [t.path for t in tables])]
         warnings += [c for c in together.collisions() if any(n in c for n in names)]
     for warning in warnings:
@@ -299,7 +302,8 @@ def _doctor(args: argparse.Namespace) -> int:
     lines.append(f"host:      {facts['kind']} CPU, {facts['cores']} cores, flags {flags}"
                  + (f" (simulated by {settings.HOST_CPU_FLAGS})" if facts["simulated"] else ""))
     for entry in passed:
-        lines.append(f"chain:     {entry['key']} -> {entry['method']} [{entry['rule']}]")
+        which = f" for tokens{entry['tokens']}" if "tokens" in entry else ""
+        lines.append(f"chain:     {entry['key']} -> {entry['method']}{which} [{entry['rule']}]")
         lines += [f"  {step['method']}: passed over: {step['reason']}" for step in entry["passed_over"]]
     lines += [f"dense:     {d['key']} -> {d['method']} [{d['rule']}]" for d in dense]
     lines += _compiled_lines(registry, data)
@@ -335,26 +339,35 @@ def _passed_over(registry: Registry) -> list[dict[str, Any]]:
             continue
         for kind in rule.match.layers:  # a dense rule's kinds too (issue 30)
             decision = registry.resolve(Key(named[0], named[1], named[2], kind))
-            if decision.rule is rule and decision.passed_over:
-                out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source,
-                            "passed_over": [{"method": s.method, "reason": s.reason} for s in decision.passed_over]})
+            for side in decision.sides:  # every side of a split, each decided by its own rule
+                one = side.decision
+                if one.rule is rule and one.passed_over:
+                    out.append({"key": str(decision.key), "method": one.method, "rule": one.source,
+                                **({"tokens": str(side.tokens)} if decision.split else {}),
+                                "passed_over": [{"method": s.method, "reason": s.reason} for s in one.passed_over]})
     return out
 
 
 def _dense_decisions(registry: Registry, device: str | None) -> list[dict[str, str]]:
-    """What the dense rules (issue 30) decide on this host: each dense kind a rule names, for its
-    fixed fields (a wildcard quant format or model type shown as ``*``, the device doctor found)."""
+    """What the dense rules (issue 30) decide on this host: each dense kind a rule names, for every value
+    of its match fields (a list-valued field gives one line per value; a wildcard quant format or model
+    type is shown as ``*``, which the rule matches like any value; no device: the device doctor found)."""
+    import itertools
+
     out: list[dict[str, str]] = []
+    seen: set[Key] = set()
     for rule in registry.index.rules:
         if rule.match.layer is None:
             continue
         fields = (rule.match.quant_format, rule.match.model_type, rule.match.device or ((device,) if device else None))
-        key_values = [f[0] if f and len(f) == 1 else "*" for f in fields]
-        for kind in rule.match.layers:
-            if kind == EXPERTS:
-                continue
-            decision = registry.resolve(Key(key_values[0], key_values[1], key_values[2], kind))
-            out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source})
+        for values in itertools.islice(itertools.product(*(f or ("*",) for f in fields)), 64):
+            for kind in rule.match.layers:
+                key = Key(values[0], values[1], values[2], kind)
+                if kind == EXPERTS or key in seen:
+                    continue
+                seen.add(key)
+                decision = registry.resolve(key)
+                out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source})
     return out
 
 
@@ -421,6 +434,38 @@ def cmd_new_plugin(args: argparse.Namespace) -> int:
     from .newplugin import new_plugin_command
 
     return new_plugin_command(args.name, args.directory, as_json=args.json)
+
+
+def _count_arg(low: int, high: int, what: str) -> Callable[[str], int]:
+    """argparse type of a whole-number argument, bounded before any work (:mod:`quantreg.bounds`).
+
+    Why not ``type=int``: ``int()`` of 5,000 digits is Python's ``sys.set_int_max_str_digits`` text, which
+    argparse then quotes with every digit; ``--layers 1000000`` was read fine and allocated until memory ran out.
+    """
+    def parse(text: str) -> int:
+        from .bounds import shown, text_count
+
+        number = text_count(text, low, high)
+        if number is None:
+            raise argparse.ArgumentTypeError(f"expected {what} from {low:,} to {high:,}, got {shown(text)}")
+        return number
+
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+def _seconds_arg(text: str) -> float:
+    """argparse type of ``tune --budget``: a finite number of seconds above 0 and at most a week and a half."""
+    from .bounds import MAX_BUDGET_S, number_problem, shown
+
+    try:
+        value = float(text) if len(text) <= 40 else None
+    except ValueError:
+        value = None
+    if value is None or number_problem(value, 0, MAX_BUDGET_S, low_open=True):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0 to {MAX_BUDGET_S:g}, "
+                                         f"got {shown(text)}")
+    return value
 
 
 def _kit_shape(text: str) -> str:
@@ -526,15 +571,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace the contents of a non-empty DIR")
     p.add_argument("--shape", choices=("tiny", "20b"), default="tiny",
                    help="tiny (a few MB, default) or 20b: GPT-OSS-20B's real sizes, one shard per layer (~13 GB)")
-    p.add_argument("--layers", type=int, metavar="N", help="number of layers (default: the shape's: 2 / 24)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
+    p.add_argument("--layers", type=_count_arg(1, MAX_TINY_LAYERS, "a layer count"), metavar="N",
+                   help=f"number of layers (default: the shape's: 2 / 24; at most {MAX_TINY_LAYERS})")
+    p.add_argument("--seed", type=_count_arg(0, MAX_COUNT, "a seed"), default=0,
+                   help="random seed of the weights (default 0)")
     p = add("tune", cmd_tune, "measure every method that can run here on a checkpoint's layer shapes (MoE, and "
             "dense kinds with --layers) and write a user table ordering the correct ones by speed (never starts a "
             "server)")
     p.add_argument("model_dir", metavar="MODEL_DIR")
     p.add_argument("--device", default="cpu", help="device to measure on (only cpu)")
     p.add_argument("--out", metavar="TABLE", help="where to write the table (default tuned.yaml; '-': stdout)")
-    p.add_argument("--budget", type=float, default=120.0, metavar="SECONDS",
+    p.add_argument("--budget", type=_seconds_arg, default=120.0, metavar="SECONDS",
                    help="wall-clock seconds for the whole run; bounds the timing rounds (default 120)")
     p.add_argument("--synthetic", action="store_true",
                    help="random valid weights of the checkpoint's shapes instead of its first MoE layer's")

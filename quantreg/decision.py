@@ -106,8 +106,26 @@ class Decision:
 
     @property
     def is_split(self) -> bool:
-        """More than one method object per layer: sides differ in method or options."""
-        return len({(s.decision.method, repr(sorted(s.decision.options.items()))) for s in self.split}) > 1
+        """More than one method object per layer: sides differ in method, options or ``verify:``.
+
+        ``verify:`` counts: two sides sharing a method but not a ``verify:`` are two method objects (one
+        verified), so neither side's ``verify:`` is dropped (one object would carry only the first side's).
+        """
+        return len({(s.decision.method, repr(sorted(s.decision.options.items())), repr(s.decision.verify))
+                    for s in self.split}) > 1
+
+    @property
+    def unrunnable(self) -> tuple[TokenSide, ...]:
+        """The sides (every one, not only the first) whose chain has no method that can run here.
+
+        What strict mode refuses: the seam at the first layer, and every tool's start-up verdict
+        (:func:`quantreg.envelope.refusal`), from this one reading of the decision.
+        """
+        return tuple(s for s in self.sides if s.decision.fallback)
+
+    def methods_text(self) -> str:
+        """The method of every side: ``m`` or ``m1 for tokens<=32, m2 for tokens>32`` (explain, plan, the trail)."""
+        return sides_text([(s.decision.method, str(s.tokens)) for s in self.split]) if self.split else self.method
 
     def head(self) -> str:
         """``(fmt, model, device) -> method [file:line]``; a split names each side with its token range."""
@@ -119,7 +137,9 @@ class Decision:
     def summary(self) -> str:
         """The one log line per key: ``(fmt, model, device) -> method [file:line]``."""
         text = self.head()
-        if self.fallback:
+        if self.split:  # every side's fallback, named by its range (the first side's alone hid the others')
+            text += "".join(f" (fallback for tokens{s.tokens}: {s.decision.fallback})" for s in self.unrunnable)
+        elif self.fallback:
             text += f" (fallback: {self.fallback})"
         return text
 
@@ -145,11 +165,10 @@ class Decision:
     def render(self) -> str:
         """Human-readable explanation for ``quantreg explain``; a split explains each side in turn."""
         if self.split:
-            lines = [f"key      {self.key}",
-                     "method   " + ", ".join(f"{s.decision.method} for tokens{s.tokens}" for s in self.split),
+            lines = [f"key      {self.key}", f"method   {self.methods_text()}",
                      "split    per forward, by its token count (the rules' tokens: ranges); "
                      + ("one method object per layer holds every side" if self.is_split
-                        else "every side chose the same method and options: one method, no dispatch")]
+                        else "every side chose the same method, options and verify: one method, no dispatch")]
             if self.is_split:
                 lines.append("memory   every side holds the experts in its own form; a side that cannot share the "
                              "loaded weights (another side repacks them in place) gets a copy: at most one copy of "
@@ -160,7 +179,7 @@ class Decision:
             return "\n".join(lines)
         lines = [f"key      {self.key}", f"method   {self.method}"]
         if self.rule is not None:
-            lines.append(f"rule     {self.rule.location} ({self.rule.layer} layer) match {self.rule.match}")
+            lines.append(f"rule     {self.rule.location} ({self.rule.tier}) match {self.rule.match}")
             if self.rule.note:
                 lines.append(f"note     {self.rule.note}")
         else:
@@ -192,10 +211,19 @@ class Decision:
                 mark = "WON " if c.won else "lost"
                 r = c.rule
                 lines.append(
-                    f"  {mark} {r.location} [{r.layer}, specificity {r.match.specificity}, priority {r.priority}] "
+                    f"  {mark} {r.location} [{r.tier}, specificity {r.match.specificity}, priority {r.priority}] "
                     f"{r.match} -> {', '.join(r.methods)}: {c.reason}"
                 )
         return "\n".join(lines)
+
+
+def sides_text(sides: Sequence[tuple[str, str]]) -> str:
+    """``(method, tokens range)`` of each side as one value: ``m1 for tokens<=32, m2 for tokens>32``.
+
+    The one spelling of a split decision's methods, so a reader comparing two processes (``doctor
+    --decisions``) compares every side, and two readers never spell one decision two ways.
+    """
+    return ", ".join(f"{method} for tokens{tokens}" for method, tokens in sides)
 
 
 def _count_words(tokens: TokenRange) -> str:

@@ -69,8 +69,18 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
 
 
 def left_out(registry: Registry, config: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Table files a start-up would leave out whole, with their layer and how many problems each has."""
+    """Table files a start-up would leave out whole, with their layer and how many problems each has.
+
+    Both files of an ambiguous pair are left out while the problem is reported once, at the later rule:
+    the other file counts the problems that name it (before, ``left_out`` named one of the two files).
+    """
     counts = Counter(p.path for p in registry.problems if p.path != settings.ENVIRONMENT)
+    kept = {t.path for t in registry.tables}
+    for header in registry.headers:  # dropped for another file's problem: the earlier rule of an ambiguous pair
+        if header.path not in kept and header.path not in counts:
+            named = sum(1 for p in registry.problems if f"{header.path}:" in p.message)
+            if named:
+                counts[header.path] = named
     layers = {h.path: str(h.layer) for h in registry.headers}
     layers.setdefault(str(default_table_path()), str(Layer.DEFAULT))
     for path in config_paths(os.environ):
@@ -89,14 +99,18 @@ def left_out_lines(files: Sequence[dict[str, Any]]) -> list[str]:
 def refusal(registry: Registry, decision: Decision | None = None) -> str | None:
     """``vLLM would refuse to start: ...`` when strict mode is in force and something is wrong, else ``None``.
 
-    ``decision``: a chain that fell back (nothing available) counts too, as it does at start-up.
+    ``decision``: a chain that fell back (nothing available) counts too, as it does at start-up, on every
+    side of a split (the seam refuses a split whose second side has no runnable method).
     """
     mode = registry.mode()
     if not mode.strict:
         return None
     faults = [str(f) for f in registry.faults]
-    if decision is not None and decision.fallback:
-        faults.append(f"{decision.summary()} (at the first layer with this key)")
+    if decision is not None:  # every side of a split, as the seam refuses it (Decision.unrunnable)
+        for side in decision.unrunnable:
+            which = f" for tokens{side.tokens}" if decision.split else ""
+            faults.append(f"{decision.key} -> {side.decision.method}{which} [{side.decision.source}] (fallback: "
+                          f"{side.decision.fallback}) (at the first layer with this key)")
     if not faults:
         return None
     more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""

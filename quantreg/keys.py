@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import NamedTuple
 
+from .bounds import MAX_COUNT, MAX_DIGITS
+
 FIELDS: tuple[str, str, str] = ("quant_format", "model_type", "device")
 WILDCARD = "*"
 LAYER = "layer"
@@ -51,9 +53,15 @@ class TokenRange:
         found = _TOKENS_RE.fullmatch(text)
         if found is None:
             raise ValueError(f"expected one of {', '.join(TOKENS_FORMS)} with N a positive integer")
-        op, n = found.group(1), int(found.group(2))
+        op, digits = found.group(1), found.group(2)
+        if len(digits.lstrip("0")) > MAX_DIGITS:  # never int() of 5,000 digits (Python's own limit message)
+            raise ValueError(f"N must be at most {MAX_COUNT:,} (a forward's token count), got a number of "
+                             f"{len(digits.lstrip('0')):,} digits")
+        n = int(digits)
         if n < 1:
             raise ValueError(f"N must be a positive integer (a forward has at least 1 token), got {n}")
+        if n > MAX_COUNT:
+            raise ValueError(f"N must be at most {MAX_COUNT:,} (a forward's token count), got {n:,}")
         if op == "<" and n == 1:
             raise ValueError('"<1" matches no forward (a forward has at least 1 token); write "<=N" or ">N"')
         return {"<=": cls(1, n), "<": cls(1, n - 1), ">": cls(n + 1, None), ">=": cls(n, None)}[op]

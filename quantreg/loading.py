@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import builtin, settings
 from .hookcall import remade
 from .index import Index, ambiguity_problems
+from .keys import EXPERTS
 from .methods import Method, check_method, keeps_vllm
 from .mode import strict_problem
 from .plugins import PluginFailure, Plugins
@@ -249,6 +250,12 @@ def verify_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
         if rule.methods and all(keeps_vllm(m) for m in rule.methods):
             problems.append(Problem(*where, "can never run: the rule's method is 'vllm' (vLLM's own method is not "
                                             "wrapped); put verify: on a rule choosing a quantreg method"))
+        if spec.against != FLOAT64 and EXPERTS not in rule.match.layers:  # the dense seam's verify (dense_verify.py)
+            problems.append(Problem(
+                where[0], where[1], f"rules[{i}].verify.against",
+                f"can never run: the rule decides {', '.join(rule.match.layers)} layers, which verify against "
+                f"'{FLOAT64}' only, not a second method '{spec.against}'; write against: {FLOAT64}"))
+            continue
         if spec.against == FLOAT64:
             continue
         against = methods.get(spec.against)

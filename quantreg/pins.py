@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .host import host_facts
 from .installed import dist_version, installed_vllm_version
+from .table.tuned import SHAPE_KEYS
 
 if TYPE_CHECKING:
     from .methods import Method
@@ -78,7 +79,7 @@ BANDWIDTH_SCANS = 15
 BANDWIDTH_BYTES = 64 << 20
 """Read per bandwidth sample: beyond any last-level cache of a host this runs on (so memory is measured)."""
 COMPILED_SUFFIXES = (".so", ".pyd", ".dylib")
-SHAPE_FIELDS = ("experts", "hidden", "intermediate", "top_k", "heads", "kv_heads", "head_dim", "vocab")
+SHAPE_FIELDS = SHAPE_KEYS  # the table reader's list (quantreg.table.tuned): one list of shape fields
 DENSE_SHAPE_FIELDS: Mapping[str, tuple[str, ...]] = {
     "attention": ("hidden", "heads", "kv_heads", "head_dim"),
     "dense": ("hidden", "experts"),
@@ -245,40 +246,66 @@ def running_pins(registry: Registry, methods: Iterable[str], shape: Mapping[str,
     return pins
 
 
-def stale_pins(recorded: Mapping[str, Any], registry: Registry,
-               shape: Mapping[str, Any] | None = None) -> list[Stale]:
+def stale_pins(recorded: Any, registry: Registry, shape: Mapping[str, Any] | None = None) -> list[Stale]:
     """Every field of ``recorded`` (a rule's ``tuned.pins``) that differs in this process.
 
     ``shape`` is the layer being decided (start-up, ``plan``); without one the shape is not
     checked (``explain`` and ``doctor`` name no checkpoint).
+
+    Total: a field the table reader would refuse (:func:`quantreg.table.tuned.pin_problems`, the one
+    check) is a :class:`Stale` saying it cannot be read, and so is a comparison that fails for any
+    other reason: unexpected evidence is a finding (lenient: a WARNING; strict: no start), never
+    an exception in a tool or at vLLM start-up.
     """
-    methods = list((recorded.get("kernels") or {}).keys()) if isinstance(recorded.get("kernels"), Mapping) else []
-    checked = [f for f in recorded if f != "shape" or shape is not None]
-    running = running_pins(registry, methods, shape, fields=checked)
-    found: list[Stale] = []
+    from .table.tuned import pin_problems
+
+    if not isinstance(recorded, Mapping):
+        return [Stale("pins", _unreadable(pin_problems(recorded)[0][1]), "not compared")]
+    invalid = dict(pin_problems(dict(recorded)))
+    found = [Stale(str(name), _unreadable(message), "not compared") for name, message in invalid.items()]
+    kernels = recorded.get("kernels") if "kernels" not in invalid else None
+    methods = [str(m) for m in kernels] if isinstance(kernels, Mapping) else []
+    checked = [f for f in recorded if f not in invalid and (f != "shape" or shape is not None)]
+    try:
+        running = running_pins(registry, methods, shape, fields=checked)
+    except Exception as exc:  # this process's own facts could not be read: nothing compared, said
+        return [*found, *(Stale(name, "recorded", f"unknown here ({type(exc).__name__})") for name in checked)]
     for name in checked:
-        want, have = recorded[name], running.get(name)
-        if name == "bandwidth_gbs":
-            if isinstance(want, (int, float)) and want > 0 and isinstance(have, float) and have > 0 \
-                    and not 1 / BANDWIDTH_FACTOR <= have / want <= BANDWIDTH_FACTOR:
-                found.append(Stale(name, f"{want} GB/s", f"{have} GB/s"))
-        elif name == "plugins" and isinstance(want, Mapping):
-            for dist, version in want.items():
-                now = dist_version(str(dist))
-                if str(version) != str(now):
-                    found.append(Stale(f"plugins.{dist}", version, now))
-        elif name == "kernels" and isinstance(want, Mapping):
-            for method, sha in want.items():
-                now_sha = (have or {}).get(method)
-                if sha != now_sha:
-                    found.append(Stale(f"kernels.{method}", str(sha)[:16], str(now_sha)[:16] if now_sha else None))
-        elif name == "cpu_flags":
-            if sorted(map(str, want or [])) != sorted(have or []):
-                found.append(Stale(name, sorted(map(str, want or [])), sorted(have or [])))
-        elif name == "shape" and isinstance(want, Mapping):
-            current = have if isinstance(have, Mapping) else {}
-            if any(k in want and k in current and want[k] != current[k] for k in SHAPE_FIELDS):
-                found.append(Stale(name, dict(want), dict(current)))
-        elif name in ("cpu_model", "vllm", "torch", "quantreg") and str(want) != str(have):
-            found.append(Stale(name, want, have))
+        try:
+            found += _compare(name, recorded[name], running.get(name))
+        except Exception as exc:  # a value of a shape no check foresaw: a finding, not an exception
+            found.append(Stale(name, _unreadable(f"{type(exc).__name__} comparing it"), "not compared"))
+    return found
+
+
+def _unreadable(message: str) -> str:
+    return f"an unreadable value ({message})"
+
+
+def _compare(name: str, want: Any, have: Any) -> list[Stale]:
+    """The :class:`Stale` findings of one checked pinned field (``want`` recorded, ``have`` running)."""
+    found: list[Stale] = []
+    if name == "bandwidth_gbs":
+        if isinstance(want, (int, float)) and want > 0 and isinstance(have, float) and have > 0 \
+                and not 1 / BANDWIDTH_FACTOR <= have / want <= BANDWIDTH_FACTOR:
+            found.append(Stale(name, f"{want} GB/s", f"{have} GB/s"))
+    elif name == "plugins" and isinstance(want, Mapping):
+        for dist, version in want.items():
+            now = dist_version(str(dist))
+            if str(version) != str(now):
+                found.append(Stale(f"plugins.{dist}", version, now))
+    elif name == "kernels" and isinstance(want, Mapping):
+        for method, sha in want.items():
+            now_sha = (have or {}).get(method)
+            if sha != now_sha:
+                found.append(Stale(f"kernels.{method}", str(sha)[:16], str(now_sha)[:16] if now_sha else None))
+    elif name == "cpu_flags":
+        if sorted(map(str, want or [])) != sorted(have or []):
+            found.append(Stale(name, sorted(map(str, want or [])), sorted(have or [])))
+    elif name == "shape" and isinstance(want, Mapping):
+        current = have if isinstance(have, Mapping) else {}
+        if any(k in want and k in current and want[k] != current[k] for k in SHAPE_FIELDS):
+            found.append(Stale(name, dict(want), dict(current)))
+    elif name in ("cpu_model", "vllm", "torch", "quantreg") and str(want) != str(have):
+        found.append(Stale(name, want, have))
     return found

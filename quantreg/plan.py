@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import jsonread
+from .bounds import MAX_SIZE, shown
 from .files import ReadRefused, inside, read_regular
-from .keys import EXPERTS, LAYER_KINDS, Key
+from .keys import EXPERTS, LAYER_KINDS, Key, TokenRange
 from .models.checkpoint import INDEX_NAME, checkpoint_index
 from .models.moe_config import (
     EXPERT_COUNT_KEYS,
@@ -49,6 +50,7 @@ from .problems import printable
 
 if TYPE_CHECKING:
     from .registry import Registry
+    from .table.file import Rule
 
 UNQUANTIZED = "unquantized"
 
@@ -59,7 +61,7 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0
 MAX_HEADER = 100 * 1024 * 1024
 MAX_CONFIG = 16 * 1024 * 1024
 """Largest config.json read (real ones are a few KB)."""
-MAX_EXPERTS = 1 << 20
+MAX_EXPERTS = MAX_SIZE
 MAX_COUNT = 1 << 40
 MAX_BYTES_TOTAL = 1 << 50
 MX_BLOCK = 32
@@ -180,8 +182,11 @@ def expert_tensors(directory: Path, problems: list[str]) -> dict[int, dict[str, 
 
 #: Fields of config.json quantreg reads, with the integer range vLLM's model code would accept.
 INT_FIELDS: dict[str, tuple[int, int]] = {
-    "num_hidden_layers": (0, MAX_LAYERS), "hidden_size": (1, MAX_COUNT), "intermediate_size": (1, MAX_COUNT),
-    "moe_intermediate_size": (1, MAX_COUNT), "first_k_dense_replace": (0, MAX_LAYERS),
+    "num_hidden_layers": (0, MAX_LAYERS), "hidden_size": (1, MAX_SIZE), "intermediate_size": (1, MAX_SIZE),
+    "moe_intermediate_size": (1, MAX_SIZE), "first_k_dense_replace": (0, MAX_LAYERS),
+    # the dense layers' sizes (quantreg.pins.dense_shape: tune --layers, plan's shape pins, the dense seam)
+    "vocab_size": (1, MAX_SIZE), "num_attention_heads": (1, MAX_SIZE), "num_key_value_heads": (1, MAX_SIZE),
+    "head_dim": (1, MAX_SIZE),
     "moe_layer_freq": (1, MAX_LAYERS), "decoder_sparse_step": (1, MAX_LAYERS),
     "interleave_moe_layer_step": (1, MAX_LAYERS),
     **{k: (1, MAX_EXPERTS) for k in EXPERT_COUNT_KEYS}, **{k: (1, MAX_EXPERTS) for k in TOP_K_KEYS},
@@ -202,7 +207,7 @@ def checked_config(config: dict[str, Any], where: str, problems: list[str], inne
     for key, (low, high) in INT_FIELDS.items():
         if key in out and out[key] is not None and _count(out[key], low, high) is None:
             problems.append(f"{where}: {prefix}{key}: expected an integer from {low} to {high}, got "
-                            f"{printable(repr(out[key])[:40])}; ignored")
+                            f"{shown(out[key])}; ignored")
             del out[key]
     for key in LIST_FIELDS:
         if key in out and out[key] is not None and not (
@@ -359,12 +364,17 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
     winner = decision.rule
     warnings += [c for c in registry.collisions()
                  if winner is not None and f"rule {winner.location} " in c and winner.match.matches(key)]
-    if decision.rule is not None and decision.rule.tuned is not None:  # the checkpoint's shape vs tune's
-        shape = {"experts": ck.experts.get("count"), "hidden": ck.experts.get("hidden_size"),
-                 "intermediate": ck.experts.get("intermediate_size"), "top_k": ck.experts.get("per_token")}
-        if all(isinstance(v, int) for v in shape.values()):
-            warnings += [f"tuned rule is stale: {s.text()}" for s in registry.stale_evidence(decision.rule, shape)
-                         if s.field == "shape"]
+    shape = {"experts": ck.experts.get("count"), "hidden": ck.experts.get("hidden_size"),
+             "intermediate": ck.experts.get("intermediate_size"), "top_k": ck.experts.get("per_token")}
+    tuned: dict[int, tuple[Rule, TokenRange]] = {}  # by identity (a Rule holds mappings: not hashable)
+    for side in decision.sides:  # every side's rule, a split's second side too; once per rule
+        if side.decision.rule is not None and side.decision.rule.tuned is not None:
+            tuned.setdefault(id(side.decision.rule), (side.decision.rule, side.tokens))
+    if all(isinstance(v, int) for v in shape.values()):  # the checkpoint's shape vs tune's
+        for rule, tokens in tuned.values():
+            where = f" (tokens{tokens})" if decision.split else ""
+            warnings += [f"tuned rule is stale{where}: {s.text()}"
+                         for s in registry.stale_evidence(rule, shape) if s.field == "shape"]
     expert_bytes = _expert_bytes(registry, ck, key, decision.method, warnings)
     data = {"method": decision.method, "rule": decision.source, "expert_bytes": expert_bytes,
             "warnings": warnings, **ans.to_json()}
@@ -373,7 +383,7 @@ def device_plan(registry: Registry, ck: Checkpoint, key: Key) -> dict[str, Any]:
                   "expert_bytes": _expert_bytes(registry, ck, key, s.decision.method, warnings)}
                  for s in decision.split]
         data["split"] = sides
-        data["method"] = ", ".join(f"{s['method']} for tokens{s['tokens']}" for s in sides)
+        data["method"] = decision.methods_text()
         data["rule"] = ", ".join(str(s["rule"]) for s in sides)
         per_side = [s["expert_bytes"] for s in sides]
         data["expert_bytes"] = sum(per_side) if decision.is_split and None not in per_side else (

@@ -162,8 +162,8 @@ class Registry:
                 if a.rank == b.rank:
                     continue  # an exact tie: reported as ambiguous by the table checks
                 win, lose = (a, b) if a.rank > b.rank else (b, a)
-                lines.append(f"rule {win.location} [{win.layer}] ({', '.join(win.methods)}) takes keys matching "
-                             f"{win.match} from rule {lose.location} [{lose.layer}] ({', '.join(lose.methods)}), "
+                lines.append(f"rule {win.location} [{win.tier}] ({', '.join(win.methods)}) takes keys matching "
+                             f"{win.match} from rule {lose.location} [{lose.tier}] ({', '.join(lose.methods)}), "
                              f"which loses: {why_lost(lose, win)}")
         return lines
 
@@ -280,7 +280,7 @@ class Registry:
     def stale_evidence(self, rule: Rule, shape: Mapping[str, Any] | None = None) -> list[Any]:
         """The :class:`quantreg.pins.Stale` fields of ``rule``'s ``tuned.pins`` here (none without pins)."""
         pins = rule.tuned.raw.get("pins") if rule.tuned is not None else None
-        if not isinstance(pins, Mapping) or not pins:
+        if pins is None or (isinstance(pins, Mapping) and not pins):
             return []
         from .pins import stale_pins  # only tables written by tune pay for the check
 

@@ -61,7 +61,11 @@ CLASSES: dict[str, tuple[str, list[str]]] = {
     "14": ("one escaping function for outside strings on terminals and in logs", ["tests/test_escaping.py"]),
     "15": ("messages say the value and what was expected", ["tests/test_messages.py",
                                                             "tests/test_tune_inputs.py::test_shape_problem"]),
-    # issue 46 (reliability round 5)
+    # issue 46 (reliability round 5); 17 and 18 (plugin libraries, host declarations) are written beside these
+    "16": ("tuned: evidence read as written: every field checked where the table is read, every reader total, "
+           "register() never armed in a process it calls inactive",
+           ["tests/test_table_tuned.py", "tests/test_vllm_register.py::test_register_has_one_boundary",
+            "tests/test_tune_pins.py::test_simulated_host_flags", "tests/e2e/test_tuned_evidence_vllm.py"]),
     "17": ("a method that builds can run: native code loaded and its ABI checked by the probe and the "
            "constructor, the kit's first-forward check",
            ["plugins/cpu_mxfp4/tests/test_cpu_mxfp4_broken_library.py",
@@ -73,6 +77,15 @@ CLASSES: dict[str, tuple[str, list[str]]] = {
             "tests/test_tune_dense.py::test_allow_lossy_chains",
             "plugins/cpu_int8_dense/tests/test_check_method.py",
             "plugins/cpu_int8_dense/tests/test_readme.py::test_readme_explain"]),
+    "19": ("one decision value with all its sides, read by every consumer (trail summary, strict verdict, verify "
+           "plan, doctor, plan)", ["tests/test_decision_sides.py"]),
+    "20": ("every number a user writes bounded before any work, with a located message (table fields, CLI "
+           "arguments, config.json sizes)", ["tests/test_bounds.py"]),
+    "21": ("the round's messages; one word for a table's precedence tier",
+           ["tests/test_messages.py::test_a_dense_verify", "tests/test_messages.py::test_doctor_lists",
+            "tests/test_messages.py::test_an_ambiguity", "tests/test_messages.py::test_a_strict_failure",
+            "tests/test_messages.py::test_tiny_models", "tests/test_messages.py::test_one_word",
+            "tests/test_messages.py::test_tune_layers"]),
 }
 
 

@@ -137,9 +137,9 @@ def test_rules_with_repeated_config_and_quantreg_config(cli: Run, tables: dict[s
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "effective rules, highest precedence first:"
-    assert lines[1].startswith(f"  {tables['run2']}:3  [run, specificity 2, priority 5]  (*, llama, cpu) -> vllm")
+    assert lines[1].startswith(f"  {tables['run2']}:3  [run layer, specificity 2, priority 5]  (*, llama, cpu) -> vllm")
     assert lines[2].endswith("options={'chunk': 2}")
-    assert lines[3].startswith(f"  {tables['user']}:3  [user, specificity 1, priority 0]  (fp8, *, *) -> vllm")
+    assert lines[3].startswith(f"  {tables['user']}:3  [user layer, specificity 1, priority 0]  (fp8, *, *) -> vllm")
 
 
 # -- explain -------------------------------------------------------------------------------
@@ -151,12 +151,13 @@ def test_explain_shows_winner_and_losers(cli: Run, tables: dict[str, Path], monk
     assert "key      (fp8, llama, cpu)" in out
     assert "method   vllm" in out
     assert f"rule     {tables['run2']}:3 (run layer) match (*, llama, cpu)" in out
-    assert f"WON  {tables['run2']}:3 [run, specificity 2, priority 5]" in out
-    assert f"lost {tables['run1']}:3 [run, specificity 2, priority 0] (fp8, *, cpu) -> vllm: lower priority (0 < 5)" \
-        in out
-    assert f"lost {tables['user']}:3 [user, specificity 1, priority 0] (fp8, *, *) -> vllm: lower layer (user < run)" \
-        in out
-    assert "registry.yaml:5 [default, specificity 0, priority 0] (*, *, *) -> vllm: lower layer (default < run)" in out
+    assert f"WON  {tables['run2']}:3 [run layer, specificity 2, priority 5]" in out
+    assert (f"lost {tables['run1']}:3 [run layer, specificity 2, priority 0] (fp8, *, cpu) -> vllm: lower priority "
+            "(0 < 5)") in out
+    assert (f"lost {tables['user']}:3 [user layer, specificity 1, priority 0] (fp8, *, *) -> vllm: lower layer "
+            "(user < run)") in out
+    assert ("registry.yaml:5 [default layer, specificity 0, priority 0] (*, *, *) -> vllm: lower layer "
+            "(default < run)") in out
     data = cli_json(cli, *args)
     assert data["rule"]["path"] == str(tables["run2"]) and data["rule"]["line"] == 3
     assert [(c["rule"]["path"], c["won"], c["reason"]) for c in data["candidates"]][:3] == [

@@ -53,7 +53,8 @@ TOOLS = ("quantreg.cli", "quantreg.__main__", "quantreg.plan", "quantreg.demo", 
 #: parts; a table file; decisions; what plugins say; the hook specs; the built-in plugin; the loader
 #: of plugins; the load loop; the registry; the answers; the public API.
 CORE_FLOORS: tuple[tuple[str, ...], ...] = (
-    ("quantreg.error_measure", "quantreg.files", "quantreg.formats", "quantreg.jsonread", "quantreg.keys",
+    ("quantreg.bounds", "quantreg.error_measure", "quantreg.files", "quantreg.formats", "quantreg.jsonread",
+     "quantreg.keys",
      "quantreg.models", "quantreg.models.gpt_oss", "quantreg.models.moe_config", "quantreg.problems",
      "quantreg.settings", "quantreg.table", "quantreg.tiny", "quantreg.version_spec"),
     ("quantreg.formats.mxfp4_compiled", "quantreg.hookcall", "quantreg.host", "quantreg.installed",

@@ -214,7 +214,7 @@ def test_a_broken_file_is_left_out_and_the_rest_stays(table: Callable[[str, str]
     missing = tmp_path / "missing.yaml"
     registry = build(methods=LAYER_METHODS, user=[broken, good, missing])
     assert [str(p) for p in registry.problems] == [
-        f"{broken}:3: rules[0].priority: expected an integer, got string",
+        f"{broken}:3: rules[0].priority: expected an integer from -1,000,000,000 to 1,000,000,000, got string 'high'",
         f"{missing}: no such file",
     ]
     assert registry.resolve(("q", "m", "cpu")).method == "m_user2"

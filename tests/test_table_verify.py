@@ -52,18 +52,21 @@ def test_only_against_is_required() -> None:
                                                DEFAULT_LAYERS)
 
 
+CALLS = "expected a count of forward calls from"
+
+
 @pytest.mark.parametrize(("verify", "expected"), [
-    ("{against: float64, every: 0}", "t.yaml:5: rules[0].verify.every: expected a positive integer, got integer 0"),
-    ("{against: float64, every: 1.5}", "rules[0].verify.every: expected a positive integer, got number 1.5"),
-    ("{against: float64, every: true}", "rules[0].verify.every: expected a positive integer, got boolean"),
-    ("{against: float64, first: -1}", "rules[0].verify.first: expected a non-negative integer, got integer -1"),
+    ("{against: float64, every: 0}", f"t.yaml:5: rules[0].verify.every: {CALLS} 1 to 2,147,483,647, got integer 0"),
+    ("{against: float64, every: 1.5}", f"rules[0].verify.every: {CALLS} 1 to 2,147,483,647, got number 1.5"),
+    ("{against: float64, every: true}", f"rules[0].verify.every: {CALLS} 1 to 2,147,483,647, got boolean true"),
+    ("{against: float64, first: -1}", f"rules[0].verify.first: {CALLS} 0 to 2,147,483,647, got integer -1"),
     ("{against: float64, tolerance: 0}", "rules[0].verify.tolerance: expected a positive number"),
     ("{against: float64, tolerance: x}", "rules[0].verify.tolerance: expected a positive number"),
     ("{against: float64, tolerance: .nan}", "rules[0].verify.tolerance: expected a positive number"),
-    ("{against: float64, layers: 0}", "rules[0].verify.layers: expected a positive integer"),
-    ("{against: float64, layers: []}", "rules[0].verify.layers: expected a positive integer"),
+    ("{against: float64, layers: 0}", "rules[0].verify.layers: expected a count from 1 to 1,024"),
+    ("{against: float64, layers: []}", "rules[0].verify.layers: expected a count from 1 to 1,024"),
     ("{against: float64, layers: [1, 1]}", "distinct layer indices"),
-    ("{against: float64, layers: [-1]}", "distinct layer indices (integers >= 0)"),
+    ("{against: float64, layers: [-1]}", "distinct layer indices from 0 to 1,023, got list integer -1"),
     ("{every: 3}", "t.yaml:5: rules[0].verify.against: missing; expected a registered method name or 'float64'"),
     ("{against: 3}", "rules[0].verify.against: expected a method name or 'float64', got integer 3"),
     ("{against: vllm}", "rules[0].verify.against: cannot verify against 'vllm'"),
@@ -77,8 +80,8 @@ def test_bad_values_are_located_problems(verify: str, expected: str) -> None:
 
 def test_a_multi_line_verify_names_the_line_of_the_bad_value() -> None:
     problems = problems_of("\n      against: float64\n      every: 10\n      layers: nope")
-    assert problems == ["t.yaml:8: rules[0].verify.layers: expected a positive integer (the first N MoE layers) "
-                        "or a non-empty list of distinct layer indices (integers >= 0), got string 'nope'"]
+    assert problems == ["t.yaml:8: rules[0].verify.layers: expected a count from 1 to 1,024 (the first N MoE layers) "
+                        "or a non-empty list of distinct layer indices from 0 to 1,023, got string 'nope'"]
 
 
 @pytest.mark.parametrize("quant_format", ["'*'", "fp8", "[gpt_oss_mxfp4, fp8]"])

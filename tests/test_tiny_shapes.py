@@ -88,8 +88,20 @@ def test_cli_layers_option_and_json(tmp_path: Path) -> None:
     assert proc.stderr == ""  # --json: no progress lines
 
 
-def test_cli_refuses_zero_layers(tmp_path: Path) -> None:
-    proc = _cli(str(tmp_path / "m"), "--shape", "20b", "--layers", "0")
+@pytest.mark.parametrize("layers", ["0", "1000000"])
+def test_cli_refuses_a_layer_count_out_of_bounds(tmp_path: Path, layers: str) -> None:
+    """Before torch is imported or anything allocated (a million layers used to allocate until memory ran out)."""
+    proc = _cli(str(tmp_path / "m"), "--shape", "20b", "--layers", layers)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "quantreg tiny-model: --layers must be at least 1, got 0"
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"quantreg tiny-model: error: argument --layers: expected a layer count from 1 to 256, got string '{layers}'")
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_library_caller_gets_the_same_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from quantreg.tiny.command import tiny_model_command
+
+    assert tiny_model_command(str(tmp_path / "m"), layers=0) == 2
+    assert capsys.readouterr().err.strip() == (
+        "quantreg tiny-model: --layers: expected a layer count from 1 to 256, got integer 0")
     assert not (tmp_path / "m").exists()

@@ -104,8 +104,9 @@ def test_a_checkpoint_without_the_dense_sizes_or_of_another_model_is_refused_by_
 
 def test_an_lm_head_that_cannot_fit_in_memory_is_refused_before_anything_is_allocated(tmp_path: Path) -> None:
     config = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_hidden_layers": 1,
-              "num_local_experts": 4, "num_experts_per_tok": 2, "hidden_size": 2880, "intermediate_size": 2880,
-              "vocab_size": 1 << 30, "quantization_config": {"quant_method": "mxfp4"}}
+              "num_local_experts": 4, "num_experts_per_tok": 2, "hidden_size": 1 << 16, "intermediate_size": 2880,
+              # inside the bounds of a size (quantreg/bounds.py, 2^20), 640 GiB of bf16 copies together
+              "vocab_size": 1 << 20, "quantization_config": {"quant_method": "mxfp4"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     out = cli("tune", str(tmp_path), "--layers", "lm_head", "--json", "--out", str(tmp_path / "t.yaml"))
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr

@@ -90,7 +90,11 @@ try:
 except QuantregError as exc:
     print(json.dumps({"raised": "QuantregError", "message": str(exc)}))
     sys.exit(3)
-print(json.dumps({"raised": None}))
+from quantreg.vllm.importhook import PostImportHook
+armed = [f.module_name for f in sys.meta_path if isinstance(f, PostImportHook)]
+qv.register()  # a second call in a process it called inactive does nothing
+armed += [f.module_name for f in sys.meta_path if isinstance(f, PostImportHook)]
+print(json.dumps({"raised": None, "armed": armed, "keepers": bool(qv._keepers.hooks), "inactive": qv._inactive}))
 """
 
 
@@ -109,6 +113,8 @@ def test_register_has_one_boundary_for_the_unforeseen(strict: bool) -> None:
         assert out.returncode == 0 and data["raised"] is None
         assert ("quantreg: register() failed unexpectedly: Unforeseen: fingerprint exploded; quantreg is inactive "
                 "in this process and vLLM keeps its own MoE methods") in out.stderr
+        # inactive means inactive: the fault came after the hooks were armed, and none is left (issue 46 class 1)
+        assert data["armed"] == [] and data["keepers"] is False and data["inactive"] is True, data
 
 
 @pytest.mark.parametrize("strict", [False, True])

@@ -10,12 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..bounds import MAX_LAYERS as BOUND_LAYERS
+
 #: Config keys for the number of routed experts, in the order models use them.
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "experts_per_token", "moe_top_k")
 INTERMEDIATE_KEYS = ("moe_intermediate_size", "intermediate_size")
-MAX_LAYERS = 100_000
-"""More decoder layers than any model has; a larger count in config.json is refused, never iterated."""
+MAX_LAYERS = BOUND_LAYERS
+"""More decoder layers than any model has (:data:`quantreg.bounds.MAX_LAYERS`); a larger count in config.json is
+refused, never iterated."""
 
 
 def first_of(config: Mapping[str, Any], keys: Sequence[str]) -> Any:

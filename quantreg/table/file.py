@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ..bounds import MAX_PRIORITY, whole_problem
 from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, TOKENS, WILDCARD, Match, TokenRange
 from ..methods import Method, valid_name
 from ..problems import Problem, did_you_mean, type_name
@@ -70,6 +71,11 @@ class Rule:
     @property
     def location(self) -> str:
         return f"{self.path}:{self.line}"
+
+    @property
+    def tier(self) -> str:
+        """The rule's precedence tier as every line names it: ``user layer`` (explain, rules, doctor, validate)."""
+        return f"{self.layer} layer"
 
     @property
     def rank(self) -> tuple[int, int, int]:
@@ -236,9 +242,9 @@ class _Checker:
                 if not isinstance(k, str):
                     self.fail(key_lines.get("options"), f"{where}.options", f"option names must be strings, got {k!r}")
         priority = item.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            self.fail(key_lines.get("priority"), f"{where}.priority",
-                      f"expected an integer, got {type_name(priority)}")
+        problem = whole_problem(priority, -MAX_PRIORITY, MAX_PRIORITY, "an integer")
+        if problem:
+            self.fail(key_lines.get("priority"), f"{where}.priority", problem)
         note = item.get("note", "")
         if not isinstance(note, str):
             self.fail(key_lines.get("note"), f"{where}.note", f"expected a string, got {type_name(note)}")

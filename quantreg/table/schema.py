@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..bounds import MAX_COUNT, MAX_LAYERS, MAX_PRIORITY, MAX_SIZE
 from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, TOKENS, WILDCARD
 from ..methods import EXPERT_LAYOUTS, NAME_RE, TARGET_RE
 from .file import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .tuned import SHAPE_KEYS
 from .verify import FLOAT64, FLOAT64_FORMATS, VERIFY_KEYS
 
 # Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
@@ -29,6 +31,10 @@ TOKENS_PATTERN = r"^\s*(?:(?:<=|>=|>)\s*0*[1-9][0-9]*|<\s*0*(?:[2-9]|[1-9][0-9]+
 def _tuned_schema(name: dict[str, Any]) -> dict[str, Any]:
     """``tuned:`` (see :mod:`quantreg.table.tuned`): the evidence ``quantreg tune`` writes."""
     number_or_null = {"type": ["number", "null"], "minimum": 0}
+    count = {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}
+    flags = {"type": "array", "items": {"type": "string", "pattern": "^[^\\s]{1,64}$"}}
+    shape: dict[str, Any] = {"type": "object", "additionalProperties": False,
+             "properties": {k: {"type": "integer", "minimum": 1, "maximum": MAX_SIZE} for k in SHAPE_KEYS}}
     by_tokens = {"type": "object", "propertyNames": {"pattern": "^[1-9][0-9]*$"}}
     return {
         "type": "object",
@@ -37,20 +43,35 @@ def _tuned_schema(name: dict[str, Any]) -> dict[str, Any]:
         "description": "measurements quantreg tune ordered the chain by; shown by explain, never changes a decision",
         "properties": {
             "at": {"type": "string"}, "vllm": {"type": ["string", "null"]}, "torch": {"type": ["string", "null"]},
-            "host": {"type": "object"}, "shape": {"type": "object"},
-            "tolerance": {"type": "number", "exclusiveMinimum": 0},
-            "budget_s": {"type": "number", "exclusiveMinimum": 0},
-            "rounds": {"type": "integer", "minimum": 0},
+            "host": {"type": "object", "additionalProperties": False, "properties": {
+                "machine": {"type": "string"}, "kind": {"type": "string"}, "vendor": {"type": "string"},
+                "model": {"type": "string"}, "cores": {"type": "integer", "minimum": 1, "maximum": MAX_SIZE},
+                "flags": flags, "simulated": {"type": "boolean"}}},
+            "shape": {**shape, "properties": {**shape["properties"], "weights": {"type": "string"}}},
+            "tolerance": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9},
+            "budget_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9},
+            "rounds": {"type": "integer", "minimum": 0, "maximum": MAX_COUNT},
             "ranking": {"type": "array", "items": {"type": "string"},
                         "description": "each neighbouring pair of the chain: apart beyond noise, or a tie"},
             "load_avg": {"type": "array", "items": {"type": "number"}},
-            "pins": {"type": "object", "description": "what the measurement depends on; checked at start-up"},
+            "pins": {"type": "object", "additionalProperties": False,
+                     "description": "what the measurement depends on; checked at start-up",
+                     "properties": {
+                         "cpu_model": {"type": "string"}, "cpu_flags": flags,
+                         "bandwidth_gbs": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
+                         "vllm": {"type": ["string", "null"]}, "torch": {"type": ["string", "null"]},
+                         "quantreg": {"type": ["string", "null"]},
+                         "plugins": {"type": "object", "propertyNames": {"minLength": 1},
+                                     "additionalProperties": {"type": ["string", "null"]}},
+                         "kernels": {"type": "object", "propertyNames": name,
+                                     "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+                         "shape": shape}},
             "crossover": {"type": "object", "additionalProperties": False, "required": ["tokens", "small", "large"],
                           "description": "where tune split the key by token count: small serves <= tokens, "
                                          "large above; the envelope's worst median ratio to the fastest and where",
-                          "properties": {"tokens": {"type": "integer", "minimum": 1}, "small": name, "large": name,
-                                         "worst_ratio": {"type": "number", "exclusiveMinimum": 0},
-                                         "worst_at": {"type": "integer", "minimum": 1}}},
+                          "properties": {"tokens": count, "small": name, "large": name,
+                                         "worst_ratio": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9},
+                                         "worst_at": count}},
             "phase_weights": {**by_tokens, "minProperties": 1,
                               "additionalProperties": {"type": "number", "minimum": 0}},
             "results": {"type": "array", "items": {
@@ -71,12 +92,15 @@ def _verify_schema(name: dict[str, Any]) -> dict[str, Any]:
     props: dict[str, Any] = {
         "against": {**name, "not": {"const": "vllm"},
                     "description": f"a registered method, or '{FLOAT64}' (the format's float64 reference)"},
-        "every": {"type": "integer", "minimum": 1, "description": "after the first calls, verify one call in N"},
-        "first": {"type": "integer", "minimum": 0, "description": "verify the first N forward calls of each layer"},
-        "tolerance": {"type": "number", "exclusiveMinimum": 0, "description": "bound on max|out-ref|/max|ref|"},
-        "layers": {"anyOf": [{"type": "integer", "minimum": 1},
-                             {"type": "array", "minItems": 1, "uniqueItems": True,
-                              "items": {"type": "integer", "minimum": 0}}],
+        "every": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT,
+                  "description": "after the first calls, verify one call in N"},
+        "first": {"type": "integer", "minimum": 0, "maximum": MAX_COUNT,
+                  "description": "verify the first N forward calls of each layer"},
+        "tolerance": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9,
+                      "description": "bound on max|out-ref|/max|ref|"},
+        "layers": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LAYERS},
+                             {"type": "array", "minItems": 1, "maxItems": MAX_LAYERS, "uniqueItems": True,
+                              "items": {"type": "integer", "minimum": 0, "maximum": MAX_LAYERS - 1}}],
                    "description": "the first N MoE layers, or a list of layer indices"},
     }
     assert set(props) == set(VERIFY_KEYS)
@@ -111,7 +135,8 @@ def table_schema() -> dict[str, Any]:
             "description": "a method name or a fallback chain; the first available method wins",
         },
         "options": {"type": ["object", "null"], "description": "keyword arguments handed to the method"},
-        "priority": {"type": "integer", "description": "tie-breaker after layer and specificity"},
+        "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY,
+                     "description": "tie-breaker after layer and specificity"},
         "note": {"type": "string"},
         "verify": _verify_schema(name),
         "tuned": _tuned_schema(name),

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..bounds import MAX_COUNT, MAX_SIZE, number_problem, shown, text_count, whole_problem
 from ..methods import valid_name
 from ..problems import did_you_mean, printable, type_name
 
@@ -40,6 +41,12 @@ CROSSOVER_KEYS = ("tokens", "small", "large", "worst_ratio", "worst_at")
 envelope's worst median ratio to the fastest method (and where): the crossover as data, beside
 ``tuned.ranking``'s sentence, so a tool can read where tune split without parsing prose."""
 RESULT_KEYS = ("method", "ok", "error", "ms", "score_ms", "rel_error", "spread", "warnings")
+PIN_KEYS = ("cpu_model", "cpu_flags", "bandwidth_gbs", "vllm", "torch", "quantreg", "plugins", "kernels", "shape")
+"""``tuned.pins``' fields (:mod:`quantreg.pins` compares each with the running process)."""
+SHAPE_KEYS = ("experts", "hidden", "intermediate", "top_k", "heads", "kv_heads", "head_dim", "vocab")
+"""Layer sizes a shape (``tuned.shape``, ``tuned.pins.shape``) may name (:data:`quantreg.pins.SHAPE_FIELDS`)."""
+HOST_KEYS = ("machine", "kind", "vendor", "model", "cores", "flags", "simulated")
+"""``tuned.host``: :meth:`quantreg.host.HostFacts.as_json`."""
 
 Fail = Callable[[int | None, str, str], None]
 
@@ -60,7 +67,17 @@ class TunedEvidence:
     results: tuple[TunedResult, ...]
 
     def summary(self, chosen: str | None = None) -> str:
-        """One line for ``explain``: who won against whom, at the first measured token count."""
+        """One line for ``explain``: who won against whom, at the first measured token count.
+
+        Total: the evidence was checked when the table was read (:func:`parse_tuned`), and a value that
+        still cannot be shown (a rule built by hand in code) reads as unreadable evidence, never an exception.
+        """
+        try:
+            return self._summary(chosen)
+        except Exception as exc:
+            return printable(f"tuned evidence unreadable ({type(exc).__name__}); re-run quantreg tune")
+
+    def _summary(self, chosen: str | None) -> str:
         at = str(self.raw.get("at", ""))[:10] or "an unknown date"
         host = self.raw.get("host")
         kind = host.get("kind", "?") if isinstance(host, Mapping) else "?"
@@ -98,16 +115,125 @@ def _crossover_problem(value: Any) -> str | None:
     missing = [k for k in ("tokens", "small", "large") if k not in value]
     if missing:
         return f"{', '.join(missing)} missing; {expected}"
-    if _token_key(value["tokens"]) is None or isinstance(value["tokens"], str):
-        return f"tokens: expected a whole number >= 1, got {type_name(value['tokens'])} {value['tokens']!r}"[:200]
+    for k in ("tokens", "worst_at"):
+        if k in value and whole_problem(value[k]):
+            return f"{k}: {whole_problem(value[k], what='a token count')}"
     for side in ("small", "large"):
         if not valid_name(value[side]):
-            return f"{side}: expected a method name, got {type_name(value[side])} {value[side]!r}"[:200]
-    if "worst_ratio" in value and not (_is_number(value["worst_ratio"]) and value["worst_ratio"] > 0):
-        return f"worst_ratio: expected a positive number, got {type_name(value['worst_ratio'])}"
-    if "worst_at" in value and (_token_key(value["worst_at"]) is None or isinstance(value["worst_at"], str)):
-        return f"worst_at: expected a whole number >= 1, got {type_name(value['worst_at'])}"
+            return f"{side}: expected a method name, got {shown(value[side])}"
+    if "worst_ratio" in value and number_problem(value["worst_ratio"], 0, 1e9, low_open=True):
+        return f"worst_ratio: {number_problem(value['worst_ratio'], 0, 1e9, 'a positive number', low_open=True)}"
     return None
+
+
+def _flag_list_problem(value: Any, what: str) -> str | None:
+    if isinstance(value, list) and all(isinstance(f, str) and f and len(f) <= 64 and not any(c.isspace() for c in f)
+                                       for f in value):
+        return None
+    if isinstance(value, str):  # read letter by letter it would be [a, v, x, 2]
+        return (f"expected a list of {what} such as [avx2, fma], got {shown(value)} (write it as a list: "
+                f"[{printable(value[:40])}])")
+    return f"expected a list of {what} such as [avx2, fma], got {shown(value)}"
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return None
+    return f"expected a version string (or null: not installed), got {shown(value)}"
+
+
+def shape_problems(value: Any, extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(sub-key, message) for every field of a shape mapping (``{experts: 32, hidden: 2880, ...}``) that is not
+    a size from 1 to :data:`quantreg.bounds.MAX_SIZE`; ``extra`` names text fields allowed beside them."""
+    if not isinstance(value, dict):
+        return [("", f"expected a mapping of layer sizes such as {{experts: 32, hidden: 2880}}, got {shown(value)}")]
+    found: list[tuple[str, str]] = []
+    for k, v in value.items():
+        if k in extra:
+            if not isinstance(v, str):
+                found.append((str(k), f"expected a string, got {shown(v)}"))
+        elif k not in SHAPE_KEYS:
+            found.append((str(k), f"unknown key{did_you_mean(str(k), (*SHAPE_KEYS, *extra))} "
+                                  f"(expected one of: {', '.join((*SHAPE_KEYS, *extra))})"))
+        else:
+            problem = whole_problem(v, 1, MAX_SIZE, "a size")
+            if problem:
+                found.append((str(k), problem))
+    return found
+
+
+def _mapping_problem(value: Any, key_ok: Callable[[Any], bool], value_ok: Callable[[Any], bool],
+                     expected: str) -> str | None:
+    if isinstance(value, dict):
+        bad = next(((k, v) for k, v in value.items() if not (key_ok(k) and value_ok(v))), None)
+        if bad is None:
+            return None
+        return f"expected {expected}; {printable(str(bad[0]))[:60]!r}: {shown(bad[1])}"
+    return f"expected {expected}, got {shown(value)}"
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+PIN_CHECKS: Mapping[str, Callable[[Any], str | None]] = {
+    "cpu_model": lambda v: None if isinstance(v, str) else f"expected a CPU model name (a string), got {shown(v)}",
+    "cpu_flags": lambda v: _flag_list_problem(v, "CPU flag names"),
+    "bandwidth_gbs": lambda v: number_problem(v, 0, 1e6, "a bandwidth in GB/s", low_open=True),
+    "vllm": _optional_text,
+    "torch": _optional_text,
+    "quantreg": _optional_text,
+    "plugins": lambda v: _mapping_problem(v, lambda k: isinstance(k, str) and bool(k),
+                                          lambda x: x is None or isinstance(x, str),
+                                          "a mapping of distribution -> version, such as {quantreg-cpu-mxfp4: 0.1.0}"),
+    "kernels": lambda v: _mapping_problem(v, valid_name, _is_sha256,
+                                          "a mapping of method -> sha256 (64 lower-case hex digits)"),
+    "shape": lambda v: "; ".join(f"{k}: {m}" if k else m for k, m in shape_problems(v)) or None,
+}
+"""One check per ``tuned.pins`` field: the table reader (:func:`parse_tuned`) and every reader of the evidence
+(:func:`quantreg.pins.stale_pins`) ask the same question, so a value the reader would refuse is never compared."""
+
+
+def pin_problems(pins: Any) -> list[tuple[str, str]]:
+    """(field, message) for every field of a ``tuned.pins`` mapping that is not what ``quantreg tune`` writes."""
+    if not isinstance(pins, dict):
+        return [("", f"expected a mapping of field -> recorded value, got {shown(pins)}")]
+    found: list[tuple[str, str]] = []
+    for k, v in pins.items():
+        check = PIN_CHECKS.get(k) if isinstance(k, str) else None
+        if check is None:
+            found.append((printable(str(k))[:60], f"unknown pinned field{did_you_mean(str(k), PIN_KEYS)} "
+                                                  f"(expected one of: {', '.join(PIN_KEYS)})"))
+            continue
+        problem = check(v)
+        if problem:
+            found.append((k, problem))
+    return found
+
+
+def host_problems(value: Any) -> list[tuple[str, str]]:
+    """(field, message) for ``tuned.host`` (:meth:`quantreg.host.HostFacts.as_json` as tune recorded it)."""
+    if not isinstance(value, dict):
+        return [("", f"expected a mapping (kind, cores, flags, ...), got {shown(value)}")]
+    found: list[tuple[str, str]] = []
+    for k, v in value.items():
+        if k not in HOST_KEYS:
+            found.append((printable(str(k))[:60],
+                          f"unknown key{did_you_mean(str(k), HOST_KEYS)} (expected one of: {', '.join(HOST_KEYS)})"))
+        elif k == "cores":
+            problem = whole_problem(v, 1, MAX_SIZE, "a core count")
+            if problem:
+                found.append((k, problem))
+        elif k == "flags":
+            problem = _flag_list_problem(v, "CPU flag names")
+            if problem:
+                found.append((k, problem))
+        elif k == "simulated":
+            if not isinstance(v, bool):
+                found.append((k, f"expected true or false, got {shown(v)}"))
+        elif not isinstance(v, str):
+            found.append((k, f"expected a string, got {shown(v)}"))
+    return found
 
 
 def _ms(value: float | None) -> str:
@@ -117,15 +243,18 @@ def _ms(value: float | None) -> str:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (bool excluded); an int too large for a float is not one (never OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= 2**63 if isinstance(value, int) else math.isfinite(value)
 
 
 def _token_key(key: object) -> int | None:
-    """``1`` or ``"1"`` -> 1; anything else -> None."""
-    if isinstance(key, int) and not isinstance(key, bool) and key > 0:
+    """``1`` or ``"1"`` -> 1 (a token count from 1 to :data:`quantreg.bounds.MAX_COUNT`); anything else -> None."""
+    if isinstance(key, int) and not isinstance(key, bool) and 0 < key <= MAX_COUNT:
         return key
-    if isinstance(key, str) and key.isascii() and key.isdigit() and int(key) > 0:  # "²" passes isdigit, not int()
-        return int(key)
+    if isinstance(key, str):
+        return text_count(key)  # ASCII digits only ("²" passes isdigit, not int()); never 5,000 of them
     return None
 
 
@@ -149,16 +278,27 @@ def parse_tuned(raw: Any, where: str, line: int, fail: Fail) -> TunedEvidence | 
     for k in ("at", "vllm", "torch"):
         if k in raw and raw[k] is not None and not isinstance(raw[k], str):
             bad(k, f"expected a string, got {type_name(raw[k])}")
-    for k in ("host", "shape"):
-        if k in raw and not isinstance(raw[k], dict):
-            bad(k, f"expected a mapping, got {type_name(raw[k])}")
-    if "rounds" in raw and (isinstance(raw["rounds"], bool) or not isinstance(raw["rounds"], int) or raw["rounds"] < 0):
-        got = raw["rounds"]
-        shown = f"{type_name(got)} {got!r}" if isinstance(got, (int, float, str)) else type_name(got)
-        bad("rounds", f"expected a whole number >= 0, got {printable(shown)[:80]}")
+    def nested(k: str, found: list[tuple[str, str]]) -> None:
+        """Each problem of the mapping at ``k``, located at its own key's line (else ``k``'s)."""
+        lines: dict[Any, int] = getattr(raw[k], "key_lines", {})
+        for sub, message in found:
+            bad(f"{k}.{sub}" if sub else k, message, lines.get(sub, key_lines.get(k, line)) if sub else None)
+
+    if "host" in raw:
+        nested("host", host_problems(raw["host"]))
+    if "shape" in raw:  # a dense rule's names its weights too ("layer 0", "synthetic", "lm_head")
+        nested("shape", shape_problems(raw["shape"], extra=("weights",)))
+    if "pins" in raw:
+        nested("pins", pin_problems(raw["pins"]))
+    if "rounds" in raw:
+        problem = whole_problem(raw["rounds"], 0, MAX_COUNT)
+        if problem:
+            bad("rounds", problem)
     for k in ("tolerance", "budget_s"):
-        if k in raw and not (_is_number(raw[k]) and raw[k] > 0):
-            bad(k, f"expected a positive number, got {type_name(raw[k])} {raw[k]!r}"[:200])
+        if k in raw:
+            problem = number_problem(raw[k], 0, 1e9, "a positive number", low_open=True)
+            if problem:
+                bad(k, problem)
     for k in ("ranking",):
         if k in raw and not (isinstance(raw[k], list) and all(isinstance(v, str) for v in raw[k])):
             bad(k, f"expected a list of strings, got {type_name(raw[k])}")
@@ -168,8 +308,6 @@ def parse_tuned(raw: Any, where: str, line: int, fail: Fail) -> TunedEvidence | 
         problem = _crossover_problem(raw["crossover"])
         if problem is not None:
             bad("crossover", problem)
-    if "pins" in raw and not isinstance(raw["pins"], dict):
-        bad("pins", f"expected a mapping of field -> recorded value, got {type_name(raw['pins'])}")
     weights = raw.get("phase_weights")
     if weights is not None and not (isinstance(weights, dict) and weights
                                     and all(_token_key(t) and _is_number(w) and w >= 0 for t, w in weights.items())):

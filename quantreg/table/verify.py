@@ -14,12 +14,12 @@ measure. The vLLM half (shadow weights, the verifying method object, the reports
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from ..bounds import MAX_COUNT, MAX_LAYERS, number_problem, shown, whole_problem
 from ..error_measure import DEFAULT_TOLERANCE
 from ..methods import keeps_vllm, valid_name
 from ..problems import did_you_mean, type_name
@@ -129,7 +129,7 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
         fail(line, f"{where}.against", f"missing; expected a registered method name or '{FLOAT64}'")
         ok = False
     elif not valid_name(against):
-        fail(*at("against"), f"expected a method name or '{FLOAT64}', got {type_name(against)} {against!r}"[:200])
+        fail(*at("against"), f"expected a method name or '{FLOAT64}', got {shown(against)}")
         ok = False
     elif keeps_vllm(against):
         fail(*at("against"), "cannot verify against 'vllm' (vLLM's own method is not built beside another); "
@@ -143,31 +143,34 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
                                  f"{', '.join(repr(f) for f in outside)}")
             ok = False
     values: dict[str, Any] = {}
-    for k, low, what in (("every", 1, "a positive integer"), ("first", 0, "a non-negative integer")):
+    for k, low, what in (("every", 1, "a count of forward calls"), ("first", 0, "a count of forward calls")):
         if k in raw:
             v = raw[k]
-            if not _is_int(v) or v < low:
-                fail(*at(k), f"expected {what}, got {type_name(v)} {v!r}"[:200])
+            problem = whole_problem(v, low, MAX_COUNT, what)  # bounded: one counter compared per forward
+            if problem:
+                fail(*at(k), problem)
                 ok = False
             else:
                 values[k] = v
     if "tolerance" in raw:
         v = raw["tolerance"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            fail(*at("tolerance"),
-                 f"expected a positive number (a relative error such as 0.02), got {type_name(v)} {v!r}"[:200])
+        if number_problem(v, 0, 1e9, low_open=True):  # never math.isfinite() of a 4,000-digit integer
+            fail(*at("tolerance"), f"expected a positive number (a relative error such as 0.02), got {shown(v)}")
             ok = False
         else:
             values["tolerance"] = float(v)
     if "layers" in raw:
         v = raw["layers"]
-        if _is_int(v) and v >= 1:
+        if _is_int(v) and 1 <= v <= MAX_LAYERS:
             values["layers"] = v
-        elif isinstance(v, list) and v and all(_is_int(x) and x >= 0 for x in v) and len(set(v)) == len(v):
+        elif isinstance(v, list) and v and len(v) <= MAX_LAYERS and all(_is_int(x) and 0 <= x < MAX_LAYERS for x in v) \
+                and len(set(v)) == len(v):
             values["layers"] = tuple(sorted(v))
         else:
-            fail(*at("layers"), "expected a positive integer (the first N MoE layers) or a non-empty list of "
-                                f"distinct layer indices (integers >= 0), got {type_name(v)} {v!r}"[:240])
+            got = shown(v) if not isinstance(v, list) else (
+                f"list {', '.join(shown(x) for x in v[:4])}{', ...' if len(v) > 4 else ''}")
+            fail(*at("layers"), f"expected a count from 1 to {MAX_LAYERS:,} (the first N MoE layers) or a non-empty "
+                                f"list of distinct layer indices from 0 to {MAX_LAYERS - 1:,}, got {got}"[:300])
             ok = False
     if not ok or not isinstance(against, str):
         return None

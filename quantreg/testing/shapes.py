@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..bounds import MAX_SIZE, shown, text_count
+
 BLOCK = 32
 
 
@@ -70,10 +72,12 @@ def parse_shape(text: str) -> MoeShape:
         return PRESETS[name]
     parts = [p.strip() for p in name.split(",")]
     expected = (f"expected one of {', '.join(PRESETS)} or E,H,I (experts, hidden, intermediate; "
-                f"H and I multiples of {BLOCK}, E >= 2), got {text!r}")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+                f"H and I multiples of {BLOCK}, E >= 2, each at most {MAX_SIZE:,}), got {shown(text)}")
+    # bounded before int() reads a digit (5,000 of them) and before any layer is built (10^12 experts)
+    numbers = [text_count(p, 1, MAX_SIZE) for p in parts]
+    if len(parts) != 3 or None in numbers:
         raise ValueError(expected)
-    experts, hidden, inter = (int(p) for p in parts)
+    experts, hidden, inter = (int(n) for n in numbers if n is not None)
     if experts < 2 or hidden < BLOCK or inter < BLOCK or hidden % BLOCK or inter % BLOCK:
         raise ValueError(expected)
     return MoeShape(experts, hidden, inter)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..bounds import MAX_TINY_LAYERS, whole_problem
 from ..envelope import envelope
 from ..files import WriteRefused, read_regular
 from ..problems import printable, problem_json
@@ -68,7 +69,8 @@ def serve_hint(directory: Path, bf16: bool) -> str:
     if not bf16:
         lines.insert(2, "  (on a CPU without AMX vLLM has no MXFP4 kernel: route the key to a quantreg method "
                         "with QUANTREG_CONFIG (quantreg list), or write the --bf16 twin)")
-    return "\n".join(lines)
+    # the directory is the user's text: a name holding terminal control sequences is shown escaped, line by line
+    return "\n".join(printable(line) for line in lines)
 
 
 def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool = False, shape: str = "tiny",
@@ -101,8 +103,9 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
     def progress(line: str) -> None:
         print(f"quantreg tiny-model: {printable(line)}", file=sys.stderr, flush=True)
 
-    if layers is not None and layers < 1:
-        message = f"--layers must be at least 1, got {layers}"
+    bad = whole_problem(layers, 1, MAX_TINY_LAYERS, "a layer count") if layers is not None else None
+    if bad is not None:  # the CLI's argparse type says the same; library callers get it here, before torch
+        message = f"--layers: {bad}"
         if as_json:
             print(json.dumps({"directory": printable(directory), **envelope([problem_json(message)])}, indent=2))
         print(f"quantreg tiny-model: {printable(message)}", file=sys.stderr)

@@ -20,6 +20,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from ..bounds import MAX_BUDGET_S, number_problem
 from ..envelope import envelope
 from ..error_measure import DEFAULT_TOLERANCE
 from ..files import WriteRefused
@@ -189,8 +190,9 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     if device != "cpu":
         return _fail(f"--device {device}: tune measures on the CPU only (the kit's harness builds CPU layers)",
                      as_json, 2, key="--device")
-    if not budget > 0:
-        return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2, key="--budget")
+    bad_budget = number_problem(budget, 0, MAX_BUDGET_S, "a number of seconds", low_open=True)
+    if bad_budget:  # the CLI's argparse type says the same; it is recorded as tuned.budget_s, which a table bounds
+        return _fail(f"--budget: {bad_budget}", as_json, 2, key="--budget")
     counts, bad_tokens = parse_tokens(tokens)
     if counts is None:
         return _fail(bad_tokens or "--tokens", as_json, 2, key="--tokens")
@@ -203,16 +205,11 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
     fail = functools.partial(_fail, as_json=as_json, registry=registry, config=config)
     if not ck.config:
         return fail("; ".join(ck.problems) or f"{model_dir}: not a checkpoint directory")
-    quant_format, _ = quant_format_of(ck)
-    key = Key(quant_format, ck.model_type, device)
     ex = ck.experts
     if not ck.moe_layers:  # plan's located problems (an absurd num_local_experts...) say why, when it has them
         if ck.problems:
             return fail("; ".join(ck.problems), path=f"{model_dir}/config.json")
         return fail(f"{printable(model_dir)}: no MoE layers (nothing for quantreg to decide)", path=model_dir)
-    if quant_format not in FLOAT64_FORMATS:
-        return fail(f"key {key}: tune measures {', '.join(FLOAT64_FORMATS)} layers only (the formats with a "
-                    "float64 reference and a harness layer); nothing written", path=model_dir)
     try:
         shape = (int(ex["count"]), int(ex["hidden_size"]), int(ex["intermediate_size"]), int(ex["per_token"]))
     except (TypeError, ValueError, KeyError):
@@ -226,6 +223,13 @@ def tune_command(model_dir: str, *, device: str = "cpu", out: str | None = None,
         return fail(f"{printable(model_dir)}/config.json: a layer of {shape[0]} experts at hidden {shape[1]}, "
                     f"intermediate {shape[2]} needs about {need / 2**30:.1f} GiB to measure; {free / 2**30:.1f} GiB "
                     "is available here; nothing measured", path=f"{model_dir}/config.json")
+    # the sizes are bounded and fit (above) before anything is imported or allocated: naming the quant format
+    # may import vLLM (hundreds of MB), which a config.json with 10^6 experts must not cost
+    quant_format, _ = quant_format_of(ck)
+    key = Key(quant_format, ck.model_type, device)
+    if quant_format not in FLOAT64_FORMATS:
+        return fail(f"key {key}: tune measures {', '.join(FLOAT64_FORMATS)} layers only (the formats with a "
+                    "float64 reference and a harness layer); nothing written", path=model_dir)
     progress = ProgressLine(quiet=as_json)
     prior = registry.resolve(key).rule  # the chain the key has now: a tie within noise keeps its order
     prior_chain = list(prior.methods) if prior is not None else []

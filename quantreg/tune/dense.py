@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from ..bounds import MAX_BUDGET_S, number_problem
 from ..envelope import envelope
 from ..error_measure import DEFAULT_TOLERANCE
 from ..files import WriteRefused
@@ -175,8 +176,9 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
     if device != "cpu":
         return _fail(f"--device {device}: tune measures on the CPU only (the kit's harness builds CPU layers)",
                      as_json, 2, key="--device")
-    if not budget > 0:
-        return _fail(f"--budget {budget:g}: expected a positive number of seconds", as_json, 2, key="--budget")
+    bad_budget = number_problem(budget, 0, MAX_BUDGET_S, "a number of seconds", low_open=True)
+    if bad_budget:
+        return _fail(f"--budget: {bad_budget}", as_json, 2, key="--budget")
     if allow_lossy and EXPERTS in kinds and len(kinds) == 1:
         return _fail("--allow-lossy: only dense layer kinds have a lossy judgement; --layers experts names none "
                      f"(add {', '.join(DENSE_KINDS)} or {ALL})", as_json, 2, key="--allow-lossy")
@@ -237,7 +239,7 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
         if not table.get("rules"):
             missing.append(EXPERTS)
     from ..testing.gpt_oss_dense import DenseShape
-    from .dense_measure import checkpoint_names, checkpoint_tensors, measure_dense, synthetic_tensors
+    from .dense_measure import checkpoint_names, checkpoint_tensors, measure_dense, synthetic_tensors, tensors_problem
 
     full = {f: sizes.get(f, 1) for f in ("hidden", "heads", "kv_heads", "head_dim", "vocab", "experts")}
     shape = DenseShape(**full)
@@ -256,6 +258,11 @@ def tune_layers(model_dir: str, layers: str, *, device: str = "cpu", out: str | 
         except Exception as exc:
             progress.done()
             return fail(f"{printable(model_dir)}: cannot read the {kind} weights: {printable(str(exc))}",
+                        path=model_dir)
+        bad_tensors = tensors_problem(kind, shape, tensors)
+        if bad_tensors is not None:  # before any layer is built: named, never vLLM's loader's KeyError
+            progress.done()
+            return fail(f"{printable(model_dir)}: the {kind} weights ({weights}): {bad_tensors}; nothing measured",
                         path=model_dir)
         try:
             results, rounds = measure_dense(registry, key, shape, tensors, tolerance=DEFAULT_TOLERANCE,

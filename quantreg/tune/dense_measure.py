@@ -120,6 +120,38 @@ def source_weights(part: str, tensors: Mapping[str, torch.Tensor]) -> tuple[torc
     return tensors["weight"], tensors.get("bias")
 
 
+def tensors_problem(kind: str, shape: gd.DenseShape, tensors: Mapping[str, Mapping[str, torch.Tensor]]) -> str | None:
+    """Why the checkpoint's ``kind`` tensors cannot be measured at ``shape`` (``None``: they can), said with
+    the part, the tensor, its shape and what was expected.
+
+    Checked before any layer is built: a wrong-shaped tensor ended in vLLM's loader as ``KeyError:
+    'lm_head'``, and non-finite weights were blamed on vLLM's loader (``NaN != NaN`` failed the equality
+    check that the loader wrote the checkpoint's weights).
+    """
+    for part in gd.PARTS[kind]:
+        k, n = shape.in_out(part)
+        have = tensors.get(part) or {}
+        for name, tensor in have.items():
+            if not tensor.is_floating_point():
+                return f"{part}: {name} is {str(tensor.dtype).removeprefix('torch.')}; expected floating-point weights"
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                return (f"{part}: {name} holds {bad} non-finite value(s) (NaN or inf); the float64 reference "
+                        "needs finite weights")
+        try:
+            weight, bias = source_weights(part, have)
+        except KeyError as exc:
+            return f"{part}: tensor {printable(str(exc.args[0]))} missing"
+        except RuntimeError:  # q, k, v whose widths do not stack
+            shapes = ", ".join(f"{name} {list(t.shape)}" for name, t in have.items())
+            return f"{part}: {shapes}; expected q/k/v weights of width {k} (hidden) to stack"
+        if tuple(weight.shape) != (n, k):
+            return f"{part}: weight has shape {list(weight.shape)}; expected [{n}, {k}] at these sizes"
+        if bias is not None and tuple(bias.shape) != (n,):
+            return f"{part}: bias has shape {list(bias.shape)}; expected [{n}]"
+    return None
+
+
 class DenseMeasurement(SideBySide):
     """The dense methods of one key (its layer kind), built once, then checked and timed side by side."""
 

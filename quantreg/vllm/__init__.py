@@ -33,6 +33,8 @@ _dense_hooks = (PostImportHook(LINEAR_MODULE, _dense.patch_linear),
                 PostImportHook(LOADER_MODULE, _dense.patch_loader))
 _keepers = QuantConfigGuard()
 _registered = False
+_inactive = False
+"""Set when ``register()`` failed and undid itself: nothing of quantreg acts in this process."""
 _table_fingerprint = PublishedFingerprint(settings.FINGERPRINT, "effective table", "its parent process",
                                          "a table file or plugin changed")
 
@@ -73,7 +75,26 @@ def register() -> None:
         message = f"quantreg: register() failed unexpectedly: {printable(describe(exc))}"
         if strict:
             startup.fail_strict(strict_error(message))
+        _deactivate()
         logger.warning("%s; quantreg is inactive in this process and vLLM keeps its own MoE methods", message)
+
+
+def _deactivate() -> None:
+    """What ``register()`` armed before it failed, undone: a process quantreg calls inactive must be one.
+
+    Why: ``register()`` arms its import hooks and keepers before it fingerprints and publishes; a
+    fault after arming (a tuned rule's evidence read at fingerprinting, before readers were total)
+    left every hook armed while the WARNING said "inactive", so every MoE layer still went through
+    the seam. Undone here in the order :func:`unregister` uses, each step on its own (never raises),
+    and the process stays inactive: a later ``register()`` call does nothing.
+    """
+    global _registered, _inactive
+    for step in (_hook.disarm, *(h.disarm for h in _dense_hooks), _dense.unpatch, _keepers.disarm, _seam.unpatch):
+        try:
+            step()
+        except Exception as exc:  # one step failing must not keep the next armed
+            logger.warning("quantreg: undoing register(): %s", printable(describe(exc)))
+    _registered, _inactive = True, True
 
 
 def _register(built: list[Registry], caller: FrameType | None) -> None:
@@ -126,7 +147,7 @@ def _left_out(registry: Registry) -> int:
 
 def unregister() -> None:
     """Undo ``register()`` (tests): restore vLLM's function and forget the registry."""
-    global _registered
+    global _registered, _inactive
     _table_fingerprint.withdraw()
     startup.forget()
     _hook.disarm()
@@ -137,7 +158,7 @@ def unregister() -> None:
     multinode.withdraw()
     _seam.unpatch()
     set_registry(None)
-    _registered = False
+    _registered = _inactive = False
 
 
 def installed() -> bool:

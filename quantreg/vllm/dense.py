@@ -170,6 +170,8 @@ class DenseSeam:
         context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
         try:
             method = registry.methods[decision.method].build(vllms, context)
+        except QuantregError:  # already one strict line: passed on, never wrapped in a second prefix
+            raise
         except Exception as exc:
             message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built "
                        f"for {printable(prefix)}: {type(exc).__name__}: {printable(str(exc))}")
@@ -193,6 +195,8 @@ class DenseSeam:
         def process_weights_after_loading(target: Any) -> None:
             try:
                 inner(target)
+            except QuantregError:  # already one strict line (a verify: load check): passed on, never wrapped
+                raise
             except Exception as exc:
                 message = (f"quantreg: method '{decision.method}' for {decision.key} [{decision.source}] failed "
                            f"preparing {printable(str(getattr(target, 'prefix', '')))}: {type(exc).__name__}: "

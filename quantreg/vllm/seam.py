@@ -176,11 +176,12 @@ class Seam:
         key = layer_key(quant_config)
         decision = registry.resolve(key)
         self.log_once(decision, registry)
-        for one in (s.decision for s in decision.sides):  # a split: every side, each by its own rule
-            if one.fallback and strict:
-                from ..answer import chain_notes
+        if decision.unrunnable and strict:  # every side, the same reading as every tool's verdict (envelope)
+            from ..answer import chain_notes
 
-                raise strict_error(f"{decision.summary()}; " + "; ".join(chain_notes(one)))
+            one = decision.unrunnable[0].decision
+            raise strict_error(f"{decision.summary()}; " + "; ".join(chain_notes(one)))
+        for one in (s.decision for s in decision.sides):  # a split: every side, each by its own rule
             self.check_tuned(one, registry, moe_config, strict)
         if decision.is_split:
             from .token_split import build_split
@@ -200,6 +201,8 @@ class Seam:
             return original(layer, prefix, quant_config, moe_config)
         try:
             method = self._method(decision, registry, layer, prefix, moe_config)
+        except QuantregError:  # already one strict line: passed on, never wrapped in a second prefix
+            raise
         except Exception as exc:
             message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built: "
                        f"{type(exc).__name__}: {exc}")
