@@ -8,9 +8,11 @@ with a bare C++ compiler, and one built wheel runs under every torch. This modul
 dtypes and devices, passes ``data_ptr()``s and sizes (:class:`_MoeArgs`), and does the one step
 that wants torch's GEMM -- the prefill path's bf16 matmul -- in a callback (:class:`_Gemm`; Python's
 signal handlers wait while C may call it, :func:`_signals_held`, so Ctrl-C is never lost in it). The
-forward is also registered as the torch op ``quantreg_cpu_mxfp4::moe_forward`` (CPU and Meta
-implementations, through ``torch.library``'s Python API, stable across releases), so a traced
-or compiled model sees one opaque op, as with the extension it replaces.
+whole forward -- library load, settings, checks, the C call -- is the torch custom op
+``quantreg_cpu_mxfp4::moe_forward`` (``torch.library.custom_op`` with a fake implementation giving
+the output's shape and dtype), so a model traced or compiled by ``torch.compile`` (vLLM's default
+mode: Dynamo, ``fullgraph``) records one opaque call; :func:`moe_forward` around it does only
+tensor work Dynamo can trace.
 
 What runs (C++, ``csrc/``; OpenMP threads, as many as ``torch.get_num_threads()``, in the same
 libgomp torch loaded): the routed
@@ -493,13 +495,34 @@ def _forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     return out
 
 
-_LIBRARY_DEF = torch.library.Library("quantreg_cpu_mxfp4", "DEF")
-_LIBRARY_DEF.define(
-    "moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w13_scale, "
-    "Tensor? w13_bias, Tensor w2, Tensor w2_scale, Tensor? w2_bias, str activation, float alpha, "
-    "float limit, str isa, str precision, int gemm_min_tokens) -> Tensor")
-_LIBRARY_DEF.impl("moe_forward", _forward, "CPU")
-_LIBRARY_DEF.impl("moe_forward", lambda x, *_: torch.empty_like(x), "Meta")
+def _moe_forward_impl(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                      w13_scale: torch.Tensor, w13_bias: torch.Tensor | None, w2: torch.Tensor,
+                      w2_scale: torch.Tensor, w2_bias: torch.Tensor | None, activation: str, alpha: float,
+                      limit: float, gemm_min_tokens: int) -> torch.Tensor:
+    """The whole forward as one opaque torch op: what a traced or compiled model records.
+
+    Why everything happens in here: under ``torch.compile`` (vLLM's default mode traces the model
+    with Dynamo, ``fullgraph``) Dynamo cannot step through ctypes, the cached library load (a
+    ``stat``), the settings read from the environment or the prefill callback. Inside the op they
+    run at every call, eagerly, so ``QUANTREG_CPU_MXFP4_ISA`` / ``_PRECISION`` are still read per
+    forward (not frozen into a trace). ``gemm_min_tokens`` < 0: the precision's
+    :data:`GEMM_MIN_TOKENS`.
+    """
+    prec = precision()
+    threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens < 0 else gemm_min_tokens
+    return _forward(x, topk_ids, topk_weights, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activation, alpha,
+                    limit, isa(), prec, threshold)
+
+
+def _moe_forward_fake(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    """Shape and dtype of the output (``x``'s), for tracing with fake tensors."""
+    return torch.empty_like(x)
+
+
+# Not as decorators: torch.library's decorators are untyped (mypy --strict).
+_MOE_FORWARD_OP: Any = torch.library.custom_op("quantreg_cpu_mxfp4::moe_forward", _moe_forward_impl, mutates_args=(),
+                                               device_types="cpu")
+_MOE_FORWARD_OP.register_fake(_moe_forward_fake)
 
 
 def moe_forward(
@@ -530,14 +553,11 @@ def moe_forward(
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    lib, why = _extension()
-    if lib is None:
-        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available (extension not built: {why})")
-    prec = precision()
-    threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens is None else int(gemm_min_tokens)
+    # Only tensor work and one op call here: this function is traced by Dynamo (vLLM's default
+    # mode); the library load, the settings and the C call happen inside the op.
     out: torch.Tensor = torch.ops.quantreg_cpu_mxfp4.moe_forward(
         x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), w13.blocks, w13.scales,
         None if w13_bias is None else w13_bias.contiguous(), w2.blocks, w2.scales,
-        None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit), isa(),
-        prec, threshold)
+        None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit),
+        -1 if gemm_min_tokens is None else int(gemm_min_tokens))
     return out
