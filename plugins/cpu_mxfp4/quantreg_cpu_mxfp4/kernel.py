@@ -67,15 +67,17 @@ into new tensors (the caller drops vLLM's, as the method does: resident bytes = 
 
 Prefill: the int8 kernel is compute-bound at many tokens per expert (weights decoded once per
 16-row x 32-column block and reused over 8 (AVX-512) or 2 (AVX2) tokens). So an expert with at
-least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: (expert,
-256-row tile) jobs decode their tile to bf16 -- exactly, every MXFP4 value is a bf16 -- into a
-scratch tensor that lives for the job only (weights stay packed,
-resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``torch.mm``
-(``torch.mm`` called back from the C library: oneDNN, AMX where present, AVX-512 BF16 / AVX2
-otherwise; tiles of :data:`GEMM_ROWS` rows decoded in parallel), W13 then activation (kept in bf16)
-then W2; weighting and the per-token sum are shared with the int8 path. Its error is that of a
-torch bf16 MoE on the dequantised weights (``mxfp4_reference``'s scheme): 0.5-0.7 % measured,
-independent of the precision setting. The weight decode is AVX2 on both ISA paths.
+least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: tile by tile
+(:data:`GEMM_ROWS` rows of one expert, decoded in parallel by 16-row groups) its weights are decoded
+exactly -- every MXFP4 value is a bf16 and an fp32 -- into a K-major scratch tile freed after the
+forward (weights stay packed, resident memory unchanged), and ``torch.mm`` (called back from the
+C library) multiplies the expert's tokens by it: W13, then the activation, then W2; weighting and
+the per-token sum are shared with the int8 path. The GEMM's dtype follows the CPU: bf16 where the
+avx512 path runs on a CPU with AVX-512 BF16 (oneDNN: AVX-512 BF16, AMX where present; error that
+of a torch bf16 MoE on the dequantised weights, ``mxfp4_reference``'s scheme: 0.5-0.7 %
+measured), fp32 elsewhere (AVX2 hosts, and the forced avx2 path: torch's bf16 GEMM is emulated
+there, 21 against its fp32 132 GFLOP/s on an AVX2 EPYC, issue 44; error that of fp32 accumulation,
+~2e-6 before the output's rounding to bf16).
 
 Threads: every stage runs on ``torch.get_num_threads()`` OpenMP threads; GEMV jobs are
 (expert, 256-row block) pairs taken from a shared counter, so uneven experts balance.
@@ -105,20 +107,22 @@ PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
 PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
-# Tokens routed to one expert from which it takes the prefill path (bf16 tiles + torch.mm) instead
-# of the Q8 GEMV, per activation precision. Measured with the 16-row kernel (GPT-OSS-20B layer,
-# 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, interleaved): GEMM / GEMV
-# time under q8x2 (token tiles of 8, load ~2.5) 1.78 at c=16, 1.27 at 32, 1.04 at 48, 0.86 at 64,
-# 0.84 at 96; under q8 (tiles of 4, load 4-5) 1.27-2.3 at 16-128. (The row-major kernel crossed
-# at 16 and 64.) The GEMM has a fixed cost (decoding the expert) that the int8 GEMV does not,
-# and q8 does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is
-# faster still, so these thresholds are conservative there.
-GEMM_MIN_TOKENS = {"q8x2": 48, "q8": 128}
-# Rows of one expert decoded to bf16 per prefill GEMM call: 512 x 2880 bf16 is 2.9 MiB (stays in
-# the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
+# Tokens routed to one expert from which it takes the prefill path (decoded tiles + torch.mm)
+# instead of the Q8 GEMV, per activation precision. The int8 GEMV stays compute-efficient at many
+# tokens (weights decoded once per 16-row block and reused over a tile of tokens) and its dynamic
+# job split keeps both threads busy on a shared machine, where torch's GEMM loses more to a
+# descheduled thread. Measured 2026-12-06 (AMD EPYC Zen 4, AVX-512 BF16, no AMX; GPT-OSS-20B layer,
+# one thread, CPU time, 32 experts x c tokens; load 7-9): at c=32 GEMV 449 ms (avx512) / 899 ms
+# (avx2) against the GEMM path's 580-640 ms (bf16 tiles) / 1,250-1,330 ms (fp32 tiles); at c=128
+# GEMV 1.94 s / 4.3 s against 1.95-3.8 s / 3.7-3.9 s: the crossover is near 128 tokens under
+# q8x2 on both routes, and later under q8 (half the dot products). (The earlier bf16 row-major
+# decode measured a crossover of 48 on this host: the GEMV has since become cheaper.)
+GEMM_MIN_TOKENS = {"q8x2": 128, "q8": 256}
+# Rows of one expert decoded per prefill GEMM call: 512 x 2880 is 2.9 MiB in bf16, 5.9 MiB in fp32
+# (stays in the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
 GEMM_ROWS = 512
 LIBRARY = "libquantreg_cpu_mxfp4.so"
-ABI_VERSION = 2
+ABI_VERSION = 3
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 GEMM_DONE = 0x51524F4B
 """What the prefill callback returns once it has written its rows (``csrc/moe.cpp``'s ``kQrGemmDone``):
@@ -126,7 +130,8 @@ any other value stops the forward, so a callback that never ran its body (below)
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """Signals whose Python handlers wait while the C forward may call back into Python (:func:`_signals_held`)."""
 _GEMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)
+_GEMM_DTYPES = {0: torch.float32, 1: torch.bfloat16}  # csrc/moe.cpp's QR_F32 / QR_BF16
 
 
 class _MoeArgs(ctypes.Structure):
@@ -328,15 +333,16 @@ class PackedExperts:
 
 def _wrap(address: int, count: int, dtype: torch.dtype) -> torch.Tensor:
     """A tensor over ``count`` elements of C-owned memory at ``address`` (no copy)."""
-    size = count * (2 if dtype == torch.bfloat16 else 4)
+    size = count * dtype.itemsize
     return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype, count=count)
 
 
 class _Gemm:
-    """The prefill path's matmul, called back by the C library: ``c[:m, :n] = a @ b.T`` in bf16.
+    """The prefill path's matmul, called back by the C library: ``c[:m, :n] = a @ b``.
 
-    ``torch.mm`` on bf16 gives the bf16-rounded result ``at::mm`` gave inside the extension; it
-    is written to the fp32 rows ``c`` (row stride ``ldc``). An exception cannot cross the C
+    ``a`` ``[m, k]`` (the expert's tokens), ``b`` ``[k, n]`` (the K-major weight tile), both fp32 or
+    both bf16 (``dtype``; bf16 where the CPU has AVX-512 BF16, as ``csrc/moe.cpp`` decides); the
+    result goes to the fp32 rows ``c`` (row stride ``ldc``). An exception cannot cross the C
     frames: it is kept, the callback returns 1 (the C side stops), and :func:`_forward` raises it.
     One raised as the callback is entered, before its ``try`` (a signal handler's
     ``KeyboardInterrupt`` runs at a function's first instruction), would be printed and swallowed
@@ -348,12 +354,16 @@ class _Gemm:
         self.error: BaseException | None = None
         self.fn = _GEMM_FN(self)
 
-    def __call__(self, a: int, m: int, k: int, b: int, n: int, c: int, ldc: int) -> int:
+    def __call__(self, a: int, m: int, k: int, b: int, n: int, c: int, ldc: int, dtype: int) -> int:
         try:
-            lhs = _wrap(a, m * k, torch.bfloat16).view(m, k)
-            rhs = _wrap(b, n * k, torch.bfloat16).view(n, k)
+            kind = _GEMM_DTYPES[dtype]
+            lhs = _wrap(a, m * k, kind).view(m, k)
+            rhs = _wrap(b, k * n, kind).view(k, n)
             out = _wrap(c, (m - 1) * ldc + n, torch.float32).as_strided((m, n), (ldc, 1))
-            out.copy_(torch.mm(lhs, rhs.t()))
+            if kind == torch.float32 and ldc == n:
+                torch.mm(lhs, rhs, out=out)
+            else:
+                out.copy_(torch.mm(lhs, rhs))
             return GEMM_DONE
         except BaseException as exc:  # handed back to the caller, never lost
             self.error = exc
