@@ -42,9 +42,10 @@ dtype (bf16: 0.4 % of an element, ~0.3 % ``relative_error``). The tests hold bot
 the 2 % tolerance and ``q8x2`` to 1 %. Cost (shared 2-core AVX-512 host, 16-row kernel): +10-25 %
 over ``q8`` at 1 token (2.4-2.9 ms against 2.1-2.3 ms, interleaved: ``q8`` is then at the read
 floor, ``q8x2`` is bound by its doubled dot products), more at several tokens per expert
-(compute-bound), which is why
-``q8x2`` hands experts to the bf16 prefill path from 48 tokens and ``q8`` only from 128 (below);
-``q8`` stays the faster setting for long prompts on hosts without AMX.
+(compute-bound), which is why ``q8x2`` hands experts to the GEMM prefill path from 128 tokens and
+``q8`` only from 256 (:data:`GEMM_MIN_TOKENS`); ``q8`` stays the faster setting for long prompts on
+hosts without AMX. (Measured 2026-12-06 with fp32 outputs: ``q8x2``'s own error is ~4e-5
+``relative_error``; what the tests see is the bf16 rounding of the output.)
 
 Format edge cases: E8M0 byte 255 (NaN in the OCP spec) yields non-finite outputs for the rows
 that use it; byte 0 (2^-127) is treated as 0 (a difference below 1e-38 relative). Non-finite
