@@ -32,6 +32,7 @@ GROUPS: dict[str, list[str]] = {
     "vllm": ["vllm_bench"],
     "verify": ["verify_bench"],
     "cpu_mxfp4": ["cpu_mxfp4_bench"],
+    "cpu_mxfp4_speed": ["cpu_mxfp4_speed_bench"],
     "tune": ["tune_bench"],
     "tune_repro": ["tune_repro_bench"],
     "tune_crossover": ["tune_crossover_bench"],
@@ -41,7 +42,8 @@ ORDER = ["hook_ms", "register_import_ms", "resolve_us_10k", "load_validate_s_10k
          "dequant_bw_fraction", "reference_decode_ms", "hpu_pwal_ms_120b", "decode_ratio",
          "verify_decode_ratio", "tokens_split_decode_ratio", "tokens_split_layer_decode_ratio",
          "cpu_mxfp4_floor_ratio", "cpu_mxfp4_floor_ratio_120b", "cpu_mxfp4_tokens_16_256",
-         "cpu_mxfp4_vs_vllm_bf16", "tune_20b_vllm", "tune_20b_cpu_mxfp4", "tune_20b_mxfp4_reference",
+         "cpu_mxfp4_vs_vllm_bf16", "cpu_mxfp4_decode_floor_ratio",
+         "cpu_mxfp4_prefill_gflops", "tune_20b_vllm", "tune_20b_cpu_mxfp4", "tune_20b_mxfp4_reference",
          "tune_repro_tiny", "tune_repro_20b", "tune_crossover_20b"]
 DEFAULT_JSON = ROOT / "bench" / "results" / "latest.json"
 

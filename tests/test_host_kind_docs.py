@@ -48,7 +48,7 @@ def test_the_probe_reason_names_the_isa_path_as_documented() -> None:
     if not ok:
         pytest.skip(why)
     readme = (ROOT / "plugins" / "cpu_mxfp4" / "README.md").read_text(encoding="utf-8")
-    assert why.startswith("kernel loaded: libquantreg_cpu_mxfp4.so (ABI 2), ISA path ")
-    assert "kernel loaded: libquantreg_cpu_mxfp4.so (ABI 2), ISA path avx512\n(AVX-512 VNNI)" in readme
+    assert why.startswith("kernel loaded: libquantreg_cpu_mxfp4.so (ABI 3), ISA path ")
+    assert "kernel loaded: libquantreg_cpu_mxfp4.so (ABI 3), ISA path avx512\n(AVX-512 VNNI)" in readme
     assert why.split("ISA path ")[1] in ("avx512 (AVX-512 VNNI)", "avx2 (AVX2+FMA)",
                                          f"avx2 (AVX2+FMA, forced by {probe.ISA_ENV})")

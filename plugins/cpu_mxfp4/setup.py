@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = "libquantreg_cpu_mxfp4.so"
-SOURCES = ["csrc/moe.cpp", "csrc/gemv_avx2.cpp", "csrc/gemv_avx512.cpp", "csrc/decode_bf16.cpp"]
+SOURCES = ["csrc/moe.cpp", "csrc/gemv_avx2.cpp", "csrc/gemv_avx512.cpp", "csrc/decode_tile.cpp"]
 FAILURE_FILE = "BUILD_FAILED.txt"
 NOT_BUILT = "quantreg-cpu-mxfp4: compiled kernel NOT built ({reason}); installing the pure-Python package only"
 

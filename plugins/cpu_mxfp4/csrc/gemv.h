@@ -75,10 +75,13 @@ struct GemvJob {
 void gemv_avx2(const GemvJob& job);
 void gemv_avx512(const GemvJob& job);
 
-// Rows [row0, row0 + rows) of one expert's MXFP4 weight (the layout above, the expert's N rows;
-// row0 a multiple of 16) -> bf16 bit patterns [rows, K], exactly (decode_bf16.cpp; the prefill
-// path's scratch tile).
-void decode_rows_bf16_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t n, int64_t row0, int64_t rows,
-                           int64_t k, uint16_t* dst);
+// Whole 16-row groups [row0, row0 + rows) of one expert's MXFP4 weight (the layout above, row0 and
+// rows multiples of 16, inside the body) -> a K-major tile, exactly: dst[k * ldd + col0 + r] =
+// W[row0 + r, k] (decode_tile.cpp; the prefill path's scratch tile). The AVX-512 variant writes
+// fp32 or (bf16 != 0) bf16 bit patterns, the AVX2 one fp32.
+void decode_tile_avx512(const uint8_t* blocks, const uint8_t* scales, int64_t row0, int64_t rows, int64_t k,
+                        void* dst, int64_t ldd, int64_t col0, int32_t bf16);
+void decode_tile_avx2(const uint8_t* blocks, const uint8_t* scales, int64_t row0, int64_t rows, int64_t k,
+                      float* dst, int64_t ldd, int64_t col0);
 
 }  // namespace quantreg_cpu_mxfp4

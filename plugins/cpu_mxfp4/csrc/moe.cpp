@@ -16,12 +16,14 @@
 //  5. w2 GEMV the same way;
 //  6. per token, sum_k weight_k * (y_k + b2_e) in slot order (deterministic), to x's dtype.
 // Prefill: an expert with >= gemm_min_tokens routed tokens skips the Q8 GEMVs (compute-bound
-// there) and takes steps 3 and 5 as bf16 GEMMs instead: tile by tile (gemm_rows rows of one
-// expert), the tile is decoded to bf16 exactly (decode_bf16.cpp; weights stay packed) into a
-// scratch buffer, then the caller's gemm callback multiplies the expert's bf16 tokens by it
-// (kernel.py: torch.mm, i.e. oneDNN: AMX / AVX-512 BF16 where present) and writes fp32 results;
-// the activation is kept in bf16, not Q8. Error: that of bf16 activations and bf16 GEMM outputs,
-// like mxfp4_reference's.
+// there) and takes steps 3 and 5 as GEMMs instead: tile by tile (gemm_rows rows of one expert),
+// the tile is decoded exactly into a K-major scratch buffer (decode_tile.cpp; weights stay
+// packed), then the caller's gemm callback multiplies the expert's tokens by it (kernel.py:
+// torch.mm) and writes fp32 results; the activation is kept in the GEMM's dtype, not Q8. The
+// dtype follows the CPU: bf16 where the avx512 path runs on a CPU with AVX-512 BF16 (oneDNN:
+// AMX / AVX-512 BF16; error that of bf16 activations and outputs, like mxfp4_reference's), fp32
+// elsewhere (AVX2 hosts, where torch's bf16 GEMM is emulated and ~6x slower than its fp32 SGEMM;
+// error that of fp32 accumulation).
 //
 // Threads: OpenMP regions of `threads` workers (the caller passes torch.get_num_threads()). Loaded
 // after torch, this library's libgomp.so.1 dependency resolves to the libgomp torch already loaded
@@ -48,14 +50,15 @@ extern "C" {
 // dtype codes shared with kernel.py (_DTYPES).
 enum QrDtype : int32_t { QR_F32 = 0, QR_BF16 = 1, QR_F16 = 2 };
 
-// out[i * ldc + j] = float(bf16(sum_k a[i * k + kk] * b[j * k + kk])) for i < m, j < n: a [m, k] and
-// b [n, k] bf16 bit patterns, row-major. Returns kQrGemmDone once c is written; anything else aborts
+// out[i * ldc + j] = sum_kk a[i * k + kk] * b[kk * n + j] for i < m, j < n: a [m, k] (the tokens) and
+// b [k, n] (the K-major weight tile), row-major, both fp32 (dtype QR_F32) or both bf16 bit patterns
+// (QR_BF16: the product rounded to bf16, as torch.mm gives it). Returns kQrGemmDone once c is written; anything else aborts
 // the forward. Why a magic value and not 0: the callback is Python (ctypes), and an exception raised
 // as it is entered, before its own try (a signal handler's KeyboardInterrupt), is printed by ctypes
 // and swallowed, leaving the return slot uninitialised -- 0 there would pass unwritten rows as output.
 constexpr int32_t kQrGemmDone = 0x51524f4b;  // "QROK"; kernel.py's GEMM_DONE
-typedef int32_t (*qr_gemm_fn)(const uint16_t* a, int64_t m, int64_t k, const uint16_t* b, int64_t n, float* c,
-                              int64_t ldc);
+typedef int32_t (*qr_gemm_fn)(const void* a, int64_t m, int64_t k, const void* b, int64_t n, float* c,
+                              int64_t ldc, int32_t dtype);
 
 // Everything qr_moe_forward reads (kernel.py's _MoeArgs mirrors it field by field). Every array
 // is contiguous, row-major; kernel.py has checked shapes, dtypes and devices.
@@ -101,6 +104,14 @@ bool cpu_has_avx512() {
   __builtin_cpu_init();
   return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+// AVX-512 BF16 (also on every AMX host): torch's bf16 GEMM runs natively, ~2.4x its fp32 GEMM here
+// (measured, AMD EPYC Zen 4, m = 64, K = 2880: ~400 against ~165 GFLOP/s). Without it torch's
+// bf16 GEMM is emulated and far slower than fp32 (AVX2 host, issue 44: 21 against 132 GFLOP/s).
+bool cpu_has_avx512bf16() {
+  __builtin_cpu_init();
+  return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
 // Workers of the current forward (set on the calling thread at entry).
@@ -344,24 +355,52 @@ void run_gemv(void (*gemv)(const GemvJob&), const Stack& w, const std::vector<Gr
 }
 
 
-// out[r * w.n + row] = sum_k W_e[row, k] * in[r, k] for the pairs r of every group, W decoded
-// tile by tile to bf16 (in parallel, 16 rows a job) into `tile`, then multiplied by the caller's
-// gemm (torch's threads). in: bf16 [routed, K]. Returns false if the callback failed.
-bool run_gemm(const Stack& w, const std::vector<Group>& groups, const uint16_t* in, float* out, int64_t tile_rows,
-              qr_gemm_fn gemm, std::vector<uint16_t>& tile) {
-  tile.resize(static_cast<size_t>(tile_rows * w.k));
+// out[r * w.n + row] = sum_k W_e[row, k] * in[r, k] for the pairs r of every group: W decoded tile
+// by tile (gemm_rows rows of one expert, in parallel by 16-row groups) into the K-major scratch
+// `tile` (fp32, or bf16 when `bf16`), then multiplied by the caller's gemm (torch's threads).
+// in: [routed, K] in the tile's dtype. Returns false if the callback failed.
+bool run_gemm(const Stack& w, const std::vector<Group>& groups, const void* in, float* out, int64_t tile_rows,
+              qr_gemm_fn gemm, bool avx512, bool bf16, std::vector<uint8_t>& tile) {
+  const int64_t esize = bf16 ? 2 : 4;
+  const int64_t body = w.n - w.n % kRowGroup, nb = w.k / 32;
+  tile.resize(static_cast<size_t>(tile_rows * w.k * esize));
+  void* tp = tile.data();
   for (const Group& grp : groups) {
     const uint8_t* blocks = w.blocks + grp.e * w.n * (w.k / 2);
-    const uint8_t* scales = w.scales + grp.e * w.n * (w.k / 32);
+    const uint8_t* scales = w.scales + grp.e * w.n * nb;
     for (int64_t row0 = 0; row0 < w.n; row0 += tile_rows) {
       const int64_t rows = std::min(tile_rows, w.n - row0);
-      run_jobs((rows + kRowGroup - 1) / kRowGroup, [&](int64_t j) {
+      const int64_t whole = std::max<int64_t>(0, std::min(rows, body - row0));  // rows in 16-row groups
+      run_jobs((whole + kRowGroup - 1) / kRowGroup + (whole < rows ? 1 : 0), [&](int64_t j) {
         const int64_t r = j * kRowGroup;
-        decode_rows_bf16_avx2(blocks, scales, w.n, row0 + r, std::min(kRowGroup, rows - r), w.k,
-                              tile.data() + r * w.k);
+        if (r < whole) {
+          if (avx512) {
+            decode_tile_avx512(blocks, scales, row0 + r, kRowGroup, w.k, tp, rows, r, bf16 ? 1 : 0);
+          } else {
+            decode_tile_avx2(blocks, scales, row0 + r, kRowGroup, w.k, static_cast<float*>(tp), rows, r);
+          }
+          return;
+        }
+        for (int64_t c = whole; c < rows; ++c) {  // the row-major tail (< 16 rows): plain C
+          const int64_t row = row0 + c;
+          for (int64_t kk = 0; kk < w.k; ++kk) {
+            const uint8_t byte = blocks[row * (w.k / 2) + kk / 2];
+            const uint32_t bits = static_cast<uint32_t>(scales[row * nb + kk / 32]) << 23;
+            float scale;
+            std::memcpy(&scale, &bits, 4);
+            const float v = 0.5f * static_cast<float>(static_cast<int>(kCodeTable[kk % 2 ? byte >> 4 : byte & 15]) - 12)
+                            * scale;
+            if (bf16) {
+              static_cast<uint16_t*>(tp)[kk * rows + c] = static_cast<uint16_t>(fp32_to_bits(v) >> 16);
+            } else {
+              static_cast<float*>(tp)[kk * rows + c] = v;
+            }
+          }
+        }
       });
-      if (gemm(in + grp.begin * w.k, grp.end - grp.begin, w.k, tile.data(), rows, out + grp.begin * w.n + row0,
-               w.n) != kQrGemmDone)
+      const uint8_t* a = static_cast<const uint8_t*>(in) + grp.begin * w.k * esize;
+      if (gemm(a, grp.end - grp.begin, w.k, tp, rows, out + grp.begin * w.n + row0, w.n, bf16 ? QR_BF16 : QR_F32) !=
+          kQrGemmDone)
         return false;
     }
   }
@@ -461,15 +500,19 @@ const char* forward(const QrMoeArgs& a) {
       dst[static_cast<size_t>(per * r + j)] = h13.data() + (j * routed + r) * N1;
     }
   }
-  // The GEMM experts' tokens in bf16, one row per routed pair (rows of GEMV pairs unused).
-  std::vector<uint16_t> xb(big.empty() ? 0 : static_cast<size_t>(routed * H));
-  std::vector<uint16_t> ab(big.empty() ? 0 : static_cast<size_t>(routed * I));
+  // The GEMM experts' tokens in the GEMM's dtype (bf16 where the CPU has AVX-512 BF16 and the ISA
+  // path is avx512, else fp32), one row per routed pair (rows of GEMV pairs unused).
+  const bool gemm_bf16 = a.isa == 1 && cpu_has_avx512bf16();
+  const int32_t gdt = gemm_bf16 ? QR_BF16 : QR_F32;
+  const int64_t gsize = gemm_bf16 ? 2 : 4;
+  std::vector<uint8_t> xb(big.empty() ? 0 : static_cast<size_t>(routed * H * gsize));
+  std::vector<uint8_t> ab(big.empty() ? 0 : static_cast<size_t>(routed * I * gsize));
   if (!big.empty()) {
-    uint16_t* xbp = xb.data();
+    void* xbp = xb.data();
     run_jobs(routed, [&](int64_t r) {
       if (!big_pair[static_cast<size_t>(r)]) return;
       const int64_t t = pair_of[static_cast<size_t>(r)] / topk;
-      for (int64_t h = 0; h < H; ++h) xbp[r * H + h] = float_to_bf16(load_float(xp, xdt, t * H + h));
+      for (int64_t h = 0; h < H; ++h) store_float(xbp, gdt, r * H + h, load_float(xp, xdt, t * H + h));
     });
   }
 
@@ -502,8 +545,7 @@ const char* forward(const QrMoeArgs& a) {
       }
     }
     if (big_pair[static_cast<size_t>(r)]) {
-      uint16_t* abp = ab.data() + r * I;
-      for (int64_t i = 0; i < I; ++i) abp[i] = float_to_bf16(act_row[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < I; ++i) store_float(ab.data(), gdt, r * I + i, act_row[static_cast<size_t>(i)]);
     } else if (per == 2) {
       quantize_q8x2(act_row.data(), I, qa.data() + 2 * r * q2, qa.data() + (2 * r + 1) * q2, act_row.data() + I);
     } else {
@@ -524,13 +566,13 @@ const char* forward(const QrMoeArgs& a) {
   // Three parallel regions, not one: measured at 1 token (2 threads, interleaved, quiet), one
   // region where the thread finishing an expert's last w13 job activates it and w2 jobs wait for
   // that was 7-8 % slower than these barriers.
-  std::vector<uint16_t> tile;
+  std::vector<uint8_t> tile;
   const char* const gemm_failed = "the prefill gemm callback failed (it did not report its rows written)";
   run_gemv(gemv, s13, small, act, dst, per);
-  if (!big.empty() && !run_gemm(s13, big, xb.data(), h13.data(), a.gemm_rows, a.gemm, tile)) return gemm_failed;
+  if (!big.empty() && !run_gemm(s13, big, xb.data(), h13.data(), a.gemm_rows, a.gemm, a.isa == 1, gemm_bf16, tile)) return gemm_failed;
   run_jobs(routed, activate);
   run_gemv(gemv, s2, small, act2, dst2, per);
-  if (!big.empty() && !run_gemm(s2, big, ab.data(), y.data(), a.gemm_rows, a.gemm, tile)) return gemm_failed;
+  if (!big.empty() && !run_gemm(s2, big, ab.data(), y.data(), a.gemm_rows, a.gemm, a.isa == 1, gemm_bf16, tile)) return gemm_failed;
 
   // 6. Weighted sum per token, slots in order.
   run_jobs(T, [&](int64_t t) {
@@ -565,11 +607,13 @@ const char* forward(const QrMoeArgs& a) {
 
 extern "C" {
 
-// 1 if this CPU can run the path ("avx2": AVX2+FMA; "avx512": AVX-512 F/BW/VL/VNNI too), else 0.
+// 1 if this CPU can run the path ("avx2": AVX2+FMA; "avx512": AVX-512 F/BW/VL/VNNI too), or has the
+// feature ("avx512_bf16": the avx512 path's prefill GEMM runs in bf16, else fp32), else 0.
 __attribute__((visibility("default"))) int32_t qr_cpu_supports(const char* isa) {
   if (isa == nullptr) return 0;
   if (std::strcmp(isa, "avx2") == 0) return quantreg_cpu_mxfp4::cpu_has_avx2() ? 1 : 0;
   if (std::strcmp(isa, "avx512") == 0) return quantreg_cpu_mxfp4::cpu_has_avx512() ? 1 : 0;
+  if (std::strcmp(isa, "avx512_bf16") == 0) return quantreg_cpu_mxfp4::cpu_has_avx512bf16() ? 1 : 0;
   return 0;
 }
 
@@ -592,6 +636,6 @@ __attribute__((visibility("default"))) int32_t qr_moe_forward(const QrMoeArgs* a
 }
 
 // The ABI version kernel.py checks before use: bump it whenever QrMoeArgs or a signature changes.
-__attribute__((visibility("default"))) int32_t qr_abi_version() { return 2; }
+__attribute__((visibility("default"))) int32_t qr_abi_version() { return 3; }
 
 }  // extern "C"

@@ -8,9 +8,11 @@ with a bare C++ compiler, and one built wheel runs under every torch. This modul
 dtypes and devices, passes ``data_ptr()``s and sizes (:class:`_MoeArgs`), and does the one step
 that wants torch's GEMM -- the prefill path's bf16 matmul -- in a callback (:class:`_Gemm`; Python's
 signal handlers wait while C may call it, :func:`_signals_held`, so Ctrl-C is never lost in it). The
-forward is also registered as the torch op ``quantreg_cpu_mxfp4::moe_forward`` (CPU and Meta
-implementations, through ``torch.library``'s Python API, stable across releases), so a traced
-or compiled model sees one opaque op, as with the extension it replaces.
+whole forward -- library load, settings, checks, the C call -- is the torch custom op
+``quantreg_cpu_mxfp4::moe_forward`` (``torch.library.custom_op`` with a fake implementation giving
+the output's shape and dtype), so a model traced or compiled by ``torch.compile`` (vLLM's default
+mode: Dynamo, ``fullgraph``) records one opaque call; :func:`moe_forward` around it does only
+tensor work Dynamo can trace.
 
 What runs (C++, ``csrc/``; OpenMP threads, as many as ``torch.get_num_threads()``, in the same
 libgomp torch loaded): the routed
@@ -40,9 +42,10 @@ dtype (bf16: 0.4 % of an element, ~0.3 % ``relative_error``). The tests hold bot
 the 2 % tolerance and ``q8x2`` to 1 %. Cost (shared 2-core AVX-512 host, 16-row kernel): +10-25 %
 over ``q8`` at 1 token (2.4-2.9 ms against 2.1-2.3 ms, interleaved: ``q8`` is then at the read
 floor, ``q8x2`` is bound by its doubled dot products), more at several tokens per expert
-(compute-bound), which is why
-``q8x2`` hands experts to the bf16 prefill path from 48 tokens and ``q8`` only from 128 (below);
-``q8`` stays the faster setting for long prompts on hosts without AMX.
+(compute-bound), which is why ``q8x2`` hands experts to the GEMM prefill path from 128 tokens and
+``q8`` only from 256 (:data:`GEMM_MIN_TOKENS`); ``q8`` stays the faster setting for long prompts on
+hosts without AMX. (Measured 2026-12-06 with fp32 outputs: ``q8x2``'s own error is ~4e-5
+``relative_error``; what the tests see is the bf16 rounding of the output.)
 
 Format edge cases: E8M0 byte 255 (NaN in the OCP spec) yields non-finite outputs for the rows
 that use it; byte 0 (2^-127) is treated as 0 (a difference below 1e-38 relative). Non-finite
@@ -65,15 +68,17 @@ into new tensors (the caller drops vLLM's, as the method does: resident bytes = 
 
 Prefill: the int8 kernel is compute-bound at many tokens per expert (weights decoded once per
 16-row x 32-column block and reused over 8 (AVX-512) or 2 (AVX2) tokens). So an expert with at
-least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: (expert,
-256-row tile) jobs decode their tile to bf16 -- exactly, every MXFP4 value is a bf16 -- into a
-scratch tensor that lives for the job only (weights stay packed,
-resident memory unchanged) and multiply it with the expert's tokens in bf16 by ``torch.mm``
-(``torch.mm`` called back from the C library: oneDNN, AMX where present, AVX-512 BF16 / AVX2
-otherwise; tiles of :data:`GEMM_ROWS` rows decoded in parallel), W13 then activation (kept in bf16)
-then W2; weighting and the per-token sum are shared with the int8 path. Its error is that of a
-torch bf16 MoE on the dequantised weights (``mxfp4_reference``'s scheme): 0.5-0.7 % measured,
-independent of the precision setting. The weight decode is AVX2 on both ISA paths.
+least :data:`GEMM_MIN_TOKENS` routed tokens takes another path inside the same op: tile by tile
+(:data:`GEMM_ROWS` rows of one expert, decoded in parallel by 16-row groups) its weights are decoded
+exactly -- every MXFP4 value is a bf16 and an fp32 -- into a K-major scratch tile freed after the
+forward (weights stay packed, resident memory unchanged), and ``torch.mm`` (called back from the
+C library) multiplies the expert's tokens by it: W13, then the activation, then W2; weighting and
+the per-token sum are shared with the int8 path. The GEMM's dtype follows the CPU: bf16 where the
+avx512 path runs on a CPU with AVX-512 BF16 (oneDNN: AVX-512 BF16, AMX where present; error that
+of a torch bf16 MoE on the dequantised weights, ``mxfp4_reference``'s scheme: 0.5-0.7 %
+measured), fp32 elsewhere (AVX2 hosts, and the forced avx2 path: torch's bf16 GEMM is emulated
+there, 21 against its fp32 132 GFLOP/s on an AVX2 EPYC, issue 44; error that of fp32 accumulation,
+~2e-6 before the output's rounding to bf16).
 
 Threads: every stage runs on ``torch.get_num_threads()`` OpenMP threads; GEMV jobs are
 (expert, 256-row block) pairs taken from a shared counter, so uneven experts balance.
@@ -105,17 +110,19 @@ PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
 PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 BLOCK_SIZE = 32
-# Tokens routed to one expert from which it takes the prefill path (bf16 tiles + torch.mm) instead
-# of the Q8 GEMV, per activation precision. Measured with the 16-row kernel (GPT-OSS-20B layer,
-# 4 experts x c tokens, 2 threads, AMD EPYC AVX-512 BF16 without AMX, interleaved): GEMM / GEMV
-# time under q8x2 (token tiles of 8, load ~2.5) 1.78 at c=16, 1.27 at 32, 1.04 at 48, 0.86 at 64,
-# 0.84 at 96; under q8 (tiles of 4, load 4-5) 1.27-2.3 at 16-128. (The row-major kernel crossed
-# at 16 and 64.) The GEMM has a fixed cost (decoding the expert) that the int8 GEMV does not,
-# and q8 does half of q8x2's dot products, hence the later crossover. On AMX hosts the GEMM is
-# faster still, so these thresholds are conservative there.
-GEMM_MIN_TOKENS = {"q8x2": 48, "q8": 128}
-# Rows of one expert decoded to bf16 per prefill GEMM call: 512 x 2880 bf16 is 2.9 MiB (stays in
-# the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
+# Tokens routed to one expert from which it takes the prefill path (decoded tiles + torch.mm)
+# instead of the Q8 GEMV, per activation precision. The int8 GEMV stays compute-efficient at many
+# tokens (weights decoded once per 16-row block and reused over a tile of tokens) and its dynamic
+# job split keeps both threads busy on a shared machine, where torch's GEMM loses more to a
+# descheduled thread. Measured 2026-12-06 (AMD EPYC Zen 4, AVX-512 BF16, no AMX; GPT-OSS-20B layer,
+# one thread, CPU time, 32 experts x c tokens; load 7-9): at c=32 GEMV 449 ms (avx512) / 899 ms
+# (avx2) against the GEMM path's 580-640 ms (bf16 tiles) / 1,250-1,330 ms (fp32 tiles); at c=128
+# GEMV 1.94 s / 4.3 s against 1.95-3.8 s / 3.7-3.9 s: the crossover is near 128 tokens under
+# q8x2 on both routes, and later under q8 (half the dot products). (The earlier bf16 row-major
+# decode measured a crossover of 48 on this host: the GEMV has since become cheaper.)
+GEMM_MIN_TOKENS = {"q8x2": 128, "q8": 256}
+# Rows of one expert decoded per prefill GEMM call: 512 x 2880 is 2.9 MiB in bf16, 5.9 MiB in fp32
+# (stays in the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
 GEMM_ROWS = 512
 LIBRARY = "libquantreg_cpu_mxfp4.so"
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -125,7 +132,8 @@ any other value stops the forward, so a callback that never ran its body (below)
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """Signals whose Python handlers wait while the C forward may call back into Python (:func:`_signals_held`)."""
 _GEMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
+                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)
+_GEMM_DTYPES = {0: torch.float32, 1: torch.bfloat16}  # csrc/moe.cpp's QR_F32 / QR_BF16
 
 
 class _MoeArgs(ctypes.Structure):
@@ -326,15 +334,16 @@ class PackedExperts:
 
 def _wrap(address: int, count: int, dtype: torch.dtype) -> torch.Tensor:
     """A tensor over ``count`` elements of C-owned memory at ``address`` (no copy)."""
-    size = count * (2 if dtype == torch.bfloat16 else 4)
+    size = count * dtype.itemsize
     return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype, count=count)
 
 
 class _Gemm:
-    """The prefill path's matmul, called back by the C library: ``c[:m, :n] = a @ b.T`` in bf16.
+    """The prefill path's matmul, called back by the C library: ``c[:m, :n] = a @ b``.
 
-    ``torch.mm`` on bf16 gives the bf16-rounded result ``at::mm`` gave inside the extension; it
-    is written to the fp32 rows ``c`` (row stride ``ldc``). An exception cannot cross the C
+    ``a`` ``[m, k]`` (the expert's tokens), ``b`` ``[k, n]`` (the K-major weight tile), both fp32 or
+    both bf16 (``dtype``; bf16 where the CPU has AVX-512 BF16, as ``csrc/moe.cpp`` decides); the
+    result goes to the fp32 rows ``c`` (row stride ``ldc``). An exception cannot cross the C
     frames: it is kept, the callback returns 1 (the C side stops), and :func:`_forward` raises it.
     One raised as the callback is entered, before its ``try`` (a signal handler's
     ``KeyboardInterrupt`` runs at a function's first instruction), would be printed and swallowed
@@ -346,12 +355,16 @@ class _Gemm:
         self.error: BaseException | None = None
         self.fn = _GEMM_FN(self)
 
-    def __call__(self, a: int, m: int, k: int, b: int, n: int, c: int, ldc: int) -> int:
+    def __call__(self, a: int, m: int, k: int, b: int, n: int, c: int, ldc: int, dtype: int) -> int:
         try:
-            lhs = _wrap(a, m * k, torch.bfloat16).view(m, k)
-            rhs = _wrap(b, n * k, torch.bfloat16).view(n, k)
+            kind = _GEMM_DTYPES[dtype]
+            lhs = _wrap(a, m * k, kind).view(m, k)
+            rhs = _wrap(b, k * n, kind).view(k, n)
             out = _wrap(c, (m - 1) * ldc + n, torch.float32).as_strided((m, n), (ldc, 1))
-            out.copy_(torch.mm(lhs, rhs.t()))
+            if kind == torch.float32 and ldc == n:
+                torch.mm(lhs, rhs, out=out)
+            else:
+                out.copy_(torch.mm(lhs, rhs))
             return GEMM_DONE
         except BaseException as exc:  # handed back to the caller, never lost
             self.error = exc
@@ -493,13 +506,34 @@ def _forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     return out
 
 
-_LIBRARY_DEF = torch.library.Library("quantreg_cpu_mxfp4", "DEF")
-_LIBRARY_DEF.define(
-    "moe_forward(Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w13, Tensor w13_scale, "
-    "Tensor? w13_bias, Tensor w2, Tensor w2_scale, Tensor? w2_bias, str activation, float alpha, "
-    "float limit, str isa, str precision, int gemm_min_tokens) -> Tensor")
-_LIBRARY_DEF.impl("moe_forward", _forward, "CPU")
-_LIBRARY_DEF.impl("moe_forward", lambda x, *_: torch.empty_like(x), "Meta")
+def _moe_forward_impl(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                      w13_scale: torch.Tensor, w13_bias: torch.Tensor | None, w2: torch.Tensor,
+                      w2_scale: torch.Tensor, w2_bias: torch.Tensor | None, activation: str, alpha: float,
+                      limit: float, gemm_min_tokens: int) -> torch.Tensor:
+    """The whole forward as one opaque torch op: what a traced or compiled model records.
+
+    Why everything happens in here: under ``torch.compile`` (vLLM's default mode traces the model
+    with Dynamo, ``fullgraph``) Dynamo cannot step through ctypes, the cached library load (a
+    ``stat``), the settings read from the environment or the prefill callback. Inside the op they
+    run at every call, eagerly, so ``QUANTREG_CPU_MXFP4_ISA`` / ``_PRECISION`` are still read per
+    forward (not frozen into a trace). ``gemm_min_tokens`` < 0: the precision's
+    :data:`GEMM_MIN_TOKENS`.
+    """
+    prec = precision()
+    threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens < 0 else gemm_min_tokens
+    return _forward(x, topk_ids, topk_weights, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activation, alpha,
+                    limit, isa(), prec, threshold)
+
+
+def _moe_forward_fake(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    """Shape and dtype of the output (``x``'s), for tracing with fake tensors."""
+    return torch.empty_like(x)
+
+
+# Not as decorators: torch.library's decorators are untyped (mypy --strict).
+_MOE_FORWARD_OP: Any = torch.library.custom_op("quantreg_cpu_mxfp4::moe_forward", _moe_forward_impl, mutates_args=(),
+                                               device_types="cpu")
+_MOE_FORWARD_OP.register_fake(_moe_forward_fake)
 
 
 def moe_forward(
@@ -530,14 +564,11 @@ def moe_forward(
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    lib, why = _extension()
-    if lib is None:
-        raise RuntimeError(f"quantreg_cpu_mxfp4's compiled kernel is not available (extension not built: {why})")
-    prec = precision()
-    threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens is None else int(gemm_min_tokens)
+    # Only tensor work and one op call here: this function is traced by Dynamo (vLLM's default
+    # mode); the library load, the settings and the C call happen inside the op.
     out: torch.Tensor = torch.ops.quantreg_cpu_mxfp4.moe_forward(
         x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), w13.blocks, w13.scales,
         None if w13_bias is None else w13_bias.contiguous(), w2.blocks, w2.scales,
-        None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit), isa(),
-        prec, threshold)
+        None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit),
+        -1 if gemm_min_tokens is None else int(gemm_min_tokens))
     return out

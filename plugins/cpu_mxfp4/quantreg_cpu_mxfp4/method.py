@@ -17,7 +17,9 @@ runs:
 * the forward routes (GPT-OSS: top-k of the logits, softmax over k; others: softmax, top-k,
   renormalise), maps global expert ids to this expert-parallel rank's local ones
   (:func:`quantreg.vllm.routing.local_expert_ids`) and calls
-  :func:`~quantreg_cpu_mxfp4.kernel.moe_forward`.
+  :func:`~quantreg_cpu_mxfp4.kernel.moe_forward`. All of it is tensor work Dynamo traces around
+  one opaque custom op (``quantreg_cpu_mxfp4::moe_forward``), so vLLM's default mode (the model
+  traced with ``fullgraph`` and compiled) runs the method as it runs eagerly.
 
 Routing it does not compute is deferred to vLLM's router (``routing: auto``: the method goes
 modular and ``apply`` gets vLLM's choice) or refused at build (an explicit in-method order), see

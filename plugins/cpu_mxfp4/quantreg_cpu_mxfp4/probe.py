@@ -27,7 +27,7 @@ from pathlib import Path
 
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_mxfp4.so")
 """The kernel (a plain C library; kernel.LIBRARY)."""
-ABI_VERSION = 2
+ABI_VERSION = 3
 """The C ABI this package's Python side speaks (``qr_abi_version()`` of ``csrc/moe.cpp``): bump both together."""
 ENTRY_POINTS = ("qr_abi_version", "qr_cpu_supports", "qr_moe_forward")
 """The library's C functions the kernel calls: all must be exported for it to count as loadable."""

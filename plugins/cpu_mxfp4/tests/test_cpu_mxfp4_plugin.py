@@ -51,7 +51,7 @@ def test_probe_agrees_with_the_kernel_status() -> None:
     from quantreg_cpu_mxfp4 import kernel
 
     status = kernel.status()
-    assert ok is status[0] and (why.startswith("kernel loaded: libquantreg_cpu_mxfp4.so (ABI 2), ISA path ") if ok
+    assert ok is status[0] and (why.startswith("kernel loaded: libquantreg_cpu_mxfp4.so (ABI 3), ISA path ") if ok
                                 else "not built" in why)
     if ok:
         assert why.split("ISA path ")[1].split()[0] == status[1], (why, status)

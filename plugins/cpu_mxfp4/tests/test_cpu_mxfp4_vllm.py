@@ -19,7 +19,9 @@ Bounds, and why:
   kit's 1e-2 against float64 (each method is within 1e-2 of float64, so of each other within 2e-2);
 * TP=2 + EP vs TP=1: the same, logprobs within 0.1 (TP=2 all-reduces attention in bf16, which
   turns near-ties of this random model either way);
-* ``verify: {against: float64}`` with its defaults: every verification line "within tolerance".
+* ``verify: {against: float64}`` with its defaults: every verification line "within tolerance";
+* vLLM's default (compiled) mode vs the eager run of the same method: greedy tokens equal, logprobs
+  within ``LOGPROB_TOL`` (inductor may round the dense layers differently), MoE outputs within ``MOE_TOL``.
 """
 
 from __future__ import annotations
@@ -105,6 +107,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[
                      worker_checks=[MEMORY, SLICES],
                      env=env(tables["cpu"], VLLM_CPU_OMP_THREADS_BIND="0|1", QUANTREG_CPU_MXFP4_ISA="avx2")),
         "no_table": start("no_table", tiny, DEMO_PROMPTS[:2], max_tokens=2, multiprocessing=False, env=env(None)),
+        # vLLM's default mode (Dynamo trace + inductor), as `vllm serve` runs: no enforce_eager;
+        # the compile cache off, so the trace through the method happens in this run
+        "compiled": start("compiled", tiny, DEMO_PROMPTS, env=env(tables["cpu"], VLLM_DISABLE_COMPILE_CACHE="1"),
+                          llm_kwargs={"enforce_eager": False}, **tiny_kwargs),
     }
     real = write_tiny_gpt_oss(root / "real", **REAL_SIZES)  # ~440 MB: written while the tiny runs start
     real_kwargs: dict[str, Any] = {"max_tokens": 4, "probe_tokens": 4, "multiprocessing": False}
@@ -177,6 +183,19 @@ def test_verify_against_float64_within_the_default_tolerance(runs: dict[str, Fut
         assert (key, method, against, verdict) == (KEY, "cpu_mxfp4", "float64", "within")
         assert float(error) <= float(tolerance)
     print(f"verify: {len(lines)} calls, worst {max(float(g[5]) for g in lines):.2e} (tolerance {lines[0][7]})")
+
+
+def test_default_compiled_mode_gives_the_eager_greedy_tokens(runs: dict[str, Future[RunResult]]) -> None:
+    """Issue 43: without ``enforce_eager`` vLLM traces the model with Dynamo (fullgraph) and compiles it;
+    the method's kernel is one opaque op there, and the run gives the eager run's greedy tokens."""
+    compiled, eager = ok(runs["compiled"].result()), ok(runs["verify"].result())
+    assert "enforce_eager=False" in compiled.log and "DYNAMO_TRACE_ONCE" in compiled.log
+    assert f"quantreg: {KEY} -> cpu_mxfp4" in compiled.log and methods(compiled) == {CPU_MXFP4}
+    diff, moe = max_logprob_diff(compiled, eager), moe_diff(compiled, eager)
+    print(f"compiled vs eager: tokens {compiled.token_ids == eager.token_ids}, max logprob diff {diff:.4f}, "
+          f"MoE rel diff {moe:.2e}")
+    assert compiled.token_ids == eager.token_ids
+    assert diff <= LOGPROB_TOL and moe <= MOE_TOL
 
 
 def test_tp2_expert_parallel_workers_each_hold_their_slice(runs: dict[str, Future[RunResult]]) -> None:

@@ -139,7 +139,7 @@ TOL_GEMM = 0.01
 
 @pytest.mark.parametrize("activation", ["swigluoai", "silu"])
 def test_prefill_gemm_path_matches_float64(isa: str, activation: str) -> None:
-    """300 tokens on 8 experts (~150 per expert), every expert pinned to the bf16 GEMM path."""
+    """300 tokens on 8 experts (~150 per expert), every expert pinned to the GEMM path (bf16 or fp32)."""
     ex = random_gpt_oss_mxfp4_experts(8, 96, 160, bias=activation == "swigluoai", seed=21)
     x = random_hidden_states(300, 96, seed=22)
     ids, weights = routing(300, 8, 4, seed=23, out_of_range=True)
@@ -153,6 +153,21 @@ def test_prefill_gemm_path_matches_float64(isa: str, activation: str) -> None:
                            dequantize_mxfp4_f64(ex.w2_weight, ex.w2_weight_scale))
     err = relative_error(out, ref)
     assert err <= TOL_GEMM, f"{isa}, {activation}, GEMM path: relative error {err:.4f} > {TOL_GEMM}"
+
+
+def test_prefill_gemm_dtype_follows_the_cpu(isa: str) -> None:
+    """fp32 tiles and tokens (AVX2, or a CPU without AVX-512 BF16): the GEMM path is exact to fp32
+    accumulation (~1e-6 measured); bf16 (the avx512 path with AVX-512 BF16): a bf16 MoE's error."""
+    ex = random_gpt_oss_mxfp4_experts(8, 256, 192, bias=True, seed=41)
+    x = random_hidden_states(200, 256, seed=42).float()
+    ids, weights = routing(200, 8, 4, seed=43)
+    w13, w2 = pack(ex)
+    out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias, gemm_min_tokens=1)
+    err = relative_error(out, ex.reference(x, ids, weights))
+    bf16 = isa == "avx512" and kernel._supports("avx512_bf16")
+    print(f"{isa}: GEMM in {'bf16' if bf16 else 'fp32'}, relative error {err:.2e}")
+    assert err <= (TOL_GEMM if bf16 else 1e-5)
+    assert bf16 or err > 0  # a measured error, not a copy of the reference
 
 
 def test_many_tokens_on_the_int8_path_still_match(isa: str) -> None:
