@@ -4,7 +4,7 @@ Issue 45. Every other figure of this project is one request at a time; an operat
 vLLM + quantreg and llama.cpp on a CPU box serves a team, an agent loop or a batch job. This bench
 starts each server alone on 127.0.0.1 (vLLM: ``python -m vllm.entrypoints.openai.api_server``, its
 default compiled mode unless ``--vllm-eager``, through :mod:`quantreg.testing.serving`; llama.cpp:
-the ``llama-server`` binary ``bench/llama_setup.sh`` builds from the same vendored source, with
+the ``llama-server`` binary ``bench/llama_server_setup.sh`` builds from the same vendored source, with
 ``-np`` slots = the largest client count), sends a fixed, seeded mix of prompts (short chat-sized ones
 and ``--long-tokens`` ones, ``--min-out``..``--max-out`` output tokens, as token-id prompts so both
 servers see the same ids) at each client count, streaming, and reports per level:
@@ -258,8 +258,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_llama:
         skipped["llama-server"] = "--no-llama"
     elif binary is None:
-        skipped["llama-server"] = (f"no llama-server under {args.llama_env} or on PATH: run bench/llama_setup.sh "
-                                   "(it builds llama-server from the vendored llama.cpp)")
+        skipped["llama-server"] = (f"no llama-server under {args.llama_env} or on PATH: run "
+                                   "bench/llama_server_setup.sh (it builds llama-server from the vendored llama.cpp)")
     else:
         servers.append(LlamaServer(binary, ensure_gguf(model, "q8_0", args.llama_env), work, args.threads,
                                    max_len, max(levels)))

@@ -48,7 +48,7 @@ def test_llama_server_ran_or_was_skipped_by_name(result: dict[str, object]) -> N
     servers, skipped = result["servers"], result["skipped"]
     assert isinstance(servers, dict) and isinstance(skipped, dict)
     if "llama-server" in skipped:
-        assert "llama_setup.sh" in skipped["llama-server"] or skipped["llama-server"].startswith("failed")
+        assert "llama_server_setup.sh" in skipped["llama-server"] or skipped["llama-server"].startswith("failed")
         assert result["throughput_ratio_vllm_over_llama"] == {}
         return
     assert [lv["errors"] for lv in servers["llama-server"]["levels"]] == [[], []]
