@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from .probe import ABI_VERSION, ISA_ENV, LIBRARY, build_failure
+from .quantize import quantize_per_channel
 
 log = logging.getLogger("vllm.quantreg.cpu_int8_dense")
 
@@ -139,21 +140,6 @@ def isa() -> str:
     return "avx512" if lib is not None and lib.qr8_cpu_supports(b"avx512") else "avx2"
 
 
-def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: (q [N, K] int8 in [-127, 127], scale [N] float32), ``q * scale ~= weight``.
-
-    In row chunks, so the float32 temporary of a 201,088 x 2,880 lm_head is never whole.
-    """
-    n = weight.shape[0]
-    q = torch.empty(weight.shape, dtype=torch.int8)
-    scale = torch.empty(n, dtype=torch.float32)
-    step = 8192
-    for start in range(0, n, step):
-        rows = weight[start:start + step].float()
-        s = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q[start:start + step] = torch.round(rows / s[:, None]).clamp_(-127, 127).to(torch.int8)
-        scale[start:start + step] = s
-    return q, scale
 
 
 def _roundup(value: int, to: int) -> int:

@@ -29,24 +29,11 @@ from vllm import _custom_ops as ops
 from vllm.model_executor.layers.linear import LinearMethodBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
+from .quantize import quantize_per_channel
+
 SUPPORTED = (UnquantizedLinearMethod, UnquantizedEmbeddingMethod)
 
 
-def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per output row: (q [N, K] int8, scale [N] float32), ``q * scale ~= weight``.
-
-    In row chunks, so the float32 temporary of a 201,088 x 2,880 lm_head is never whole.
-    """
-    n = weight.shape[0]
-    q = torch.empty(weight.shape, dtype=torch.int8)
-    scale = torch.empty(n, dtype=torch.float32)
-    step = 8192
-    for start in range(0, n, step):
-        rows = weight[start:start + step].float()
-        s = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q[start:start + step] = torch.round(rows / s[:, None]).clamp_(-127, 127).to(torch.int8)
-        scale[start:start + step] = s
-    return q, scale
 
 
 class CpuInt8DenseMethod(LinearMethodBase):  # type: ignore[misc]
