@@ -64,3 +64,17 @@ def env_with(plugin: Path, **extra: str) -> dict[str, str]:
     table and no decisions trail from the caller's shell, then ``extra``."""
     path = os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return {"PYTHONPATH": path, "QUANTREG_CONFIG": "", "QUANTREG_DECISIONS": "", **extra}
+
+
+#: The tiny GPT-OSS MXFP4 model's key on the CPU, as a table's match fields.
+MXFP4_KEY = "quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu"
+
+
+def key_table(path: Path, rules: list[tuple[str | None, str]]) -> Path:
+    """A user table of rules ``(tokens range or None, method)`` for :data:`MXFP4_KEY`, written to ``path``."""
+    lines = ["version: 1", "rules:"]
+    for tokens, method in rules:
+        extra = f", tokens: \"{tokens}\"" if tokens is not None else ""
+        lines += [f"  - match: {{{MXFP4_KEY}{extra}}}", f"    method: {method}"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from core_support import installed_copy
-from e2e_support import VllmRuns, env_with
+from e2e_support import VllmRuns, env_with, key_table
 
 from quantreg.testing.serving import Server, start_server, stop
 from quantreg.testing.vllm_run import EAGER
@@ -38,7 +38,6 @@ pytest.importorskip("quantreg_cpu_mxfp4", reason="plugin #2 (plugins/cpu_mxfp4) 
 pytest.importorskip("quantreg_cpu_int8_dense", reason="plugin #3 (plugins/cpu_int8_dense) is not installed")
 
 HERE = Path(__file__).resolve().parent
-KEY = "quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu"
 PROMPT = [(7 * i) % 900 + 20 for i in range(12)]
 MAX_TOKENS = 6
 #: Teacher-forced logprob difference, compiled vs eager, same table (nats). Seen on the AVX-512 kind:
@@ -47,15 +46,6 @@ LOGPROB_BOUND = 0.15
 SMALL = 4  # the split's bound: tokens<=4 the small side
 LONG = 512  # a prompt served in one forward by the large side
 CASES = ("cpu_mxfp4", "mxfp4_reference", "split", "dense_int8")
-
-
-def _table(path: Path, rules: list[tuple[str | None, str]]) -> Path:
-    lines = ["version: 1", "rules:"]
-    for tokens, method in rules:
-        extra = f", tokens: \"{tokens}\"" if tokens is not None else ""
-        lines += [f"  - match: {{{KEY}{extra}}}", f"    method: {method}"]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +66,11 @@ def setups(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) ->
                           ("quantreg_e2e_recorder.py", "quantreg_e2e_recorded.py"), "quantreg-e2e-recorder",
                           "recorder = quantreg_e2e_recorder")
     record = work / "forwards.txt"
-    split = _table(work / "split.yaml", [(f"<={SMALL}", "recorded_small"), (f">{SMALL}", "recorded_large")])
+    split = key_table(work / "split.yaml", [(f"<={SMALL}", "recorded_small"), (f">{SMALL}", "recorded_large")])
     return {
-        "cpu_mxfp4": {"model": models["mxfp4"], "env": {"QUANTREG_CONFIG": str(_table(
+        "cpu_mxfp4": {"model": models["mxfp4"], "env": {"QUANTREG_CONFIG": str(key_table(
             work / "cpu.yaml", [(None, "cpu_mxfp4")]))}, "args": ()},
-        "mxfp4_reference": {"model": models["mxfp4"], "env": {"QUANTREG_CONFIG": str(_table(
+        "mxfp4_reference": {"model": models["mxfp4"], "env": {"QUANTREG_CONFIG": str(key_table(
             work / "ref.yaml", [(None, "mxfp4_reference")]))}, "args": ()},
         "split": {"model": models["mxfp4"], "env": env_with(site, QUANTREG_CONFIG=str(split),
                                                             QUANTREG_E2E_RECORD=str(record)),

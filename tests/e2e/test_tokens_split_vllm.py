@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import VllmRuns
+from e2e_support import VllmRuns, key_table
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 pytest.importorskip("quantreg_cpu_mxfp4", reason="plugin #2 (plugins/cpu_mxfp4) is not installed")
@@ -30,26 +30,16 @@ pytest.importorskip("quantreg_cpu_mxfp4", reason="plugin #2 (plugins/cpu_mxfp4) 
 BOUND = 4
 PROMPT = list(range(1, 25))  # 24 tokens: a prefill of 24, then 1-token decode steps
 MAX_TOKENS = 6
-KEY = "quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu"
 DECODE, PREFILL = "cpu_mxfp4", "mxfp4_reference"
-
-
-def table(path: Path, rules: list[tuple[str | None, str]]) -> Path:
-    lines = ["version: 1", "rules:"]
-    for tokens, method in rules:
-        extra = f", tokens: \"{tokens}\"" if tokens is not None else ""
-        lines += [f"  - match: {{{KEY}{extra}}}", f"    method: {method}"]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
 def runs(vllm_run: VllmRuns, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("tokens-split")
     tables = {
-        "split": table(work / "split.yaml", [(f"<={BOUND}", DECODE), (f">{BOUND}", PREFILL)]),
-        DECODE: table(work / "decode.yaml", [(None, DECODE)]),
-        PREFILL: table(work / "prefill.yaml", [(None, PREFILL)]),
+        "split": key_table(work / "split.yaml", [(f"<={BOUND}", DECODE), (f">{BOUND}", PREFILL)]),
+        DECODE: key_table(work / "decode.yaml", [(None, DECODE)]),
+        PREFILL: key_table(work / "prefill.yaml", [(None, PREFILL)]),
     }
     trail = work / "trail.jsonl"
     started = {}
