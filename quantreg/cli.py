@@ -7,7 +7,7 @@ are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a 
 reaching the user is a bug.
 
 The commands that answer from the registry say what a vLLM start-up with the same environment
-would do (:func:`_answer`): in strict mode a fault means vLLM would refuse to start, so they
+would do (:func:`quantreg.output.respond`): in strict mode a fault means vLLM would refuse to start, so they
 print their answer, then one ``vLLM would refuse to start: ...`` line on stderr, and exit 1;
 in lenient mode a left-out file is shown inline (``user broken.yaml LEFT OUT: 1 problem``).
 Every ``--json`` answer, a refusal or a usage error included, is one object carrying the envelope
@@ -27,12 +27,10 @@ from typing import Any, NoReturn
 
 from . import host, installed, settings
 from .bounds import MAX_COUNT, MAX_TINY_LAYERS
-from .decision import Decision
-from .envelope import envelope, left_out, left_out_lines
-from .host import host_facts
+from .envelope import envelope
 from .keys import EXPERTS, LAYER_KINDS, Key
 from .loading import config_paths, load_tables
-from .methods import VLLM_METHOD
+from .output import emit, plugin_output_to_stderr, registry_for, respond, warn_faults
 from .problems import printable, problem_json
 from .registry import Registry
 from .table import cache as tablecache
@@ -40,59 +38,16 @@ from .table.file import Layer, rule_json
 from .table.schema import table_schema
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, sort_keys=False, default=str))
-    else:
-        print(text)
-
-
-def _warn_faults(registry: Registry) -> None:
-    for fault in registry.faults:
-        print(f"warning: {fault}", file=sys.stderr)
-
-
-@contextlib.contextmanager
-def _plugin_output_to_stderr() -> Iterator[None]:
-    """While plugin code (imports, hooks, probes) runs, its prints go to stderr: stdout is the answer."""
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
-
-
-def _registry(args: argparse.Namespace) -> Registry:
-    with _plugin_output_to_stderr():
-        return Registry.build(config=args.config)
-
-
-def _answer(args: argparse.Namespace, registry: Registry, data: dict[str, Any], lines: list[str],
-            decision: Decision | None = None, left_out_shown: bool = False, problems: Sequence[object] = ()) -> int:
-    """Print ``data`` (with the envelope) or ``lines`` (with left-out files), then the start-up verdict.
-
-    Exit 1 when strict mode is in force and vLLM would refuse to start, 0 otherwise: the CLI
-    must not answer "fine" where vLLM with the same environment stops.
-    """
-    wrapped = {**data, **envelope(None, registry, args.config, decision)}
-    wrapped["problems"] += [problem_json(p) for p in problems]  # the command's own (doctor --decisions...)
-    refusal = wrapped["vllm_would_refuse"]
-    if wrapped["left_out"] and not args.json and not left_out_shown:
-        lines = [*lines, "left out (every rule of these files is ignored):", *left_out_lines(wrapped["left_out"])]
-    _emit(args, wrapped, "\n".join(lines))
-    if refusal is not None:
-        print(refusal, file=sys.stderr)
-        return 1
-    return 0
-
-
 def cmd_list(args: argparse.Namespace) -> int:
-    registry = _registry(args)
-    _warn_faults(registry)
+    registry = registry_for(args)
+    warn_faults(registry)
     named = _device_warnings(registry, [args.device])
     for warning in named:
         print(f"warning: {warning}", file=sys.stderr)
     device = args.device or host.guess_device()
     rows: list[dict[str, Any]] = []
     for m in sorted(registry.methods.values(), key=lambda m: m.name):
-        with _plugin_output_to_stderr():  # probes are plugin code too
+        with plugin_output_to_stderr():  # probes are plugin code too
             avail = registry.availability(m.name, device)
         rows.append({"name": m.name, "plugin": m.plugin, "target": m.target, "devices": list(m.devices),
                      "device": device, "available": avail.ok, "reason": avail.reason, "description": m.description})
@@ -102,36 +57,36 @@ def cmd_list(args: argparse.Namespace) -> int:
         mark = "yes" if r["available"] else "no "
         lines.append(f"  {mark} {r['name']:<{width}}  {r['plugin']}  {r['target']}  devices={','.join(r['devices'])}"
                      f"  ({r['reason']})")
-    return _answer(args, registry, {"methods": rows, "key_warnings": named}, lines)
+    return respond(args, registry, {"methods": rows, "key_warnings": named}, lines)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    registry = _registry(args)
+    registry = registry_for(args)
     rows = [p.__dict__ for p in registry.plugin_infos]
     failures = [str(f) for f in registry.failures]
     lines = [printable(f"  {p['status']:<8} {p['name']}  ({p['distribution']} {p['version']}) {p['reason']}").rstrip()
              for p in rows]
     lines += [f"  fault    {printable(f)}" for f in failures]
-    return _answer(args, registry, {"plugins": rows, "faults": failures}, ["plugins:", *lines])
+    return respond(args, registry, {"plugins": rows, "faults": failures}, ["plugins:", *lines])
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    registry = _registry(args)
-    _warn_faults(registry)
+    registry = registry_for(args)
+    warn_faults(registry)
     rules = sorted(registry.index.rules, key=lambda r: tuple(-x for x in r.rank))
     lines = ["effective rules, highest precedence first:"]
     for r in rules:
         lines.append(f"  {r.location}  [{r.tier}, specificity {r.match.specificity}, priority {r.priority}]  "
                      f"{r.match} -> {' | '.join(r.methods)}" + (f"  options={dict(r.options)}" if r.options else ""))
-    return _answer(args, registry, {"rules": [rule_json(r) for r in rules]}, lines)
+    return respond(args, registry, {"rules": [rule_json(r) for r in rules]}, lines)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from .answer import answer  # the one computation every tool answers a key from
 
-    registry = _registry(args)
-    _warn_faults(registry)
-    with _plugin_output_to_stderr():  # resolving runs probes, findings run plugin code
+    registry = registry_for(args)
+    warn_faults(registry)
+    with plugin_output_to_stderr():  # resolving runs probes, findings run plugin code
         ans = answer(registry, Key(args.quant_format, args.model_type, args.device, args.layer))
     for fault in ans.problems:
         print(f"warning: {fault}", file=sys.stderr)
@@ -143,7 +98,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     named = _key_warnings(registry, decision.key)
     for warning in named:
         print(f"warning: {warning}", file=sys.stderr)
-    return _answer(args, registry, {**decision.to_json(), **ans.to_json(), "key_warnings": named}, lines, decision)
+    return respond(args, registry, {**decision.to_json(), **ans.to_json(), "key_warnings": named}, lines, decision)
 
 
 def _key_warnings(registry: Registry, key: Key) -> list[str]:
@@ -192,7 +147,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    registry = _registry(args)
+    registry = registry_for(args)
     if args.files:
         tables, _, found = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
         problems: list[Any] = list(found)
@@ -204,7 +159,7 @@ def _validate(args: argparse.Namespace) -> int:
     faults = [str(p) for p in problems]
     warnings = _match_warnings(registry, tables)
     if not faults:  # which installed plugin rules these tables take keys from (or give them to), once
-        with _plugin_output_to_stderr():  # the files in the layer they were checked in (user), as a start-up reads them
+        with plugin_output_to_stderr():  # the files in the layer they were checked in (user), as a start-up reads them
             together = Registry.build(config=args.config, env={
                 **os.environ, settings.CONFIG: os.pathsep.join([*config_paths(os.environ), *args.files])}) \
                 if args.files else registry
@@ -213,181 +168,16 @@ def _validate(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
-    _emit(args, {"ok": not faults, "files": checked, "warnings": warnings,
+    emit(args, {"ok": not faults, "files": checked, "warnings": warnings,
                  **envelope(problems, registry, args.config)}, text)
     return 1 if faults else 0
 
 
-FINGERPRINT_COVERS = ("plugins, QUANTREG_CONFIG and --config tables; a run's additional_config tables count "
-                      "only when given here as --config")
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import doctor
+
     with tablecache.bypass():  # doctor reports what the files say, not what the cache remembers
-        return _doctor(args)
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from .vllm import versions  # pure Python, imports no vLLM
-
-    registry = _registry(args)
-    vllm = installed.vllm_distribution()
-    if vllm:
-        from .vllm.platform import vllm_device  # doctor asks vLLM itself (slow: imports it)
-
-        device, how = vllm_device()
-    else:
-        device, how = None, "vLLM is not installed"
-    hook_ok, hook_reason = installed.startup_hook_status()
-    mode = registry.mode()
-    warnings: list[str] = [str(f) for f in registry.faults]
-    with _plugin_output_to_stderr():  # plugins speak for their devices (doctor_findings hook)
-        findings = registry.findings(device)  # what quantreg.answer gives explain and plan too
-    warnings += [str(f) for f in findings if f.level != "info"]
-    if vllm and not hook_ok:
-        warnings.append(f"vLLM start-up hook: {hook_reason}")
-    from .vllm_limits import vllm_cpu_mxfp4_kernel  # the one answer: doctor, demo, explain and plan agree
-
-    kernel = vllm_cpu_mxfp4_kernel()
-    untested = versions.check_tested(vllm[1]) if vllm else None  # the one declared range (no vLLM import)
-    warnings += [untested] if untested else []
-    shadow = installed.shadowing_copy()
-    warnings += [shadow] if shadow else []
-    warnings += registry.collisions()  # a rule taking keys another plugin's packaged rule would decide
-    data: dict[str, Any] = {
-        "versions": {n: installed.dist_version(n) for n in ("quantreg", "pluggy", "PyYAML", "torch")}
-        | {"vllm": f"{vllm[0]} {vllm[1]}" if vllm else None},
-        "device": device,
-        "device_source": how,
-        "startup_hook": {"ok": hook_ok, "detail": hook_reason},
-        "plugins": [p.__dict__ for p in registry.plugin_infos],
-        "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
-        "fingerprint": registry.fingerprint(),
-        "vllm_cpu_mxfp4_kernel": kernel.as_json(),
-        "fingerprint_covers": FINGERPRINT_COVERS,
-        "strict": mode.strict,
-        "vllm_tested_range": {"range": versions.TESTED, "releases": list(versions.TESTED_RELEASES),
-                              "inside": None if not vllm else untested is None},
-        "findings": [f.as_json() for f in findings],
-        "warnings": warnings,
-        "host": host_facts().as_json(),
-    }
-    with _plugin_output_to_stderr():  # resolving runs probes
-        passed = _passed_over(registry)
-    data["passed_over"] = passed
-    stale = [(r, s) for r in registry.index.rules for s in registry.stale_evidence(r)]  # quantreg.pins
-    data["stale_tuned"] = [{"rule": r.location, "field": s.field, "recorded": s.recorded, "running": s.running}
-                           for r, s in stale]
-    warnings += [f"tuned rule {r.location} is stale: {s.text()}" for r, s in stale]
-    with _plugin_output_to_stderr():
-        dense = _dense_decisions(registry, device)
-    if dense:  # only with dense rules: every other doctor answer keeps its JSON
-        data["dense"] = dense
-    lines = ["versions:"] + [f"  {k:<9} {v or 'not installed'}" for k, v in data["versions"].items()]
-    lines += [f"device:    {device or 'unknown'} ({how})", f"vLLM hook: {'ok' if hook_ok else 'NO'} ({hook_reason})",
-              "plugins:"]
-    lines += [printable(f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}").rstrip()
-              for p in registry.plugin_infos]
-    lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
-    lines += left_out_lines(left_out(registry, args.config))
-    advice = "" if kernel.runs else f". {registry.serving_advice(Key('gpt_oss_mxfp4', 'gpt_oss', 'cpu'))}"
-    lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}{advice}"
-              + ("; amd-quark is installed, so vLLM's emulation backend can serve MXFP4" if kernel.emulation else "")]
-    lines += [f"fingerprint: {data['fingerprint']} ({FINGERPRINT_COVERS})", f"mode: {mode}"]
-    if vllm and not untested:
-        lines.append(f"vLLM {vllm[1]} inside tested range {versions.TESTED} "
-                     f"(tested: {', '.join(versions.TESTED_RELEASES)})")
-    facts = data["host"]
-    flags = ", ".join(facts["flags"]) or "none of note"
-    lines.append(f"host:      {facts['kind']} CPU, {facts['cores']} cores, flags {flags}"
-                 + (f" (simulated by {settings.HOST_CPU_FLAGS})" if facts["simulated"] else ""))
-    for entry in passed:
-        which = f" for tokens{entry['tokens']}" if "tokens" in entry else ""
-        lines.append(f"chain:     {entry['key']} -> {entry['method']}{which} [{entry['rule']}]")
-        lines += [f"  {step['method']}: passed over: {step['reason']}" for step in entry["passed_over"]]
-    lines += [f"dense:     {d['key']} -> {d['method']} [{d['rule']}]" for d in dense]
-    lines += _compiled_lines(registry, data)
-    lines += [f"info: {f}" for f in findings if f.level == "info"]
-    lines += [f"warning: {w}" for w in warnings]
-    status = _doctor_decisions(args, data, lines)
-    own = data.get("decisions", {}).get("problems", []) if status else []
-    return max(status, _answer(args, registry, data, lines, left_out_shown=True, problems=own))
-
-
-def _compiled_lines(registry: Registry, data: dict[str, Any]) -> list[str]:
-    """Per registered method: does it survive vLLM's default (compiled) mode? From the kit's last
-    ``compiled`` check on this build (:mod:`quantreg.testing.compiled_record`; no torch, no vLLM here)."""
-    from .testing.compiled_record import doctor_line, recorded
-
-    seen = {m.name: recorded(m) for m in sorted(registry.methods.values(), key=lambda m: m.name)
-            if m.name != VLLM_METHOD}
-    data["compiled"] = seen
-    return [doctor_line(registry.methods[name], verdict) for name, verdict in seen.items()]
-
-
-def _passed_over(registry: Registry) -> list[dict[str, Any]]:
-    """Rules naming one concrete key whose chain passes over an entry on this host, and why.
-
-    Why in ``doctor``: chains are host-aware, so the same table picks differently on an AMX host
-    and on an AVX2 one; an operator checking a host should see which entries this host skips.
-    """
-    out: list[dict[str, Any]] = []
-    for rule in registry.index.rules:
-        fields = (rule.match.quant_format, rule.match.model_type, rule.match.device)
-        named = [f[0] for f in fields if f and len(f) == 1]
-        if len(named) != 3:
-            continue
-        for kind in rule.match.layers:  # a dense rule's kinds too (issue 30)
-            decision = registry.resolve(Key(named[0], named[1], named[2], kind))
-            for side in decision.sides:  # every side of a split, each decided by its own rule
-                one = side.decision
-                if one.rule is rule and one.passed_over:
-                    out.append({"key": str(decision.key), "method": one.method, "rule": one.source,
-                                **({"tokens": str(side.tokens)} if decision.split else {}),
-                                "passed_over": [{"method": s.method, "reason": s.reason} for s in one.passed_over]})
-    return out
-
-
-def _dense_decisions(registry: Registry, device: str | None) -> list[dict[str, str]]:
-    """What the dense rules (issue 30) decide on this host: each dense kind a rule names, for every value
-    of its match fields (a list-valued field gives one line per value; a wildcard quant format or model
-    type is shown as ``*``, which the rule matches like any value; no device: the device doctor found)."""
-    import itertools
-
-    out: list[dict[str, str]] = []
-    seen: set[Key] = set()
-    for rule in registry.index.rules:
-        if rule.match.layer is None:
-            continue
-        fields = (rule.match.quant_format, rule.match.model_type, rule.match.device or ((device,) if device else None))
-        for values in itertools.islice(itertools.product(*(f or ("*",) for f in fields)), 64):
-            for kind in rule.match.layers:
-                key = Key(values[0], values[1], values[2], kind)
-                if kind == EXPERTS or key in seen:
-                    continue
-                seen.add(key)
-                decision = registry.resolve(key)
-                out.append({"key": str(decision.key), "method": decision.method, "rule": decision.source})
-    return out
-
-
-def _doctor_decisions(args: argparse.Namespace, data: dict[str, Any], lines: list[str]) -> int:
-    """``doctor --decisions FILE.jsonl``: summarise a ``QUANTREG_DECISIONS`` trail into ``data``/``lines``.
-
-    Exit 1 when processes disagree (same key, different method or table fingerprint) or any
-    ``verify:`` comparison exceeded its tolerance: those are the failures the trail exists to
-    catch. Unreadable or cut-short lines are only warnings (a writer may still be appending); a
-    trail file that cannot be read at all (missing, a directory) is exit 1 too: the user named it,
-    and "0 line(s)" with exit 0 hid a wrong path.
-    """
-    if not args.decisions:
-        return 0
-    from .audit import summarise
-
-    summary = summarise(args.decisions)
-    data["decisions"] = summary.to_json()
-    lines.append(summary.render())
-    return 1 if summary.disagreements or summary.exceedances or not summary.readable else 0
+        return doctor(args)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -482,7 +272,7 @@ def _kit_shape(text: str) -> str:
 def cmd_check_method(args: argparse.Namespace) -> int:
     from .testing import check_method_command  # imports torch and vLLM only when the checks run
 
-    for warning in _device_warnings(_registry(args), [args.device]):
+    for warning in _device_warnings(registry_for(args), [args.device]):
         print(f"warning: {warning}", file=sys.stderr)
 
     return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -143,24 +142,30 @@ class Method:
             return Availability(True, "no probe; device and requirements satisfied")
         return run_probe(self.probe, float(settings.value(settings.PROBE_TIMEOUT)))
 
-    def load(self, layer: str = EXPERTS) -> type[Any]:
-        """Import the target; it must be a class, and (when vLLM is loaded) a ``FusedMoEMethodBase``
-        for the experts, a ``QuantizeMethodBase`` for the other layer kinds."""
+    def load(self, *, base: type[Any] | None = None) -> type[Any]:
+        """Import the target; it must be a class, and a subclass of ``base`` when one is given.
+
+        ``base`` is vLLM's class the layer's method extends (``FusedMoEMethodBase`` for the experts,
+        ``QuantizeMethodBase`` for the other layer kinds), passed by the caller that builds for vLLM
+        (the seams, ``verify:``, the kit, ``tune``) from :mod:`quantreg.vllm.platform`: the core
+        imports nothing of vLLM, so it cannot look the class up itself. ``None``: no class check
+        (no vLLM in this process, or a caller that only reads the class).
+        """
         obj = load_object(self.target)
         if not isinstance(obj, type):
             raise TypeError(f"method '{self.name}' target {self.target} is a {type(obj).__name__}, not a class")
-        base = _vllm_base_class(layer)
         if base is not None and not issubclass(obj, base):
             raise TypeError(
                 f"method '{self.name}' target {self.target} does not subclass vLLM's {base.__name__}"
             )
         return obj
 
-    def build(self, moe_config: Any, context: BuildContext) -> Any:
-        """Load the target and construct it the documented way (see :func:`construct`).
+    def build(self, moe_config: Any, context: BuildContext, *, base: type[Any] | None = None) -> Any:
+        """Load the target (checked against ``base``, see :meth:`load`) and construct it the
+        documented way (see :func:`construct`).
 
         For a dense layer kind ``moe_config`` is the method vLLM chose for the layer."""
-        return construct(self.load(context.key.layer), moe_config, context)
+        return construct(self.load(base=base), moe_config, context)
 
 
 def check_method(method: Any) -> str | None:
@@ -319,15 +324,6 @@ def construct(cls: type[Any], moe_config: Any, context: BuildContext) -> Any:
     if wants_context(cls):
         return cls(moe_config, **options, **{CONTEXT_KEYWORD: context})
     return cls(moe_config, **options)
-
-
-def _vllm_base_class(layer: str = EXPERTS) -> type[Any] | None:
-    """vLLM's base class for ``layer``'s methods when vLLM is already imported; never imports vLLM itself."""
-    if "vllm" not in sys.modules:
-        return None
-    from .vllm.platform import fused_moe_method_base, quantize_method_base
-
-    return fused_moe_method_base() if layer == EXPERTS else quantize_method_base()
 
 
 def run_probe(probe: Probe | str, timeout: float) -> Availability:

@@ -81,8 +81,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def vllm_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hide an already imported vLLM for one test (e.g. ``pytest.importorskip("vllm")`` elsewhere).
 
-    With ``vllm`` in sys.modules, ``Method.load()`` insists on ``FusedMoEMethodBase`` subclasses;
-    tests of the vLLM-free behaviour use plain classes.
+    Tests of the vLLM-free behaviour (plain classes, no base passed to ``Method.load()``) run as
+    on a host without vLLM, whatever an earlier test imported.
     """
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
 

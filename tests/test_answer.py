@@ -122,7 +122,8 @@ import contextlib, io, json, logging, sys
 from pathlib import Path
 from quantreg import plan as planmod
 from quantreg.answer import answer
-from quantreg.cli import _passed_over, main
+from quantreg.cli import main
+from quantreg.doctor import _passed_over
 from quantreg.keys import Key
 from quantreg.registry import Registry
 from quantreg.vllm.seam import Seam

@@ -178,7 +178,7 @@ def test_doctor_decisions_on_a_trail_it_cannot_read_exits_1(make: str, tmp_path:
     """``doctor --decisions missing.jsonl`` printed "0 line(s)" and exited 0: a wrong path looked fine."""
     import argparse
 
-    from quantreg.cli import _doctor_decisions
+    from quantreg.doctor import _doctor_decisions
 
     trail = tmp_path / "trail.jsonl"
     if make == "directory":
@@ -218,7 +218,7 @@ def test_doctor_decisions_one_line_per_verified_layer_and_exit_1_on_exceedance(t
     summary counts 9 lines, prints one line per layer with rounded floats, and doctor exits 1."""
     import argparse
 
-    from quantreg.cli import _doctor_decisions
+    from quantreg.doctor import _doctor_decisions
 
     trail = tmp_path / "d.jsonl"
     items = [_item(10, "EngineCore", "nibbles_swapped"), _item(11, "Worker_TP0", "nibbles_swapped")]

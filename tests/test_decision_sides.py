@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import quantreg
-from quantreg import cli
+from quantreg import doctor
 from quantreg.audit import line_for, summarise
 from quantreg.envelope import refusal
 from quantreg.keys import Key
@@ -122,7 +122,7 @@ def test_every_consumer_reads_every_side(tmp_path: Path, ranged: list[dict[str, 
         assert "somewhere_else for tokens" in found.render()
 
     # doctor: the passed-over chain of every side, named by its range
-    listed = {(e.get("tokens"), e["method"]) for e in cli._passed_over(registry)}
+    listed = {(e.get("tokens"), e["method"]) for e in doctor._passed_over(registry)}
     for side in sides:
         if side.decision.passed_over:
             assert ((str(side.tokens) if decision.split else None), side.decision.method) in listed, listed

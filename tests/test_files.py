@@ -48,10 +48,9 @@ READERS = {"open", "read_text", "read_bytes", "fdopen"}
 #: function must refuse a non-regular file first (files.require_regular), since their ``open`` blocks on a FIFO.
 LIBRARY_OPENERS = {"safe_open", "load_file", "torch.load", "mmap.mmap", "np.load", "numpy.load"}
 GUARDED = {
-    ("quantreg/tune/measure.py", "checkpoint_experts"): "the checkpoint's shards (safe_open memory-maps them)",
+    ("quantreg/models/checkpoint.py", "read_tensors"):
+        "a checkpoint's shards (safe_open memory-maps them): tune's expert and dense weights",
     ("quantreg/tiny/checkpoint.py", "load_tensors"): "a tiny checkpoint's one safetensors file",
-    ("quantreg/tune/dense_measure.py", "checkpoint_tensors"):
-        "the checkpoint's shards holding the dense weights tune compares with",
 }
 ALLOWED.update(GUARDED)
 ALLOWED[("quantreg/testing/vllm_run.py", "load_moe_outputs")] = "the .pt file its own worker probe wrote"

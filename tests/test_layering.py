@@ -45,7 +45,8 @@ def test_vllm_is_imported_only_under_quantreg_vllm_and_the_kit() -> None:
 #: core, the plugin API and the table pipeline; ``vllm`` the start-up hook and seam; ``kit`` the
 #: conformance kit that builds vLLM layers; ``tools`` the commands.
 FLOORS = ("core", "vllm", "kit", "tools")
-TOOLS = ("quantreg.cli", "quantreg.__main__", "quantreg.plan", "quantreg.demo", "quantreg.tune", "quantreg.newplugin")
+TOOLS = ("quantreg.cli", "quantreg.__main__", "quantreg.doctor", "quantreg.output", "quantreg.plan", "quantreg.demo",
+         "quantreg.tune", "quantreg.newplugin")
 #: The core's own floors, lowest first (docs/design.md's module map lists the core in this order): a
 #: core module imports only from lower floors (or its own, without a circle). Lowest: values that
 #: need nothing; then the host and the one caller of plugin code (``hookcall``), which every module
@@ -75,8 +76,10 @@ CORE_FLOORS: tuple[tuple[str, ...], ...] = (
     ("quantreg.answer", "quantreg.envelope"),
     ("quantreg", "quantreg.tiny.command"),
 )
-#: Documented arrows that run back up (docs/design.md, "Arrows that run up"): (from, to).
-UPWARD_ALLOWED: set[tuple[str, str]] = {("quantreg.methods", "quantreg.vllm.platform")}
+#: Documented arrows that run back up (docs/design.md, "Arrows that run up"): (from, to). None: the last
+#: one, ``quantreg.methods -> quantreg.vllm.platform`` (``Method.load`` fetched vLLM's base classes),
+#: went when the callers that build for vLLM began passing the base into ``Method.build`` (issue 47).
+UPWARD_ALLOWED: set[tuple[str, str]] = set()
 #: The numbers docs/design.md states: circles in quantreg/ and in each plugin, arrows that run up.
 CIRCLES = 0
 UPWARD = len(UPWARD_ALLOWED)
@@ -166,7 +169,7 @@ def test_the_graph_counts_lazy_and_type_checking_imports() -> None:
     """Not vacuous: the edges only a function body or a TYPE_CHECKING block makes are in the graph."""
     graph = import_graph()
     assert sum(len(v) for v in graph.values()) > 300
-    assert "quantreg.vllm.platform" in graph["quantreg.methods"]  # inside _vllm_base_class
+    assert "quantreg.hookcall" in graph["quantreg.methods"]  # inside run_probe
     assert "quantreg.decision" in graph["quantreg.hookspecs"]  # under TYPE_CHECKING
 
 
@@ -206,7 +209,7 @@ def test_every_core_module_has_one_floor() -> None:
 def test_design_md_states_the_numbers_this_test_holds() -> None:
     design = (PACKAGE.parent / "docs" / "design.md").read_text(encoding="utf-8")
     assert f"{CIRCLES} circles in `quantreg/` and in each plugin" in design
-    assert f"{UPWARD} import that runs up" in design
+    assert f"{UPWARD} imports that run up" in design
     assert f"{len(CORE_FLOORS)} floors" in design
 
 

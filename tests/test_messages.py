@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quantreg import cli
+from quantreg import cli, doctor
 from quantreg.host import host_facts
 
 
@@ -112,7 +112,7 @@ def test_doctor_lists_a_dense_rule_for_every_value_of_a_list_field(tmp_path: Pat
             method: vllm
         """)
     registry = Registry.build(config=[path], env={}, entry_points=False)
-    lines = cli._dense_decisions(registry, "cpu")
+    lines = doctor._dense_decisions(registry, "cpu")
     assert [(d["key"], d["rule"]) for d in lines] == [
         ("(fp8, gpt_oss, cpu, lm_head)", f"{path}:3"), ("(gpt_oss_mxfp4, gpt_oss, cpu, lm_head)", f"{path}:3")]
 

@@ -30,7 +30,7 @@ from quantreg import Key, Layer, Method, Registry, get_registry, resolve, set_re
 from quantreg.index import MAX_AMBIGUITIES
 from quantreg.installed import installed_vllm_version, module_available
 from quantreg.loading import config_paths
-from quantreg.methods import load_object, version_satisfies
+from quantreg.methods import BuildContext, load_object, version_satisfies
 from quantreg.version_spec import check_specifier
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -407,8 +407,14 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> type:
     return base
 
 
-def test_loaded_target_must_subclass_vllms_base_when_vllm_is_loaded(fake_vllm: type,
-                                                                    module_dir: Callable[[str, str], Path]) -> None:
+def test_loaded_target_must_subclass_the_base_the_seam_passes(fake_vllm: type,
+                                                              module_dir: Callable[[str, str], Path]) -> None:
+    """The seam passes vLLM's base (:mod:`quantreg.vllm.platform`, here the stand-in's) into
+    ``load``/``build``; the core checks against it and imports nothing of vLLM itself (issue 47)."""
+    from quantreg.vllm.platform import fused_moe_method_base
+
+    base = fused_moe_method_base()
+    assert base is fake_vllm
     module_dir("qrt_methods", """
 import sys
 
@@ -422,9 +428,12 @@ class Good(Base):
 class Stray:
     pass
 """)
-    assert Method("good", "qrt_methods:Good").load().__name__ == "Good"
+    assert Method("good", "qrt_methods:Good").load(base=base).__name__ == "Good"
     with pytest.raises(TypeError, match="does not subclass vLLM's FusedMoEMethodBase"):
-        Method("stray", "qrt_methods:Stray").load()
+        Method("stray", "qrt_methods:Stray").load(base=base)
+    with pytest.raises(TypeError, match="does not subclass vLLM's FusedMoEMethodBase"):
+        Method("stray", "qrt_methods:Stray").build(None, BuildContext(Key("f", "m", "cpu"), "stray", "t:1"), base=base)
+    assert Method("stray", "qrt_methods:Stray").load().__name__ == "Stray"  # no base given: no class check
 
 
 @pytest.mark.usefixtures("vllm_not_loaded")

@@ -23,6 +23,7 @@ from typing import Any
 from ..error_measure import DEFAULT_TOLERANCE
 from ..keys import Key
 from ..methods import BuildContext, Method, construct
+from ..vllm.platform import quantize_method_base
 from .report import CheckResult, Report, Status
 from .shapes import MoeShape
 
@@ -82,7 +83,7 @@ def _built(method: Method, kind: str, k: int, n: int, options: dict[str, Any], g
         layer.bias.data.copy_(bias)
     context = BuildContext(Key("unquantized", "kit", "cpu", kind), method.name, "quantreg check-method", options,
                            str(layer.prefix), layer)
-    built = construct(method.load(kind), layer.quant_method, context)
+    built = construct(method.load(base=quantize_method_base()), layer.quant_method, context)
     layer.quant_method = built
     built.process_weights_after_loading(layer)
     return layer, built, weight, bias

@@ -34,10 +34,12 @@ import torch
 
 from ..keys import Key
 from ..methods import VLLM_METHOD, BuildContext, keeps_vllm
+from ..models.checkpoint import read_tensors
 from ..problems import printable
 from ..registry import Registry
 from ..testing import gpt_oss_dense as gd
 from ..testing.dense import vllm_one_rank
+from ..vllm.platform import quantize_method_base
 from .rank import TOKENS, Result
 from .rounds import Progress
 from .side_by_side import SideBySide
@@ -182,7 +184,8 @@ class DenseMeasurement(SideBySide):
                                    "(the float64 reference would not be this layer's)")
             if not keeps_vllm(name):
                 context = BuildContext(self.key, name, "quantreg tune", {}, str(layer.prefix), layer)
-                layer.quant_method = self.registry.methods[name].build(layer.quant_method, context)
+                layer.quant_method = self.registry.methods[name].build(layer.quant_method, context,
+                                                                       base=quantize_method_base())
             layer.quant_method.process_weights_after_loading(layer)
             built[part] = layer
         return built
@@ -283,38 +286,14 @@ def checkpoint_tensors(model_dir: str, names: Mapping[str, Mapping[str, str]]) -
 
     Raises ``LookupError`` with the file and tensor named when one is missing or not floating point.
     """
-    from pathlib import Path
-
-    from safetensors import safe_open
-
-    from ..files import ReadRefused, inside, require_regular
-    from ..models.checkpoint import checkpoint_index
-
-    root = Path(model_dir)
-    weight_map, problems = checkpoint_index(root)
-    if problems:
-        raise LookupError(problems[0])
+    read = read_tensors(model_dir, [name for wanted in names.values() for name in wanted.values()])
     out: dict[str, dict[str, torch.Tensor]] = {}
     for part, wanted in names.items():
         out[part] = {}
         for ours, name in wanted.items():
-            shard_name = weight_map.get(name) if weight_map is not None else "model.safetensors"
-            if shard_name is None:
-                raise LookupError(f"{printable(str(root))}: no tensor {name} in the checkpoint's index")
-            shard = inside(root, shard_name)
-            if shard is None:
-                raise LookupError(f"{printable(str(root))}: the index names {printable(repr(shard_name))} for {name}, "
-                                  "outside the checkpoint")
-            try:
-                require_regular(shard, expected="a safetensors file")
-            except ReadRefused as exc:
-                raise LookupError(f"{printable(shard)}: {exc}") from None
-            with safe_open(shard, framework="pt") as handle:
-                if name not in handle.keys():
-                    raise LookupError(f"{printable(shard)}: no tensor {name}")
-                tensor = handle.get_tensor(name)
+            tensor = read[name]
             if not tensor.is_floating_point():
-                raise LookupError(f"{printable(shard)}: {name} is {str(tensor.dtype).removeprefix('torch.')}; "
+                raise LookupError(f"{printable(model_dir)}: {name} is {str(tensor.dtype).removeprefix('torch.')}; "
                                   "expected a floating-point (bf16) dense weight")
             out[part][ours] = tensor.to(torch.bfloat16).contiguous()
     return out

@@ -40,6 +40,7 @@ import torch
 
 from ..keys import Key
 from ..methods import VLLM_METHOD, BuildContext, construct, keeps_vllm
+from ..models.checkpoint import read_tensors
 from ..models.gpt_oss_moe import (
     GptOssMxfp4Experts,
     moe_f64,
@@ -52,6 +53,7 @@ from ..models.gpt_oss_moe import (
 from ..problems import printable
 from ..registry import Registry
 from ..testing.harness import MoeLayer, VllmMoeHarness
+from ..vllm.platform import fused_moe_method_base
 from .rank import DEFAULT_TOKENS, TOKENS, Result
 from .rounds import Progress
 from .side_by_side import SideBySide
@@ -92,38 +94,14 @@ def checkpoint_experts(model_dir: str | Path, layer: int) -> GptOssMxfp4Experts:
     Reads only that layer's eight expert tensors from the safetensors files (``*_blocks``
     ``[E, N, K/32, 16]`` viewed as ``[E, N, K/2]``, ``*_scales``, ``*_bias``).
     """
-    from safetensors import safe_open
-
-    root = Path(model_dir)
     prefix = f"model.layers.{layer}.mlp.experts."
     names = {"w13_weight": "gate_up_proj_blocks", "w13_weight_scale": "gate_up_proj_scales",
              "w13_bias": "gate_up_proj_bias", "w2_weight": "down_proj_blocks", "w2_weight_scale": "down_proj_scales",
              "w2_bias": "down_proj_bias"}
-    from ..files import ReadRefused, inside, require_regular
-    from ..models.checkpoint import checkpoint_index
-
-    weight_map, problems = checkpoint_index(root)  # the one reader of the index (plan's, the tiny loader's)
-    if problems:
-        raise LookupError(problems[0])
-    if weight_map is None:
-        weight_map = {prefix + n: "model.safetensors" for n in names.values()}
+    read = read_tensors(model_dir, [prefix + n for n in names.values()], hint=" (is it GPT-OSS MXFP4?)")
     found: dict[str, torch.Tensor] = {}
     for ours, theirs in names.items():
-        name = prefix + theirs
-        if name not in weight_map:
-            raise LookupError(f"{printable(str(root))}: no tensor {name} in the checkpoint (is it GPT-OSS MXFP4?)")
-        shard = inside(root, weight_map[name])  # never outside the checkpoint the user named
-        if shard is None:
-            raise LookupError(f"{printable(str(root))}: the index names {printable(repr(weight_map[name]))} for "
-                              f"{name}, outside the checkpoint")
-        try:  # safe_open's own open() would block on a FIFO and map /dev/zero
-            require_regular(shard, expected="a safetensors file")
-        except ReadRefused as exc:
-            raise LookupError(f"{printable(shard)}: {exc}") from None
-        with safe_open(shard, framework="pt") as handle:
-            if name not in handle.keys():
-                raise LookupError(f"{root / weight_map[name]}: no tensor {name} (is it GPT-OSS MXFP4?)")
-            tensor = handle.get_tensor(name)
+        tensor = read[prefix + theirs]
         if theirs.endswith("_blocks"):
             tensor = tensor.reshape(tensor.shape[0], tensor.shape[1], -1)
         found[ours] = tensor.contiguous()
@@ -193,7 +171,7 @@ class Measurement(SideBySide):
             layer.load(e)
             layer.process()
             return layer
-        cls = self.registry.methods[name].load()
+        cls = self.registry.methods[name].load(base=fused_moe_method_base())
         context = BuildContext(self.key, name, "quantreg tune")
 
         def factory(moe_config: Any) -> Any:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ..keys import EXPERTS, Key
 from ..problems import QuantregError, describe, printable, quantreg_logger, strict_error
 from . import startup
+from .platform import quantize_method_base
 
 if TYPE_CHECKING:
     from ..decision import Decision
@@ -169,7 +170,7 @@ class DenseSeam:
             return
         context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
         try:
-            method = registry.methods[decision.method].build(vllms, context)
+            method = registry.methods[decision.method].build(vllms, context, base=quantize_method_base())
         except QuantregError:  # already one strict line: passed on, never wrapped in a second prefix
             raise
         except Exception as exc:

@@ -32,6 +32,7 @@ from ..problems import Problem, QuantregError, describe, printable, quantreg_log
 from ..registry import Registry, get_registry
 from . import startup
 from .context import RunSettings, layer_key, report_problems, run_settings
+from .platform import fused_moe_method_base
 
 if TYPE_CHECKING:
     from ..decision import Decision
@@ -218,7 +219,7 @@ class Seam:
     def _method(decision: Decision, registry: Registry, layer: Any, prefix: str, moe_config: Any) -> Any:
         """The decided method built for this layer (its registration's ``build``, the layer in its context); raises."""
         context = BuildContext(decision.key, decision.method, decision.source, decision.options, prefix, layer)
-        return registry.methods[decision.method].build(moe_config, context)
+        return registry.methods[decision.method].build(moe_config, context, base=fused_moe_method_base())
 
     def _build(self, decision: Decision, registry: Registry, original: Callable[..., Any], layer: Any, prefix: str,
                quant_config: Any, moe_config: Any, mode: Mode) -> Any:

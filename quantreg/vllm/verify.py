@@ -53,6 +53,7 @@ from ..mode import Mode
 from ..problems import printable, quantreg_logger, strict_error
 from ..registry import get_registry
 from ..table.verify import FLOAT64, VerifySpec, layer_index
+from .platform import fused_moe_method_base
 from .shadow import layer_copy, probe_weights
 
 logger = quantreg_logger("vllm.quantreg.verify")
@@ -498,7 +499,7 @@ def build_against(spec: VerifySpec, decision: Decision, prefix: str, layer: Any,
     if not available.ok:
         raise RuntimeError(f"'{spec.against}' cannot run here: {available.reason}")
     context = BuildContext(decision.key, spec.against, decision.source, {}, prefix, layer)
-    return method.build(moe_config, context)
+    return method.build(moe_config, context, base=fused_moe_method_base())
 
 
 _SEEN: dict[tuple[str, Key], set[int]] = {}
