@@ -146,15 +146,17 @@ TRUSTED: dict[tuple[str, str], str] = {
         'a subcommand name argparse accepted from its fixed choices',
     ('quantreg/cli.py', 'problem'):
         '_internal_error: built from describe(), which escapes',
-    ('quantreg/cli.py', 'text'):
-        "_emit: JSON (json.dumps escapes) or a command's lines, each built from escaped values (Problem.__str__, printable, validated names)",  # noqa: E501
     ('quantreg/cli.py', 'fault'):
         'a Problem or PluginFailure: __str__ escapes path, key and message',
-    ('quantreg/cli.py', 'refusal'):
-        'envelope.refusal: mode reasons (QUANTREG_STRICT escaped in mode.py) and Problem strings',
     ('quantreg/cli.py', 'warning'):
         'did-you-mean / key / match warnings: values passed through printable where they are built '
         '(vllm/names.py, _match_warnings)',
+    ('quantreg/output.py', 'text'):
+        "emit: JSON (json.dumps escapes) or a command's lines, each built from escaped values (Problem.__str__, printable, validated names)",  # noqa: E501
+    ('quantreg/output.py', 'fault'):
+        'a Problem or PluginFailure: __str__ escapes path, key and message',
+    ('quantreg/output.py', 'refusal'):
+        'envelope.refusal: mode reasons (QUANTREG_STRICT escaped in mode.py) and Problem strings',
     ('quantreg/cli.py', 'missing'):
         'missing_config: the path is printable()-escaped where the line is built',
     ('quantreg/demo/command.py', 'problem'):

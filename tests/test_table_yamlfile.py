@@ -75,10 +75,16 @@ def test_one_level_past_the_bound_is_a_located_problem() -> None:
 
 
 def test_large_but_printable_integers_are_still_values() -> None:
-    text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n    priority: " + "9" * 300 + "\n"
+    """A 300-digit integer parses (no digit-limit text, no crash): a free option keeps it as a value, and a
+    bounded field (``priority``, issue 46 class 5) names its bound and the number's size."""
+    text = ("version: 1\nrules:\n  - match: {}\n    method: vllm\n    options: {big: " + "9" * 300 + "}\n")
     table, problems, _ = parse_table(text, "big.yaml", Layer.USER)
     assert problems == [] and table is not None
-    assert table.rules[0].priority == int("9" * 300)
+    assert table.rules[0].options["big"] == int("9" * 300)
+    text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n    priority: " + "9" * 300 + "\n"
+    table, problems, _ = parse_table(text, "big.yaml", Layer.USER)
+    assert table is None and [(p.line, p.key) for p in problems] == [(5, "rules[0].priority")]
+    assert problems[0].message.endswith("got an integer of about 301 digits")
 
 
 TAGS = ["!!int", "!!float", "!!bool", "!!null", "!!str", "!!map", "!!seq", "!!binary", "!!timestamp", "!custom", "!"]

@@ -196,3 +196,19 @@ def test_on_the_cpu_vllm_traces_into_the_moe_runner_so_quantreg_needs_its_own_op
     entry = layer.runner._forward_entry
     assert entry is moe_runner._moe_forward, entry
     assert entry is not torch.ops.vllm.moe_forward
+
+
+def test_a_layer_that_cannot_be_weakly_referenced_is_held() -> None:
+    """A layer object without weak references (a slotted class, a test double) is held, not refused:
+    the seam must never fail on what it cannot weakly reference."""
+
+    class Slotted:
+        __slots__ = ("weight",)
+
+        def __init__(self) -> None:
+            self.weight = torch.ones(2)
+
+    layer, method = Slotted(), SideEffects()
+    opaque.make_moe_opaque(method, layer, "slotted.layer")
+    out = opaque.MOE_MONOLITHIC(torch.ones(1, 2), torch.zeros(1, 2), None, method.quantreg_handle)
+    assert torch.equal(out, torch.full((1, 2), 2.0))

@@ -52,7 +52,10 @@ class _Call:
     """One layer's method, as the op's real implementation calls it (weak: the layer owns both)."""
 
     def __init__(self, layer: Any, entry: Any) -> None:
-        self.layer = weakref.ref(layer)
+        try:
+            self.layer: Any = weakref.ref(layer)
+        except TypeError:  # not weakly referable (a test double, a slotted class): held for the process
+            self.layer = lambda: layer
         self.entry = entry  # the method's own bound apply / apply_monolithic, called eagerly
 
     def target(self, handle: str) -> tuple[Any, Any]:

@@ -78,15 +78,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     write_tiny_model(twin, bf16=True)
     kernel, onednn = _tables(tmp)
     env = {"QUANTREG_CONFIG": str(kernel)}
-    compiled = {"enforce_eager": False}
-    out = {"base": run_vllm(model, PROMPTS, max_tokens=TOKENS, multiprocessing=False, timeout=900),
-           "dense": run_vllm(model, PROMPTS, max_tokens=TOKENS, multiprocessing=False, timeout=900, env=env),
-           # vLLM's default (compiled) mode on the bf16 twin: its experts are vLLM's own (plugin #2's MoE
-           # op is not traceable yet, issue 43), its dense layers the kernel's op; against the twin eager
-           "twin": run_vllm(twin, PROMPTS, max_tokens=TOKENS, multiprocessing=False, timeout=900),
+    compiled, eager = {"enforce_eager": False}, {"enforce_eager": True}
+    out = {"base": run_vllm(model, PROMPTS, max_tokens=TOKENS, multiprocessing=False, timeout=900, llm_kwargs=eager),
+           "dense": run_vllm(model, PROMPTS, max_tokens=TOKENS, multiprocessing=False, timeout=900, env=env,
+                             llm_kwargs=eager),
+           # vLLM's default (compiled) mode on the bf16 twin (its experts vLLM's own, its dense layers the
+           # kernel's op) against the twin eager
+           "twin": run_vllm(twin, PROMPTS, max_tokens=TOKENS, multiprocessing=False, timeout=900, llm_kwargs=eager),
            "compiled": run_vllm(twin, PROMPTS, max_tokens=TOKENS, multiprocessing=False, timeout=900,
                                 env={"QUANTREG_CONFIG": str(table_path())}, llm_kwargs=compiled),
-           "tp2": run_vllm(model, PROMPTS, max_tokens=TOKENS, timeout=900, llm_kwargs={"tensor_parallel_size": 2},
+           "tp2": run_vllm(model, PROMPTS, max_tokens=TOKENS, timeout=900,
+                           llm_kwargs={"tensor_parallel_size": 2, **eager},
                            env={"QUANTREG_CONFIG": str(onednn), "VLLM_CPU_OMP_THREADS_BIND": "0|1"})}
     for name, run in out.items():
         assert run.ok, f"{name}: {run.error}\n{run.log[-4000:]}"
