@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 from e2e_support import VllmRuns, key_table
 
+from quantreg.testing.vllm_run import EAGER
+
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 pytest.importorskip("quantreg_cpu_mxfp4", reason="plugin #2 (plugins/cpu_mxfp4) is not installed")
 
@@ -47,8 +49,10 @@ def runs(vllm_run: VllmRuns, tiny_model: Path, tmp_path_factory: pytest.TempPath
         env = {"QUANTREG_CONFIG": str(path)}
         if name == "split":
             env["QUANTREG_DECISIONS"] = str(trail)
+        # eager: the three runs are compared token for token, method against method; the split in vLLM's
+        # default (compiled) mode is tests/e2e/test_default_mode.py's (every forward recorded)
         started[name] = vllm_run.start(tiny_model, prompts=[PROMPT], max_tokens=MAX_TOKENS, multiprocessing=False,
-                                       env=env, timeout=420.0)
+                                       env=env, timeout=420.0, llm_kwargs=EAGER)
     results = {name: future.result() for name, future in started.items()}
     for name, result in results.items():
         assert result.ok, f"{name}: {result.log[-6000:]}"
