@@ -40,7 +40,7 @@ def test_check_method_small_shape_conforms_where_the_method_runs(kind: str) -> N
         for layer in ("attention", "dense", "lm_head"):
             row = next(line for line in lines if f"forward_{layer}" in line)
             assert row.split()[0] == "PASS", row
-        assert "cpu_int8_dense on cpu: conforms -- 5 passed, 0 failed, 0 skipped" in lines
+        assert "cpu_int8_dense on cpu: conforms -- 6 passed, 0 failed, 0 skipped" in lines
     else:  # the forwards are not attempted; the reason is the declaration's
         assert f"device cpu: NOT available ({NO_VNNI}" in lines[1], lines[:2]
         words = " ".join(done.stdout.split())  # the report wraps its details
