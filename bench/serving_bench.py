@@ -43,9 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT
+from bench.wholemodel_bench import DEFAULT_LLAMA_ENV, DEFAULT_WORK  # one home for the bench's directories
 
-DEFAULT_WORK = Path(os.environ.get("QUANTREG_BENCH_DIR", Path.home() / ".cache" / "quantreg-bench"))
-DEFAULT_LLAMA_ENV = Path(os.environ.get("QUANTREG_LLAMA_ENV", DEFAULT_WORK / "llama-venv"))
 REQUEST_TIMEOUT = 900.0
 
 
