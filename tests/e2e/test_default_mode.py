@@ -102,7 +102,10 @@ def served(request: pytest.FixtureRequest, setups: dict[str, dict[str, Any]],
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Server]]:
     case = request.param
     setup = setups[case]
-    server = start_server(setup["model"], tmp_path_factory.mktemp(f"server-{case}"), setup["args"], setup["env"])
+    with pytest.MonkeyPatch.context() as mp:  # vLLM's defaults untouched (tests/conftest.py sets this one)
+        mp.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+        server = start_server(setup["model"], tmp_path_factory.mktemp(f"server-{case}"), setup["args"],
+                              setup["env"])
     try:
         assert server.healthy, (f"{case}: not healthy in default mode after {server.startup_s:.0f}s "
                                 f"(exit {server.returncode}); log tail:\n{server.log[-6000:]}")
