@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from core_support import ROOT
@@ -53,3 +55,30 @@ def test_llama_server_ran_or_was_skipped_by_name(result: dict[str, object]) -> N
         return
     assert [lv["errors"] for lv in servers["llama-server"]["levels"]] == [[], []]
     assert set(result["throughput_ratio_vllm_over_llama"]) == {"1", "2"}  # type: ignore[arg-type]
+
+
+def test_the_plot_draws_every_measured_level(result: dict[str, object], tmp_path: Path) -> None:
+    """bench/serving_plot.py turns the run's JSON into the SVG docs/benchmarks.md embeds: one line per
+    server in each panel, one point per level, at the level's own numbers (the y scale is checked by
+    the ordering of the points: a higher tok/s is drawn higher)."""
+    src = tmp_path / "result.json"
+    src.write_text(json.dumps(result))
+    out = tmp_path / "plot.svg"
+    proc = subprocess.run([sys.executable, "-m", "bench.serving_plot", str(src), "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    root = ElementTree.fromstring(out.read_text())
+    lines = [el for el in root.iter() if el.tag.endswith("polyline")]
+    servers = result["servers"]
+    assert isinstance(servers, dict)
+    assert sorted(el.get("data-series") for el in lines) == sorted(f"{s}, 2 layers" for s in servers for _ in (0, 1))
+    for el in lines[:len(lines) // 2]:  # the left panel (output tokens/s) is drawn first
+        server = str(el.get("data-series")).rsplit(",", 1)[0]
+        ys = [float(p.split(",")[1]) for p in str(el.get("points")).split()]
+        toks = [lv["output_tok_s"] for lv in servers[server]["levels"]]
+        assert len(ys) == len(toks) == 2
+        assert (ys[0] > ys[1]) == (toks[0] < toks[1]) or toks[0] == toks[1]  # SVG y grows downwards
+    bad = subprocess.run([sys.executable, "-m", "bench.serving_plot", str(tmp_path / "missing.json"), "--out",
+                          str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode != 0 and "missing.json: not a serving_bench result" in bad.stderr
+    assert "Traceback" not in bad.stderr
