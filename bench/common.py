@@ -75,6 +75,19 @@ def median(values: Iterable[float]) -> float:
     return float(statistics.median(list(values)))
 
 
+#: Rounds of one engine whose fastest and slowest figure differ by more than this factor disagree:
+#: the bench prints their range and flags them instead of letting a median stand for both (issue 44
+#: saw 0.87 and 4.32 tok/s of one variant printed as their median).
+DISAGREE_FACTOR = 1.5
+
+
+def disagreement(values: Iterable[float], factor: float = DISAGREE_FACTOR) -> dict[str, Any]:
+    """``min``, ``max`` and ``disagree`` (max > factor x min) of one figure over the rounds."""
+    vals = [float(v) for v in values]
+    lo, hi = min(vals), max(vals)
+    return {"min": lo, "max": hi, "disagree": bool(lo <= 0 or hi > factor * lo) if len(vals) > 1 else False}
+
+
 def timed(fn: Callable[[], object]) -> float:
     """Wall seconds of one call."""
     start = time.perf_counter()

@@ -48,7 +48,7 @@ from typing import IO, Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, load_average, machine, median, python_env
+from bench.common import DISAGREE_FACTOR, ROOT, disagreement, load_average, machine, median, python_env
 
 PREFIX = "QRB "
 DEFAULT_WORK = Path(os.environ.get("QUANTREG_BENCH_DIR", Path.home() / ".cache" / "quantreg-bench"))
@@ -349,6 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for r in results.values():
         for key in ("ttft_s", "decode_tok_s", "prefill_tok_s"):
             r[key] = median(x[key] for x in r["rounds"])
+        r["spread"] = {key: disagreement(x[key] for x in r["rounds"]) for key in ("decode_tok_s", "prefill_tok_s")}
         r["bandwidth_fraction"] = r["bytes_per_token"] * r["decode_tok_s"] / bw
     baseline = next((label for label in results if results[label]["kind"] == "llama"), None)
     ratios: dict[str, Any] = {}
@@ -382,6 +383,12 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| {label} | {r['decode_tok_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['ttft_s'] * 1e3:.0f} | "
                      f"{r['startup_s']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | {r['bandwidth_fraction']:.0%} | "
                      f"{(r['peak_rss_bytes'] or 0) / 1e9:.2f} |")
+    for label, r in result["engines"].items():  # the rounds' range, and a flag where they disagree
+        for key, name in (("decode_tok_s", "decode"), ("prefill_tok_s", "prefill")):
+            sp = r.get("spread", {}).get(key)
+            if sp:
+                flag = f" ROUNDS DISAGREE (>x{DISAGREE_FACTOR}): the median stands for neither" * sp["disagree"]
+                lines.append(f"{label} {name} over {len(r['rounds'])} rounds: {sp['min']:.2f}-{sp['max']:.2f}{flag}")
     for name, ratio in result["ratios"].items():
         lines.append(f"{name}: decode x{ratio['decode']:.2f}, prefill x{ratio['prefill']:.2f}")
     for label, r in result["engines"].items():

@@ -86,3 +86,26 @@ def test_llama_half_ran_or_was_skipped_by_name(result: dict[str, object]) -> Non
     assert isinstance(ratios, dict)
     assert set(ratios) == {f"{v}{m} / {label}" for v in ("vLLM-CPU + quantreg (registry's choice)", "reference")
                            for m in ("", " [eager]")}
+
+
+def test_rounds_that_disagree_are_flagged_not_medianed(result: dict[str, object]) -> None:
+    """Every engine carries its rounds' range; a run whose rounds differ by more than the bound prints
+    the range with a flag (issue 44: rounds of 0.87 and 4.32 tok/s were printed as their median)."""
+    sys.path.insert(0, str(ROOT))
+    from bench.common import DISAGREE_FACTOR, disagreement
+    from bench.wholemodel_bench import table
+
+    engines = result["engines"]
+    assert isinstance(engines, dict)
+    for r in engines.values():  # one round: a range of one value, nothing to disagree
+        assert r["spread"]["decode_tok_s"] == {"min": r["decode_tok_s"], "max": r["decode_tok_s"], "disagree": False}
+    assert " over 1 rounds: " in table(result) and "ROUNDS DISAGREE" not in table(result)
+    label = next(iter(engines))
+    rounds = [0.87, 4.32, 4.1]
+    engines[label]["rounds"] = [{"decode_tok_s": v} for v in rounds]
+    engines[label]["spread"]["decode_tok_s"] = disagreement(rounds)
+    flagged = [line for line in table(result).splitlines() if line.startswith(f"{label} decode over 3 rounds")]
+    assert flagged == [f"{label} decode over 3 rounds: 0.87-4.32 ROUNDS DISAGREE (>x{DISAGREE_FACTOR}): "
+                       "the median stands for neither"]
+    assert not disagreement([4.0, 4.0 * DISAGREE_FACTOR])["disagree"]
+    assert disagreement([4.0, 4.0 * DISAGREE_FACTOR + 0.01])["disagree"]
