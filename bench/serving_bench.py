@@ -269,8 +269,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             port = server.start()
             rows = []
             for clients in levels:
-                items = workload(args.seed + clients, args.requests or 4 * clients, int(config["vocab_size"]),
-                                 args.long_tokens, args.min_out, args.max_out)
+                count = args.requests or args.requests_per_client * clients
+                items = workload(args.seed + clients, count, int(config["vocab_size"]), args.long_tokens, args.min_out,
+                                 args.max_out)
                 print(f"[serving] {server.label}: {clients} clients, {len(items)} requests", file=sys.stderr,
                       flush=True)
                 rows.append(run_level(port, server.model_name, clients, items))
@@ -320,7 +321,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-table", type=Path, help="QUANTREG_CONFIG for the vLLM server (e.g. tune's table)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--clients", default="1,4,16", help="concurrent client counts, comma-separated")
-    p.add_argument("--requests", type=int, default=0, help="requests per level (default 4 x clients)")
+    p.add_argument("--requests", type=int, default=0,
+                   help="requests per level (default: --requests-per-client x clients)")
+    p.add_argument("--requests-per-client", type=int, default=4,
+                   help="each client's requests per level when --requests is not given (24 layers: 2 keeps a run "
+                        "near an hour on 2 cores)")
     p.add_argument("--long-tokens", type=int, default=512)
     p.add_argument("--min-out", type=int, default=64)
     p.add_argument("--max-out", type=int, default=256)
