@@ -43,12 +43,12 @@ def snapshot(root: Path) -> dict[str, Any]:
     from quantreg.keys import FIELDS
     from quantreg.methods import Method
     from quantreg.registry import Registry
-    from quantreg.table.file import Layer, read_table, rule_json
+    from quantreg.table.file import Tier, read_table, rule_json
 
     out: dict[str, Any] = {}
     for rel in TABLES:
         path = root / rel
-        parsed, problems, _ = read_table(path, Layer.RUN)
+        parsed, problems, _ = read_table(path, Tier.RUN)
         assert parsed is not None, problems
         names = sorted({m for r in parsed.rules for m in r.methods} - {"vllm"})
         values: dict[str, set[str]] = {f: set(EXTRA[f]) for f in FIELDS}
