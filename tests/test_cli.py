@@ -154,9 +154,9 @@ def test_explain_shows_winner_and_losers(cli: Run, tables: dict[str, Path], monk
     assert f"WON  {tables['run2']}:3 [run tier, specificity 2, priority 5]" in out
     assert (f"lost {tables['run1']}:3 [run tier, specificity 2, priority 0] (fp8, *, cpu) -> vllm: lower priority "
             "(0 < 5)") in out
-    assert (f"lost {tables['user']}:3 [user tier, specificity 1, priority 0] (fp8, *, *) -> vllm: lower layer "
+    assert (f"lost {tables['user']}:3 [user tier, specificity 1, priority 0] (fp8, *, *) -> vllm: lower tier "
             "(user < run)") in out
-    assert ("registry.yaml:5 [default tier, specificity 0, priority 0] (*, *, *) -> vllm: lower layer "
+    assert ("registry.yaml:5 [default tier, specificity 0, priority 0] (*, *, *) -> vllm: lower tier "
             "(default < run)") in out
     data = cli_json(cli, *args)
     assert data["rule"]["path"] == str(tables["run2"]) and data["rule"]["line"] == 3

@@ -184,7 +184,7 @@ def test_ambiguity_across_two_files_of_one_layer(table: Callable[[str, str], Pat
     assert messages[1].startswith(f"{two}:3: rules[0].match: ambiguous: rule (fp8, *, *) and rule {one}:4 "
                                   "(*, *, [hpu|xpu])")
     assert "in the user tier" in messages[0]
-    # both files are left out, the lower layers answer
+    # both files are left out, the lower tiers answer
     assert {t.path for t in registry.tables}.isdisjoint({str(one), str(two)})
     assert registry.resolve(("fp8", "m", "cpu")).method == "m_plugin"
 

@@ -13,7 +13,8 @@ from .. import keys
 from ..bounds import MAX_COUNT, MAX_LAYERS, MAX_PRIORITY, MAX_SIZE
 from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, TOKENS, WILDCARD
 from ..methods import EXPERT_LAYOUTS, NAME_RE, TARGET_RE
-from .file import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .file import RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .match import MATCH_VALUE_RE
 from .tuned import SHAPE_KEYS
 from .verify import FLOAT64, FLOAT64_FORMATS, OLD_SPELLINGS, VERIFY_KEYS
 
