@@ -24,8 +24,8 @@ from quantreg.table.file import Rule, TableFile, Tier
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
-def rule(match: Match, line: int, layer: Tier = Tier.USER, priority: int = 0, path: str = "t.yaml") -> Rule:
-    return Rule(match=match, methods=("vllm",), path=path, line=line, layer=layer, priority=priority)
+def rule(match: Match, line: int, tier: Tier = Tier.USER, priority: int = 0, path: str = "t.yaml") -> Rule:
+    return Rule(match=match, methods=("vllm",), path=path, line=line, tier=tier, priority=priority)
 
 
 def test_key_is_three_plain_strings() -> None:

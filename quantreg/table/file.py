@@ -7,7 +7,6 @@ same thing. A file with any problem contributes no rules (nothing half-applied).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import re
 from types import MappingProxyType
@@ -16,7 +15,7 @@ from typing import Any
 from ..bounds import MAX_PRIORITY, whole_problem
 from ..keys import EXPERTS, Match
 from ..methods import Method
-from ..problems import Problem, type_name
+from ..problems import Problem, quantreg_logger, type_name
 from . import cache as tablecache
 from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
 from .located import file_identity as _file_identity
@@ -40,7 +39,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
 RULE_KEYS = ("match", "method", "options", "priority", "note", "verify", "tuned")
-logger = logging.getLogger("vllm.quantreg.table")
+logger = quantreg_logger("vllm.quantreg.table")
 _LOGGED: set[tuple[str, int | None, str]] = set()
 """Deprecations already logged by this process: a table read again (validate, every Registry.build) says it once."""
 
