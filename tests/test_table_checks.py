@@ -104,12 +104,12 @@ def test_rule_fields_and_locations(table: Callable[[str, str], Path]) -> None:
     """)
     tf, problems, _ = read_table(path, Tier.RUN)
     assert problems == [] and tf is not None
-    assert tf.strict is True and tf.layer is Tier.RUN and tf.path == str(path)
+    assert tf.strict is True and tf.tier is Tier.RUN and tf.path == str(path)
     first, second = tf.rules
     assert first.match == Match(quant_format=("gpt_oss_mxfp4",), model_type=("gpt_oss",), device=("cpu", "hpu"))
     assert first.methods == ("hpu_mxfp4", "hpu_mxfp4_dequant")
     assert first.method_lines == (6, 7)
-    assert (first.line, first.priority, first.note, first.layer) == (4, 2, "why", Tier.RUN)
+    assert (first.line, first.priority, first.note, first.tier) == (4, 2, "why", Tier.RUN)
     assert first.location == f"{path}:4"
     assert first.options == {"chunk": 4, "deep": {"k": [1, 2]}}
     assert type(first.options["deep"]) is dict and type(first.options["deep"]["k"]) is list
