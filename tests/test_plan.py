@@ -253,8 +253,8 @@ def test_header_reader_matches_the_safetensors_package(tmp_path: Path) -> None:
                   "w": numpy.zeros((3,), numpy.float32)}, str(path))
     header = checkpoint_files.read_safetensors_header(path)
     assert header["w"]["dtype"] == "F32" and header["w"]["shape"] == [3]
-    assert checkpoint_files.expert_tensors(tmp_path, [])[0]["down_proj_blocks"] == {"shape": [2, 8, 1, 16], "dtype": "U8",
-                                                                          "bytes": 256}
+    experts = checkpoint_files.expert_tensors(tmp_path, [])
+    assert experts[0]["down_proj_blocks"] == {"shape": [2, 8, 1, 16], "dtype": "U8", "bytes": 256}
 
 
 def test_cpu_without_amx_gets_the_vllm_cannot_note(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
