@@ -46,7 +46,7 @@ def main() -> None:
     from quantreg.table.identity import table_names
 
     registry = get_registry()
-    names = table_names([(t.path, str(t.layer)) for t in registry.tables])
+    names = table_names([(t.path, str(t.tier)) for t in registry.tables])
     method_modules = sorted({m.target.partition(":")[0] for m in registry.methods.values()
                              if m.plugin != "quantreg.builtin"})
     print(json.dumps({

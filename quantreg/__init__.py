@@ -16,7 +16,10 @@ from .keys import Key, Match
 from .methods import VLLM_METHOD, Availability, BuildContext, Method
 from .problems import Problem, QuantregError
 from .registry import Registry, get_registry, resolve, set_registry
-from .table.file import Layer, Rule
+from .table.file import Rule, Tier
+
+#: The pre-issue-47 name of :class:`Tier` (a table's precedence tier), kept for plugins that import it.
+Layer = Tier
 
 if TYPE_CHECKING:
     from .answer import Answer
@@ -67,6 +70,7 @@ __all__ = [
     "QuantregError",
     "Registry",
     "Rule",
+    "Tier",
     "VllmLimitation",
     "get_registry",
     "hookimpl",

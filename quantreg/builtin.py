@@ -2,7 +2,7 @@
 
 It uses the same hooks as third-party plugins so ``quantreg plugins`` and ``explain`` show
 built-ins exactly like everything else. The one difference: the table this plugin registers
-forms the ``default`` layer (every other plugin's forms the ``plugin`` layer), which
+forms the ``default`` tier (every other plugin's forms the ``plugin`` tier), which
 :func:`quantreg.loading.load` decides by the registering plugin's name, :data:`NAME`.
 """
 

@@ -1,8 +1,10 @@
-"""The ``quantreg`` command: list, plugins, rules, explain, validate, doctor, plan, tiny-model, schema,
-check-method, demo, tune.
+"""The ``quantreg`` command line: the parser, its argument types, and the boundary every command runs in.
+
+The commands (list, plugins, rules, explain, validate, doctor, plan, tiny-model, schema, check-method,
+demo, tune, new-plugin) are functions in :mod:`quantreg.commands`.
 
 Every command takes ``--json``; those that answer from the tables take ``--config FILE``
-(repeatable, the ``run`` layer; a named file that does not exist is an error, exit 2). Faults
+(repeatable, the ``run`` tier; a named file that does not exist is an error, exit 2). Faults
 are printed as ``FILE:LINE: key: message`` lines and turn into exit status 1; a traceback
 reaching the user is a bug.
 
@@ -25,205 +27,22 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-from . import host, installed, settings
+from . import installed, keys
 from .bounds import MAX_COUNT, MAX_TINY_LAYERS
+from .commands.tables import cmd_explain, cmd_list, cmd_plugins, cmd_rules, cmd_validate
+from .commands.tools import (
+    cmd_check_method,
+    cmd_demo,
+    cmd_doctor,
+    cmd_new_plugin,
+    cmd_plan,
+    cmd_schema,
+    cmd_tiny_model,
+    cmd_tune,
+)
 from .envelope import envelope
-from .keys import EXPERTS, LAYER_KINDS, Key
-from .loading import config_paths, load_tables
-from .output import emit, plugin_output_to_stderr, registry_for, respond, warn_faults
+from .keys import EXPERTS, LAYER_KINDS
 from .problems import printable, problem_json
-from .registry import Registry
-from .table import cache as tablecache
-from .table.file import Layer, rule_json
-from .table.schema import table_schema
-
-
-def cmd_list(args: argparse.Namespace) -> int:
-    registry = registry_for(args)
-    warn_faults(registry)
-    named = _device_warnings(registry, [args.device])
-    for warning in named:
-        print(f"warning: {warning}", file=sys.stderr)
-    device = args.device or host.guess_device()
-    rows: list[dict[str, Any]] = []
-    for m in sorted(registry.methods.values(), key=lambda m: m.name):
-        with plugin_output_to_stderr():  # probes are plugin code too
-            avail = registry.availability(m.name, device)
-        rows.append({"name": m.name, "plugin": m.plugin, "target": m.target, "devices": list(m.devices),
-                     "device": device, "available": avail.ok, "reason": avail.reason, "description": m.description})
-    width = max([len(r["name"]) for r in rows] + [4])
-    lines = [f"methods available on {device}:"]
-    for r in rows:
-        mark = "yes" if r["available"] else "no "
-        lines.append(f"  {mark} {r['name']:<{width}}  {r['plugin']}  {r['target']}  devices={','.join(r['devices'])}"
-                     f"  ({r['reason']})")
-    return respond(args, registry, {"methods": rows, "key_warnings": named}, lines)
-
-
-def cmd_plugins(args: argparse.Namespace) -> int:
-    registry = registry_for(args)
-    rows = [p.__dict__ for p in registry.plugin_infos]
-    failures = [str(f) for f in registry.failures]
-    lines = [printable(f"  {p['status']:<8} {p['name']}  ({p['distribution']} {p['version']}) {p['reason']}").rstrip()
-             for p in rows]
-    lines += [f"  fault    {printable(f)}" for f in failures]
-    return respond(args, registry, {"plugins": rows, "faults": failures}, ["plugins:", *lines])
-
-
-def cmd_rules(args: argparse.Namespace) -> int:
-    registry = registry_for(args)
-    warn_faults(registry)
-    rules = sorted(registry.index.rules, key=lambda r: tuple(-x for x in r.rank))
-    lines = ["effective rules, highest precedence first:"]
-    for r in rules:
-        lines.append(f"  {r.location}  [{r.tier}, specificity {r.match.specificity}, priority {r.priority}]  "
-                     f"{r.match} -> {' | '.join(r.methods)}" + (f"  options={dict(r.options)}" if r.options else ""))
-    return respond(args, registry, {"rules": [rule_json(r) for r in rules]}, lines)
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    from .answer import answer  # the one computation every tool answers a key from
-
-    registry = registry_for(args)
-    warn_faults(registry)
-    with plugin_output_to_stderr():  # resolving runs probes, findings run plugin code
-        ans = answer(registry, Key(args.quant_format, args.model_type, args.device, args.layer))
-    for fault in ans.problems:
-        print(f"warning: {fault}", file=sys.stderr)
-    decision = ans.decision
-    lines = [decision.render(), *(f"{f.level:<8} {f}" for f in ans.findings)]
-    if ans.vllm_limitation:  # "vLLM's own method will fail for this key here": last, where the eye lands
-        said = [n for n in ans.notes if n.startswith("vLLM's own method will fail")]  # each reason once
-        lines.append(f"warning  {said[-1] if said else ans.vllm_limitation}")
-    named = _key_warnings(registry, decision.key)
-    for warning in named:
-        print(f"warning: {warning}", file=sys.stderr)
-    return respond(args, registry, {**decision.to_json(), **ans.to_json(), "key_warnings": named}, lines, decision)
-
-
-def _key_warnings(registry: Registry, key: Key) -> list[str]:
-    """Did-you-mean warnings for a key part vLLM never uses (:mod:`quantreg.vllm.names`)."""
-    from .vllm.names import key_warnings, known_names
-
-    formats, devices = known_names(registry)
-    return key_warnings(key, formats, devices)
-
-
-def _device_warnings(registry: Registry, devices: Sequence[str | None]) -> list[str]:
-    """Did-you-mean warnings for ``--device`` values vLLM never reports (``gpu``: vLLM says ``cuda``)."""
-    from .vllm.names import device_warning, known_names
-
-    known = known_names(registry)[1]
-    return [f"--device {printable(d)}: {w}" for d in devices if d and (w := device_warning(d, known))]
-
-
-def _match_warnings(registry: Registry, tables: Sequence[Any]) -> list[str]:
-    """Located warnings for match values of ``tables`` that vLLM never puts in a key (not errors: a
-    plugin's platform may use a name quantreg does not know)."""
-    from .vllm.names import device_warning, format_warning, known_names
-
-    formats, devices = known_names(registry, (Layer.PLUGIN, Layer.DEFAULT))
-    out = []
-    for table in tables:
-        for rule in table.rules:
-            model_types = rule.match.model_type or (None,)
-            for value in rule.match.quant_format or ():
-                for model_type in model_types:
-                    why = format_warning(value, model_type, formats)
-                    if why:
-                        out.append(f"{printable(rule.path)}:{rule.line}: match.quant_format: {why}")
-                        break
-            for value in rule.match.device or ():
-                why = device_warning(value, devices)
-                if why:
-                    out.append(f"{printable(rule.path)}:{rule.line}: match.device: {why}")
-    return out
-
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    with tablecache.bypass():  # validate always parses the files themselves, never a cached parse
-        return _validate(args)
-
-
-def _validate(args: argparse.Namespace) -> int:
-    registry = registry_for(args)
-    if args.files:
-        tables, _, found = load_tables([(f, Layer.USER) for f in args.files], registry.methods)
-        problems: list[Any] = list(found)
-        checked = list(args.files)
-    else:
-        tables = [t for t in registry.tables if t.layer not in (Layer.PLUGIN, Layer.DEFAULT)]
-        problems = list(registry.faults)
-        checked = [t.path for t in registry.tables]
-    faults = [str(p) for p in problems]
-    warnings = _match_warnings(registry, tables)
-    if not faults:  # which installed plugin rules these tables take keys from (or give them to), once
-        with plugin_output_to_stderr():  # the files in the layer they were checked in (user), as a start-up reads them
-            together = Registry.build(config=args.config, env={
-                **os.environ, settings.CONFIG: os.pathsep.join([*config_paths(os.environ), *args.files])}) \
-                if args.files else registry
-        names = [str(f) for f in (args.files or [t.path for t in tables])]
-        warnings += [c for c in together.collisions() if any(n in c for n in names)]
-    for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    text = "\n".join(faults) if faults else f"ok: {len(checked)} table(s) valid"
-    emit(args, {"ok": not faults, "files": checked, "warnings": warnings,
-                 **envelope(problems, registry, args.config)}, text)
-    return 1 if faults else 0
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import doctor
-
-    with tablecache.bypass():  # doctor reports what the files say, not what the cache remembers
-        return doctor(args)
-
-
-def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import plan_command
-
-    return plan_command(args.model_dir, args.device, args.config, args.json,
-                        use_vllm=False if args.no_vllm else None,
-                        envelope=lambda registry, problems: envelope(problems, registry, args.config))
-
-
-def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from .tiny.command import tiny_model_command  # imports torch (the checkpoint writer)
-
-    return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json, force=args.force, shape=args.shape,
-                              layers=args.layers, seed=args.seed)
-
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    if args.layers is not None or args.allow_lossy:  # dense layer kinds (issue 30): quantreg/tune/dense.py
-        from .tune.dense import tune_layers
-
-        return tune_layers(args.model_dir, args.layers or "experts", device=args.device, out=args.out,
-                           as_json=args.json, budget=args.budget, synthetic=args.synthetic,
-                           allow_lossy=args.allow_lossy, config=args.config, tokens=args.tokens)
-    from .tune.command import tune_command  # measure.py imports torch and vLLM only once measuring starts
-
-    return tune_command(args.model_dir, device=args.device, out=args.out, as_json=args.json, budget=args.budget,
-                        synthetic=args.synthetic, config=args.config, tokens=args.tokens)
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    """The schema itself; with ``--json`` inside the envelope like every other answer (``schema`` key)."""
-    print(json.dumps({"schema": table_schema(), **envelope()} if args.json else table_schema(), indent=2))
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo.command import run_demo
-
-    return run_demo(keep=args.keep, as_json=args.json)
-
-
-def cmd_new_plugin(args: argparse.Namespace) -> int:
-    from .newplugin import new_plugin_command
-
-    return new_plugin_command(args.name, args.directory, as_json=args.json)
 
 
 def _count_arg(low: int, high: int, what: str) -> Callable[[str], int]:
@@ -268,17 +87,6 @@ def _kit_shape(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
-
-def cmd_check_method(args: argparse.Namespace) -> int:
-    from .testing import check_method_command  # imports torch and vLLM only when the checks run
-
-    for warning in _device_warnings(registry_for(args), [args.device]):
-        print(f"warning: {warning}", file=sys.stderr)
-
-    return check_method_command(args.name, device=args.device, config=args.config, as_json=args.json,
-                                envelope=lambda registry: envelope(None, registry, args.config), shape=args.shape)
-
-
 DESCRIPTION = ("Decide which Mixture-of-Experts quantization method vLLM runs for each (quant format, model "
                "type, device) key, and check the tables that decide it.")
 EXPLAIN_EPILOG = """examples:
@@ -318,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     json_flag.add_argument("--json", action="store_true", help="machine-readable output")
     common = _Parser(add_help=False, parents=[json_flag])
     common.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="extra rule table (run layer, beats QUANTREG_CONFIG); repeatable; a missing FILE "
+                        help="extra rule table (run tier, beats QUANTREG_CONFIG); repeatable; a missing FILE "
                              "is an error")
     parser = _Parser(prog="quantreg", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"quantreg {installed.dist_version('quantreg')}")
@@ -336,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("list", cmd_list, "registered methods and whether they can run here")
     p.add_argument("--device", help="device to check availability for (default: guessed without importing vLLM)")
     add("plugins", cmd_plugins, "discovered plugins, loaded or not, and why")
-    add("rules", cmd_rules, "the effective rule table with each rule's file:line and layer")
+    add("rules", cmd_rules, "the effective rule table with each rule's file:line and tier")
     p = add("explain", cmd_explain, "which method a key gets, and why", epilog=EXPLAIN_EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("quant_format", help="vLLM's quant format name, e.g. gpt_oss_mxfp4, fp8, compressed-tensors")
@@ -344,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("device", help="vLLM's device type, e.g. cpu, cuda, hpu, xpu")
     p.add_argument("--layer", default=EXPERTS, choices=LAYER_KINDS,
                    help="which layers: the routed experts (default), attention, dense or lm_head")
+    for declared in keys.MATCH_KEYS:  # every declared match key can be asked about (keys.MATCH_KEYS)
+        p.add_argument(f"--{declared.name.replace('_', '-')}", dest=f"key_{declared.name}", default=declared.default,
+                       choices=declared.values, help=f"{declared.description} (default: {declared.default or 'none'})")
     p = add("validate", cmd_validate, "check tables; exit 1 and print FILE:LINE: problems if any")
     p.add_argument("files", nargs="*", metavar="FILE", help="tables to check (default: the effective stack)")
     p = add("doctor", cmd_doctor, "versions, device, plugins, start-up hook and warnings")

@@ -179,7 +179,7 @@ class Decision:
             return "\n".join(lines)
         lines = [f"key      {self.key}", f"method   {self.method}"]
         if self.rule is not None:
-            lines.append(f"rule     {self.rule.location} ({self.rule.tier}) match {self.rule.match}")
+            lines.append(f"rule     {self.rule.location} ({self.rule.tier_label}) match {self.rule.match}")
             if self.rule.note:
                 lines.append(f"note     {self.rule.note}")
         else:
@@ -211,7 +211,7 @@ class Decision:
                 mark = "WON " if c.won else "lost"
                 r = c.rule
                 lines.append(
-                    f"  {mark} {r.location} [{r.tier}, specificity {r.match.specificity}, priority {r.priority}] "
+                    f"  {mark} {r.location} [{r.tier_label}, specificity {r.match.specificity}, priority {r.priority}] "
                     f"{r.match} -> {', '.join(r.methods)}: {c.reason}"
                 )
         return "\n".join(lines)
@@ -236,13 +236,13 @@ def why_won(winner: Rule, others: Sequence[Rule]) -> str:
     """Why the best matching rule beat the rest, in the documented precedence's words."""
     if not others:
         return "the only matching rule"
-    return "highest precedence (layer, then specificity, then priority)"
+    return "highest precedence (tier, then specificity, then priority)"
 
 
 def why_lost(rule: Rule, winner: Rule) -> str:
-    """The first precedence step (layer, specificity, priority) where ``rule`` fell behind."""
-    if rule.layer != winner.layer:
-        return f"lower layer ({rule.layer} < {winner.layer})"
+    """The first precedence step (tier, specificity, priority) where ``rule`` fell behind."""
+    if rule.tier != winner.tier:
+        return f"lower tier ({rule.tier} < {winner.tier})"
     if rule.match.specificity != winner.match.specificity:
         if rule.match.tokens is None and winner.match.tokens is not None and rule.match.specificity + 1 == \
                 winner.match.specificity:

@@ -57,7 +57,7 @@ def doctor(args: argparse.Namespace) -> int:
         "device_source": how,
         "startup_hook": {"ok": hook_ok, "detail": hook_reason},
         "plugins": [p.__dict__ for p in registry.plugin_infos],
-        "tables": [{"path": t.path, "layer": str(t.layer), "rules": len(t.rules)} for t in registry.tables],
+        "tables": [{"path": t.path, "tier": str(t.tier), "rules": len(t.rules)} for t in registry.tables],
         "fingerprint": registry.fingerprint(),
         "vllm_cpu_mxfp4_kernel": kernel.as_json(),
         "fingerprint_covers": FINGERPRINT_COVERS,
@@ -84,7 +84,7 @@ def doctor(args: argparse.Namespace) -> int:
               "plugins:"]
     lines += [printable(f"  {p.status:<8} {p.name} ({p.distribution} {p.version}) {p.reason}").rstrip()
               for p in registry.plugin_infos]
-    lines += ["tables:"] + [f"  {t['layer']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
+    lines += ["tables:"] + [f"  {t['tier']:<7} {t['path']} ({t['rules']} rules)" for t in data["tables"]]
     lines += left_out_lines(left_out(registry, args.config))
     advice = "" if kernel.runs else f". {registry.serving_advice(Key('gpt_oss_mxfp4', 'gpt_oss', 'cpu'))}"
     lines += [f"vLLM CPU MXFP4 kernel: {'yes' if kernel.runs else 'no'}: {kernel.reason}{advice}"

@@ -11,7 +11,8 @@ at all on failure). Every command now builds its JSON through :func:`envelope`, 
 - ``problems``: objects ``{path, line, key, message, text}`` (:func:`problem_json`); ``text`` is
   the one line the terminal shows. A plugin failure adds ``plugin``.
 - ``left_out``: table files a vLLM start-up with the same environment would leave out whole,
-  ``{path, layer, problems}`` (how many problems that file has).
+  ``{path, tier, problems}`` (how many problems that file has); ``layer`` repeats ``tier``, the
+  name docs/operating.md documented before issue 47, for tools that read it.
 - ``vllm_would_refuse``: ``vLLM would refuse to start (REASON): FAULT`` when strict mode is in
   force and something is wrong, else ``null``.
 
@@ -30,7 +31,7 @@ from . import settings
 from .builtin import default_table_path
 from .loading import config_paths
 from .problems import printable, problem_json
-from .table.file import Layer
+from .table.file import Tier
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -59,8 +60,9 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
     "properties": {
         "problems": {"type": "array", "items": PROBLEM_SCHEMA},
         "left_out": {"type": "array", "items": {
-            "type": "object", "required": ["path", "layer", "problems"], "additionalProperties": False,
-            "properties": {"path": {"type": "string"}, "layer": {"enum": [str(layer) for layer in Layer]},
+            "type": "object", "required": ["path", "tier", "layer", "problems"], "additionalProperties": False,
+            "properties": {"path": {"type": "string"}, "tier": {"enum": [str(t) for t in Tier]},
+                           "layer": {"enum": [str(t) for t in Tier]},
                            "problems": {"type": "integer", "minimum": 1}}}},
         "vllm_would_refuse": {"type": ["string", "null"], "pattern": "^vLLM would refuse to start \\("},
     },
@@ -69,7 +71,7 @@ ENVELOPE_SCHEMA: dict[str, Any] = {
 
 
 def left_out(registry: Registry, config: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Table files a start-up would leave out whole, with their layer and how many problems each has.
+    """Table files a start-up would leave out whole, with their tier and how many problems each has.
 
     Both files of an ambiguous pair are left out while the problem is reported once, at the later rule:
     the other file counts the problems that name it (before, ``left_out`` named one of the two files).
@@ -81,18 +83,19 @@ def left_out(registry: Registry, config: Sequence[str] = ()) -> list[dict[str, A
             named = sum(1 for p in registry.problems if f"{header.path}:" in p.message)
             if named:
                 counts[header.path] = named
-    layers = {h.path: str(h.layer) for h in registry.headers}
-    layers.setdefault(str(default_table_path()), str(Layer.DEFAULT))
+    tiers = {h.path: str(h.tier) for h in registry.headers}
+    tiers.setdefault(str(default_table_path()), str(Tier.DEFAULT))
     for path in config_paths(os.environ):
-        layers.setdefault(path, str(Layer.USER))
+        tiers.setdefault(path, str(Tier.USER))
     for path in config:
-        layers.setdefault(os.fspath(path), str(Layer.RUN))
-    return [{"path": path, "layer": layers.get(path, str(Layer.PLUGIN)), "problems": n} for path, n in counts.items()]
+        tiers.setdefault(os.fspath(path), str(Tier.RUN))
+    return [{"path": path, "tier": (tier := tiers.get(path, str(Tier.PLUGIN))), "layer": tier, "problems": n}
+            for path, n in counts.items()]
 
 
 def left_out_lines(files: Sequence[dict[str, Any]]) -> list[str]:
     """The terminal's form of :func:`left_out`: ``  user    broken.yaml LEFT OUT: 1 problem``."""
-    return [f"  {f['layer']:<7} {printable(f['path'])} LEFT OUT: {f['problems']} problem"
+    return [f"  {f['tier']:<7} {printable(f['path'])} LEFT OUT: {f['problems']} problem"
             + ("s" if f["problems"] != 1 else "") for f in files]
 
 
@@ -125,7 +128,7 @@ def envelope(problems: Iterable[object] | None = None, registry: Registry | None
     its own refusal), each turned into an object by :func:`problem_json`; ``None`` means the
     registry's faults. ``registry`` (absent for commands that never read the tables) gives
     ``left_out`` and ``vllm_would_refuse``; ``config`` are the command's ``--config`` files (the
-    run layer); ``decision`` is the answer's decision, whose fallback strict mode refuses.
+    run tier); ``decision`` is the answer's decision, whose fallback strict mode refuses.
     """
     shown = list(registry.faults if registry is not None else ()) if problems is None else list(problems)
     return {"problems": [problem_json(p) for p in shown],

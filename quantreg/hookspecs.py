@@ -54,8 +54,8 @@ def register_methods(register: Callable[[Method], None]) -> None:
 def register_tables(register: Callable[[str | os.PathLike[str]], None]) -> None:
     """Contribute rule tables: call ``register(path)`` for each YAML file the plugin ships.
 
-    Plugin tables form the ``plugin`` layer (the built-in plugin's one table is the ``default``
-    layer, see :mod:`quantreg.builtin`): they beat the default table and lose to user
+    Plugin tables form the ``plugin`` tier (the built-in plugin's one table is the ``default``
+    tier, see :mod:`quantreg.builtin`): they beat the default table and lose to user
     files. Two plugins claiming the same key with equal specificity and priority is an error.
     """
 

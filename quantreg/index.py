@@ -1,8 +1,8 @@
 """Precedence, ambiguity and fast lookup over all loaded rules.
 
-Precedence (documented in docs/tables.md): a rule from a higher layer beats any rule from a
-lower one; within a layer the more specific rule (more non-wildcard fields) wins; then the
-higher ``priority``. Two rules of one layer with equal specificity and priority that can
+Precedence (documented in docs/tables.md): a rule from a higher tier beats any rule from a
+lower one; within a tier the more specific rule (more non-wildcard fields) wins; then the
+higher ``priority``. Two rules of one tier with equal specificity and priority that can
 match the same key are ambiguous, which is a load-time error naming both.
 
 Lookup never scans the table: rules are hashed per *pattern* (which of the three fields are
@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from itertools import product
 
-from .keys import EXPERTS, Key
+from .keys import Key
 from .problems import Problem
 from .table.file import Rule
 from .table.located import gc_paused
@@ -99,8 +99,7 @@ class Index:
             for rule, sets in by_value.get(key[pick], ()):
                 if all(s is None or v in s for s, v in zip(sets, key)):
                     found.append(rule)
-        layer = key.layer if isinstance(key, Key) else EXPERTS
-        found = [r for r in found if layer in r.match.layers]
+        found = [r for r in found if r.match.unhashed_match(key)]  # layer kind, declared match keys
         found.sort(key=lambda r: (tuple(-x for x in r.rank), self._order[id(r)]))
         return found
 
@@ -109,7 +108,7 @@ class Index:
         return ambiguity_problems(self.ambiguous_pairs())
 
     def ambiguous_pairs(self) -> list[tuple[Rule, Rule]]:
-        """Pairs of rules (in file order) that tie on (layer, specificity, priority) and overlap.
+        """Pairs of rules (in file order) that tie on (tier, specificity, priority) and overlap.
 
         Two rules overlap iff, on every field both fix, their value sets intersect. Rules are
         grouped by rank, then by pattern; for each pair of patterns, narrow rules are hashed on
@@ -130,7 +129,7 @@ class Index:
 
         def add(ra: Rule, rb: Rule) -> bool:
             """Record a pair once (if they decide a common layer kind and token count); True when the report is full."""
-            if not ra.match.layers_overlap(rb.match) or not ra.match.tokens_overlap(rb.match):
+            if not ra.match.unhashed_overlap(rb.match):
                 return False
             a, b = (ra, rb) if order[id(ra)] < order[id(rb)] else (rb, ra)
             pair = (order[id(a)], order[id(b)])
@@ -223,6 +222,6 @@ def _ambiguity(a: Rule, b: Rule) -> Problem:
         f"{b.where}.match" if b.where else "match",
         f"ambiguous: rule {b.match.short()} and rule {a.location} {a.match.short()} can both match the same key"
         f"{' and token count' if a.match.tokens is not None or b.match.tokens is not None else ''} with "
-        f"equal specificity ({a.match.specificity}) and priority ({a.priority}) in the {a.layer} layer; "
+        f"equal specificity ({a.match.specificity}) and priority ({a.priority}) in the {a.tier} tier; "
         "make one more specific or give one a higher priority",
     )

@@ -85,6 +85,46 @@ class TokenRange:
         return f"{self.low}..{self.high}"
 
 
+@dataclass(frozen=True)
+class MatchKey:
+    """One more match key, declared once: what a rule may write, what a key carries, how they match.
+
+    Every stage reads the declaration, so a new key is one entry in :data:`MATCH_KEYS` plus the
+    line that puts its value into the key where it is known (docs/design.md, "Recipe: a match key"):
+    the table parser (:mod:`quantreg.table.file`: a value or a list of values, located problems),
+    :class:`Match` (matching, specificity, overlap for ambiguity, display in ``explain``/``rules``/
+    ``plan``), the rule's JSON and fingerprint (:func:`quantreg.table.rules.rule_json`, only when
+    written), the JSON Schema (:mod:`quantreg.table.schema`), :class:`Key` (equality, hash, JSON,
+    display: only when not ``default``) and ``quantreg explain --NAME``.
+
+    ``layer`` and ``tokens`` predate this table and keep their own code (``layer`` is never a
+    wildcard and lives on ``Key.layer``; ``tokens`` is decided per forward, not per key).
+    """
+
+    name: str
+    description: str
+    """One line: the JSON Schema's description and ``explain --NAME``'s help."""
+    values: tuple[str, ...] | None = None
+    """The values a rule may name (a closed set, did-you-mean on a typo); ``None``: any match value."""
+    default: str = ""
+    """The value of a key that does not carry this one (what vLLM says when it says nothing)."""
+    absent_matches_any: bool = True
+    """A rule without the key matches every value (``True``), or only ``default`` (``False``: so
+    that no rule written before the key existed starts deciding the new values)."""
+
+
+MATCH_KEYS: tuple[MatchKey, ...] = ()
+"""The match keys beyond quant_format / model_type / device / layer / tokens, in the order tools show them."""
+
+
+def match_key(name: str) -> MatchKey:
+    """The declaration of ``name`` (read through the module, so a test may declare a key for its run)."""
+    for declared in MATCH_KEYS:
+        if declared.name == name:
+            return declared
+    raise TypeError(f"unknown match key {name!r} (declared: {', '.join(k.name for k in MATCH_KEYS) or 'none'})")
+
+
 class _KeyFields(NamedTuple):
     quant_format: str
     model_type: str
@@ -101,48 +141,67 @@ class Key(_KeyFields):
     """
 
     layer: str = EXPERTS
+    more: tuple[tuple[str, str], ...] = ()
+    """Values of :data:`MATCH_KEYS` that differ from their default, sorted by name (a key without
+    them equals, hashes and prints as before the key existed)."""
 
-    def __new__(cls, quant_format: str, model_type: str, device: str, layer: str = EXPERTS) -> Key:
+    def __new__(cls, quant_format: str, model_type: str, device: str, layer: str = EXPERTS, **more: str) -> Key:
         self = super().__new__(cls, quant_format, model_type, device)
         if layer != EXPERTS:
             self.__dict__["layer"] = layer
+        kept = tuple(sorted((k, v) for k, v in more.items() if v != match_key(k).default))
+        if kept:
+            self.__dict__["more"] = kept
         return self
+
+    def value(self, name: str) -> str:
+        """This key's value of the match key ``name`` (its default when the key does not carry it)."""
+        return dict(self.more).get(name, match_key(name).default)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, tuple):
             return NotImplemented
-        return tuple.__eq__(self, other) is True and self.layer == getattr(other, "layer", EXPERTS)
+        return (tuple.__eq__(self, other) is True and self.layer == getattr(other, "layer", EXPERTS)
+                and self.more == getattr(other, "more", ()))
 
     def __ne__(self, other: object) -> bool:
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
     def __hash__(self) -> int:
-        return tuple.__hash__(self) if self.layer == EXPERTS else hash((*self, self.layer))
+        if self.layer == EXPERTS and not self.more:
+            return tuple.__hash__(self)
+        return hash((*self, self.layer, self.more))
 
     def __repr__(self) -> str:
         shown = tuple.__repr__(self)
-        return f"Key{shown}" if self.layer == EXPERTS else f"Key{shown[:-1]}, layer={self.layer!r})"
+        extra = (f", layer={self.layer!r}" if self.layer != EXPERTS else "") + "".join(
+            f", {k}={v!r}" for k, v in self.more)
+        return f"Key{shown}" if not extra else f"Key{shown[:-1]}{extra})"
 
     def __str__(self) -> str:
-        if self.layer == EXPERTS:
-            return f"({self.quant_format}, {self.model_type}, {self.device})"
-        return f"({self.quant_format}, {self.model_type}, {self.device}, {self.layer})"
+        parts = [self.quant_format, self.model_type, self.device]
+        if self.layer != EXPERTS:
+            parts.append(self.layer)
+        parts += [f"{k}={v}" for k, v in self.more]
+        return f"({', '.join(parts)})"
 
     def _replace(self, **changes: str) -> Key:
-        values = {**self._asdict(), "layer": self.layer, **changes}
+        values = {**self._asdict(), "layer": self.layer, **dict(self.more), **changes}
         return Key(**values)
 
     def as_json(self) -> dict[str, str]:
-        """The key as JSON; ``layer`` only when it is not ``experts``, so MoE keys keep their JSON."""
+        """The key as JSON; ``layer`` only when it is not ``experts``, so MoE keys keep their JSON (and a
+        :data:`MATCH_KEYS` value only when it is not that key's default)."""
         data = {"quant_format": self.quant_format, "model_type": self.model_type, "device": self.device}
         if self.layer != EXPERTS:
             data["layer"] = self.layer
+        data.update(self.more)
         return data
 
     def of_layer(self, layer: str) -> Key:
-        """The same (quant format, model type, device) for another layer kind."""
-        return Key(self.quant_format, self.model_type, self.device, layer)
+        """The same (quant format, model type, device, more) for another layer kind."""
+        return Key(self.quant_format, self.model_type, self.device, layer, **dict(self.more))
 
 
 def as_key(key: Key | tuple[str, ...]) -> Key:
@@ -166,6 +225,9 @@ class Match:
     tokens: TokenRange | None = None
     """The forward token counts the rule decides (``None``, not written: every count). Not hashed by
     the index: it splits a key's decision per forward (:meth:`quantreg.registry.Registry.resolve`)."""
+    more: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """The :data:`MATCH_KEYS` the rule writes, sorted by name, each with its sorted values. Not hashed
+    by the index (checked beside the hashed fields, like ``layer``)."""
 
     def fields(self) -> tuple[tuple[str, ...] | None, ...]:
         """The three hashed fields (the layer kind is checked beside them, see :attr:`layers`)."""
@@ -186,7 +248,8 @@ class Match:
         one too: inside its range such a rule beats the same match without it, outside it the
         rule does not take part (docs/tables.md, "Token ranges").
         """
-        return sum(f is not None for f in self.fields()) + (self.layer is not None) + (self.tokens is not None)
+        return (sum(f is not None for f in self.fields()) + (self.layer is not None) + (self.tokens is not None)
+                + len(self.more))
 
     @property
     def pattern(self) -> tuple[bool, bool, bool]:
@@ -195,11 +258,38 @@ class Match:
         return (q, m, d)
 
     def matches(self, key: Key) -> bool:
-        return key.layer in self.layers and all(f is None or v in f for f, v in zip(self.fields(), key))
+        return self.unhashed_match(key) and all(f is None or v in f for f, v in zip(self.fields(), key))
+
+    def unhashed_match(self, key: Key | tuple[str, ...]) -> bool:
+        """Does ``key`` meet the fields the index does not hash (its layer kind, :data:`MATCH_KEYS`)?"""
+        if not isinstance(key, Key):
+            return EXPERTS in self.layers and all(self._accepts(k, k.default) for k in MATCH_KEYS)
+        return key.layer in self.layers and all(self._accepts(k, key.value(k.name)) for k in MATCH_KEYS)
+
+    def _accepts(self, declared: MatchKey, value: str) -> bool:
+        written = self.written(declared)
+        return value in written if written is not None else True
+
+    def written(self, declared: MatchKey) -> tuple[str, ...] | None:
+        """The values this match accepts for a :data:`MATCH_KEYS` key (``None``: every value)."""
+        found = dict(self.more).get(declared.name)
+        if found is None and not declared.absent_matches_any:
+            return (declared.default,)
+        return found
+
+    def unhashed_overlap(self, other: Match) -> bool:
+        """Can one key and forward meet both matches on the fields the index does not hash?"""
+        if not self.layers_overlap(other) or not self.tokens_overlap(other):
+            return False
+        for declared in MATCH_KEYS:
+            a, b = self.written(declared), other.written(declared)
+            if a is not None and b is not None and set(a).isdisjoint(b):
+                return False
+        return True
 
     def overlaps(self, other: Match) -> bool:
         """True when some key matches both patterns (used to find ambiguous rules)."""
-        if not self.layers_overlap(other) or not self.tokens_overlap(other):
+        if not self.unhashed_overlap(other):
             return False
         for a, b in zip(self.fields(), other.fields()):
             if a is not None and b is not None and not set(a) & set(b):
@@ -241,4 +331,6 @@ class Match:
             parts.append(self.layer[0] if len(self.layer) == 1 else "[" + "|".join(self.layer) + "]")
         if self.tokens is not None:
             parts.append(f"tokens{self.tokens}")
+        for name, values in self.more:
+            parts.append(f"{name}={values[0]}" if len(values) == 1 else f"{name}=[{'|'.join(values)}]")
         return "(" + ", ".join(parts) + ")"

@@ -21,7 +21,7 @@ from .methods import Method, check_method, keeps_vllm
 from .mode import strict_problem
 from .plugins import PluginFailure, Plugins
 from .problems import Problem, describe, did_you_mean, name_list, printable
-from .table.file import Layer, TableFile, TableHeader, file_identity, read_table
+from .table.file import TableFile, TableHeader, Tier, file_identity, read_table
 
 if TYPE_CHECKING:  # read when a tool asks for findings or limitations, not in every vLLM start-up
     from .findings import Finding, Resolve
@@ -52,25 +52,25 @@ def load(
 ) -> Loaded:
     """Methods from the plugins, then the default, plugin, user (env) and run (``config``) tables."""
     methods = collect_methods(plugins.call_each("register_methods"), plugins.failures)
-    defaults: list[tuple[str, Layer]] = []  # the built-in plugin's table: the default layer, read first
-    paths: list[tuple[str, Layer]] = []
+    defaults: list[tuple[str, Tier]] = []  # the built-in plugin's table: the default tier, read first
+    paths: list[tuple[str, Tier]] = []
     for plugin, path in plugins.call_each("register_tables"):
         problem = f"register() expects a path, got {type(path).__name__}"
         if plugin == builtin.NAME:  # the caller may swap the shipped default table (tests, bench)
-            defaults.append((os.fspath(default_table or path), Layer.DEFAULT))
+            defaults.append((os.fspath(default_table or path), Tier.DEFAULT))
             continue
         if isinstance(path, (str, os.PathLike)):
             try:
                 fspath = os.fspath(path)
                 if isinstance(fspath, str):
-                    paths.append((str.__str__(fspath), Layer.PLUGIN))
+                    paths.append((str.__str__(fspath), Tier.PLUGIN))
                     continue
                 problem = f"register() expects a str path, got {type(fspath).__name__}"
             except Exception as exc:  # a PathLike whose __fspath__ raises is this plugin's fault
                 problem = f"the registered path cannot be read: {describe(exc)}"
         plugins.failures.append(PluginFailure(plugin, "register_tables", problem))
-    paths = [*defaults, *paths, *((p, Layer.USER) for p in config_paths(env))]
-    paths += [(os.fspath(p), Layer.RUN) for p in config]
+    paths = [*defaults, *paths, *((p, Tier.USER) for p in config_paths(env))]
+    paths += [(os.fspath(p), Tier.RUN) for p in config]
     tables, headers, problems = load_tables(paths, methods)
     for table in tables:
         methods.update({m.name: m for m in table.methods})
@@ -123,7 +123,7 @@ def _plain_method(method: Method, plugin: str) -> Method:
 
 
 def load_tables(
-    paths: Sequence[tuple[str, Layer]], methods: Mapping[str, Method]
+    paths: Sequence[tuple[str, Tier]], methods: Mapping[str, Method]
 ) -> tuple[list[TableFile], list[TableHeader], list[Problem]]:
     """Read every table, check method names and options, then drop whole files involved in ties.
 
@@ -133,15 +133,15 @@ def load_tables(
     parsed: list[TableFile] = []
     headers: list[TableHeader] = []
     problems: list[Problem] = []
-    seen: set[tuple[object, Layer]] = set()
-    for path, layer in paths:
+    seen: set[tuple[object, Tier]] = set()
+    for path, tier in paths:
         # One file reached by two paths (listed twice, a symlink, a hard link, a bind mount) is one
         # table, not a tie with itself; a path that cannot be stat'ed is read and reported on its own.
-        ident: tuple[object, Layer] = (file_identity(path) or path, layer)
+        ident: tuple[object, Tier] = (file_identity(path) or path, tier)
         if ident in seen:
             continue
         seen.add(ident)
-        table, found, header = read_table(path, layer)
+        table, found, header = read_table(path, tier)
         problems += found
         if header is not None:
             headers.append(header)
@@ -184,7 +184,7 @@ def reference_problems(headers: Sequence[TableHeader], valid: set[str], known: M
         if header.path in valid or not header.references:
             continue
         own = {name: Method(name=name, target="", plugin=f"table {header.path}") for name in header.own_methods}
-        table = TableFile(header.path, header.layer, header.references)
+        table = TableFile(header.path, header.tier, header.references)
         problems += method_problems(table, {**known, **own}) + verify_problems(table, {**known, **own})
     return problems
 

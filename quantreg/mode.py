@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from . import settings
 from .problems import Problem, printable
-from .table.file import Layer, TableHeader
+from .table.file import TableHeader, Tier
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def decide_mode(env: Mapping[str, str], headers: Iterable[TableHeader], run_stri
     because: list[str] = []
     if env_strict(env):
         because.append(f"{settings.STRICT}={printable((settings.raw(settings.STRICT, env) or '').strip()[:40])}")
-    because += [f"strict: true in {h.path}" for h in headers if h.layer >= Layer.USER and h.strict is True]
+    because += [f"strict: true in {h.path}" for h in headers if h.tier >= Tier.USER and h.strict is True]
     if run_strict:
         because.append('vLLM additional_config {"quantreg": {"strict": true}}')
     if shipped_strict:

@@ -21,7 +21,7 @@ from .methods import VLLM_METHOD, Availability, Method, keeps_vllm
 from .mode import Mode, decide_mode
 from .plugins import PluginFailure, PluginInfo, Plugins
 from .problems import Problem, quantreg_logger
-from .table.file import Layer, Rule, TableFile, TableHeader, rule_json
+from .table.file import Rule, TableFile, TableHeader, Tier, rule_json
 
 if TYPE_CHECKING:
     from .decision import Decision
@@ -68,7 +68,7 @@ class Registry:
         plugins: Iterable[tuple[str, object]] = (),
         default_table: str | os.PathLike[str] | None = None,
     ) -> Registry:
-        """Load plugins and tables. ``config`` files form the ``run`` layer (CLI ``--config``)."""
+        """Load plugins and tables. ``config`` files form the ``run`` tier (CLI ``--config``)."""
         env = os.environ if env is None else env
         pl = Plugins(env, entry_points=entry_points)
         for name, plugin in plugins:
@@ -142,14 +142,14 @@ class Registry:
 
         Why: a plugin's rules ship with the plugin; when a second plugin (or the user's table) has a
         rule for an overlapping key, one of them silently decides. Said once per pair, naming both
-        rules and which wins (precedence: layer, then specificity, then priority). Pairs inside one
+        rules and which wins (precedence: tier, then specificity, then priority). Pairs inside one
         file are the table's own business (``validate`` reports ambiguous ones).
         """
         from .decision import why_lost
 
         lines: list[str] = []
-        packaged = [r for t in self.tables if t.layer == Layer.PLUGIN for r in t.rules]
-        others = [r for t in self.tables if t.layer >= Layer.PLUGIN for r in t.rules]
+        packaged = [r for t in self.tables if t.tier == Tier.PLUGIN for r in t.rules]
+        others = [r for t in self.tables if t.tier >= Tier.PLUGIN for r in t.rules]
         seen: set[tuple[str, str]] = set()
         for b in packaged:
             for a in others:
@@ -162,8 +162,8 @@ class Registry:
                 if a.rank == b.rank:
                     continue  # an exact tie: reported as ambiguous by the table checks
                 win, lose = (a, b) if a.rank > b.rank else (b, a)
-                lines.append(f"rule {win.location} [{win.tier}] ({', '.join(win.methods)}) takes keys matching "
-                             f"{win.match} from rule {lose.location} [{lose.tier}] ({', '.join(lose.methods)}), "
+                lines.append(f"rule {win.location} [{win.tier_label}] ({', '.join(win.methods)}) takes keys matching "
+                             f"{win.match} from rule {lose.location} [{lose.tier_label}] ({', '.join(lose.methods)}), "
                              f"which loses: {why_lost(lose, win)}")
         return lines
 
@@ -193,7 +193,7 @@ class Registry:
         for table in self.tables:
             for rule in table.rules:
                 formats = rule.match.quant_format
-                if table.layer == Layer.PLUGIN and formats is not None and key.quant_format in formats:
+                if table.tier == Tier.PLUGIN and formats is not None and key.quant_format in formats:
                     plugins.update(self.methods[n].plugin for n in rule.methods if n in self.methods)
         for name, m in sorted(self.methods.items()):
             if m.plugin and m.plugin in plugins and m.runs_on(key.device):
@@ -312,16 +312,21 @@ class Registry:
         """Hash of the effective rules and the plugins that made them, to compare processes and nodes.
 
         Content, not install paths: each table is named by :mod:`quantreg.table.identity`
-        (``DIST:relative/path`` for a packaged table, ``LAYER#N`` for the others), so two installs
+        (``DIST:relative/path`` for a packaged table, ``TIER#N`` for the others), so two installs
         at different paths, or one table kept at two paths, give one fingerprint.
         """
         from .table.identity import table_names
 
-        names = table_names([(t.path, str(t.layer)) for t in self.tables])
+        names = table_names([(t.path, str(t.tier)) for t in self.tables])
 
         def named(rule: Rule) -> dict[str, Any]:
             data = rule_json(rule)
             data["path"] = names.get(rule.path, rule.path)
+            # hashed under the pre-issue-47 keys (a rule's "tier" was "layer", verify's "decoders" was
+            # "layers"), so an unchanged table keeps its fingerprint across the rename
+            data["layer"] = data.pop("tier")
+            if "verify" in data:
+                data["verify"]["layers"] = data["verify"].pop("decoders")
             return data
 
         def plugin(name: str) -> str:  # a table's ``methods:`` entries belong to "table PATH"

@@ -110,6 +110,7 @@ def test_validate_json_for_a_bad_table() -> None:
                       "text": f"{path}:2: version: {message}"}],
         "files": [path],
         "warnings": [],
+        "deprecations": [],
         "left_out": [],
         "vllm_would_refuse": None,
     }

@@ -126,7 +126,7 @@ def test_rules_with_repeated_config_and_quantreg_config(cli: Run, tables: dict[s
     monkeypatch.setenv("QUANTREG_CONFIG", str(tables["user"]))
     args = ("rules", "--config", str(tables["run1"]), "--config", str(tables["run2"]))
     rules = cli_json(cli, *args)["rules"]
-    assert [(r["path"], r["line"], r["layer"]) for r in rules] == [
+    assert [(r["path"], r["line"], r["tier"]) for r in rules] == [
         (str(tables["run2"]), 3, "run"),  # specificity 2, priority 5
         (str(tables["run1"]), 3, "run"),  # specificity 2, priority 0
         (str(tables["user"]), 3, "user"),
@@ -137,9 +137,9 @@ def test_rules_with_repeated_config_and_quantreg_config(cli: Run, tables: dict[s
     assert code == 0 and err == ""
     lines = out.splitlines()
     assert lines[0] == "effective rules, highest precedence first:"
-    assert lines[1].startswith(f"  {tables['run2']}:3  [run layer, specificity 2, priority 5]  (*, llama, cpu) -> vllm")
+    assert lines[1].startswith(f"  {tables['run2']}:3  [run tier, specificity 2, priority 5]  (*, llama, cpu) -> vllm")
     assert lines[2].endswith("options={'chunk': 2}")
-    assert lines[3].startswith(f"  {tables['user']}:3  [user layer, specificity 1, priority 0]  (fp8, *, *) -> vllm")
+    assert lines[3].startswith(f"  {tables['user']}:3  [user tier, specificity 1, priority 0]  (fp8, *, *) -> vllm")
 
 
 # -- explain -------------------------------------------------------------------------------
@@ -150,20 +150,20 @@ def test_explain_shows_winner_and_losers(cli: Run, tables: dict[str, Path], monk
     assert code == 0
     assert "key      (fp8, llama, cpu)" in out
     assert "method   vllm" in out
-    assert f"rule     {tables['run2']}:3 (run layer) match (*, llama, cpu)" in out
-    assert f"WON  {tables['run2']}:3 [run layer, specificity 2, priority 5]" in out
-    assert (f"lost {tables['run1']}:3 [run layer, specificity 2, priority 0] (fp8, *, cpu) -> vllm: lower priority "
+    assert f"rule     {tables['run2']}:3 (run tier) match (*, llama, cpu)" in out
+    assert f"WON  {tables['run2']}:3 [run tier, specificity 2, priority 5]" in out
+    assert (f"lost {tables['run1']}:3 [run tier, specificity 2, priority 0] (fp8, *, cpu) -> vllm: lower priority "
             "(0 < 5)") in out
-    assert (f"lost {tables['user']}:3 [user layer, specificity 1, priority 0] (fp8, *, *) -> vllm: lower layer "
+    assert (f"lost {tables['user']}:3 [user tier, specificity 1, priority 0] (fp8, *, *) -> vllm: lower tier "
             "(user < run)") in out
-    assert ("registry.yaml:5 [default layer, specificity 0, priority 0] (*, *, *) -> vllm: lower layer "
+    assert ("registry.yaml:5 [default tier, specificity 0, priority 0] (*, *, *) -> vllm: lower tier "
             "(default < run)") in out
     data = cli_json(cli, *args)
     assert data["rule"]["path"] == str(tables["run2"]) and data["rule"]["line"] == 3
     assert [(c["rule"]["path"], c["won"], c["reason"]) for c in data["candidates"]][:3] == [
-        (str(tables["run2"]), True, "highest precedence (layer, then specificity, then priority)"),
+        (str(tables["run2"]), True, "highest precedence (tier, then specificity, then priority)"),
         (str(tables["run1"]), False, "lower priority (0 < 5)"),
-        (str(tables["user"]), False, "lower layer (user < run)"),
+        (str(tables["user"]), False, "lower tier (user < run)"),
     ]
     assert data["chain"] == [{"method": "vllm", "available": True, "reason": "vLLM's own method",
                               "plugin": "quantreg.builtin"}]
@@ -172,7 +172,7 @@ def test_explain_shows_winner_and_losers(cli: Run, tables: dict[str, Path], monk
 def test_explain_honours_quantreg_config(cli: Run, tables: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUANTREG_CONFIG", os.pathsep.join([str(tables["run2"]), str(tables["user"])]))
     data = cli_json(cli, "explain", "fp8", "qwen", "hpu")
-    assert data["rule"]["path"] == str(tables["user"]) and data["rule"]["layer"] == "user"
+    assert data["rule"]["path"] == str(tables["user"]) and data["rule"]["tier"] == "user"
     assert data["rule"]["note"] == "from the user file"
 
 
@@ -181,7 +181,7 @@ def test_explain_warns_about_faults_on_stderr(cli: Run, table: Callable[[str, st
     code, out, err = cli("explain", "fp8", "llama", "cpu", "--config", str(bad))
     assert code == 0
     assert f"warning: {bad}:3: rules[0].method: unknown method 'vlm'; did you mean 'vllm'?" in err
-    assert "rule     " in out and "(default layer)" in out  # the broken file contributed nothing
+    assert "rule     " in out and "(default tier)" in out  # the broken file contributed nothing
 
 
 @pytest.mark.parametrize("kind", HOST_KINDS)
@@ -321,7 +321,7 @@ def test_doctor(tables: dict[str, Path]) -> None:
     assert "No MXFP4 MoE backend supports the deployment configuration" in avx2_text
     assert set(data["versions"]) == {"quantreg", "pluggy", "PyYAML", "torch", "vllm"}
     assert data["versions"]["quantreg"] and data["versions"]["pluggy"]
-    assert [(t["path"], t["layer"], t["rules"]) for t in data["tables"]][1:] == [
+    assert [(t["path"], t["tier"], t["rules"]) for t in data["tables"]][1:] == [
         (str(tables["user"]), "user", 1), (str(tables["run1"]), "run", 1)]
     assert data["plugins"][0]["name"] == "quantreg.builtin"
     assert isinstance(data["startup_hook"]["ok"], bool) and data["startup_hook"]["detail"]
@@ -431,7 +431,7 @@ def test_console_script_and_python_m(tables: dict[str, Path]) -> None:
     env.update(QUANTREG_PLUGINS="", QUANTREG_CONFIG=str(tables["user"]))
     out = run_cli("explain", "fp8", "llama", "hpu", env=env)
     assert out.returncode == 0, out.stderr
-    assert f"rule     {tables['user']}:3 (user layer)" in out.stdout
+    assert f"rule     {tables['user']}:3 (user tier)" in out.stdout
     out = subprocess.run([sys.executable, "-m", "quantreg", "explain", "fp8", "llama", "hpu", "--json"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -577,7 +577,7 @@ def test_lenient_cli_shows_the_left_out_file_inline(broken_user: Path, args: lis
     assert out.returncode == 0, out.stderr
     assert f"  user    {broken_user} LEFT OUT: 1 problem" in out.stdout.splitlines()
     data = json.loads(run_quantreg(*args, "--json", QUANTREG_CONFIG=str(broken_user)).stdout)
-    assert data["left_out"] == [{"path": str(broken_user), "layer": "user", "problems": 1}]
+    assert data["left_out"] == [{"path": str(broken_user), "tier": "user", "layer": "user", "problems": 1}]
     assert data["vllm_would_refuse"] is None and len(data["problems"]) == 1
 
 
@@ -621,6 +621,6 @@ def test_doctor_in_strict_mode_refuses_and_still_reports(broken_user: Path) -> N
     assert out.returncode == 1, out.stderr[-2000:]
     data = json.loads(out.stdout)
     assert data["strict"] is True and data["vllm_would_refuse"].startswith("vLLM would refuse to start")
-    assert data["left_out"] == [{"path": str(broken_user), "layer": "user", "problems": 1}]
+    assert data["left_out"] == [{"path": str(broken_user), "tier": "user", "layer": "user", "problems": 1}]
     text = run_quantreg("doctor", QUANTREG_CONFIG=str(broken_user))
     assert text.returncode == 0 and f"  user    {broken_user} LEFT OUT: 1 problem" in text.stdout

@@ -77,7 +77,7 @@ def test_every_subcommand_answers_in_the_envelope(command: str, strict: bool, tm
         assert located == [{"path": str(broken), "line": 4, "key": "rules[0].method",
                             "message": "unknown method 'nope' (registered: vllm)",
                             "text": f"{broken}:4: rules[0].method: unknown method 'nope' (registered: vllm)"}], problems
-        assert data["left_out"] == [{"path": str(broken), "layer": "run", "problems": 1}]
+        assert data["left_out"] == [{"path": str(broken), "tier": "run", "layer": "run", "problems": 1}]
         if strict:
             assert data["vllm_would_refuse"] == f"vLLM would refuse to start (QUANTREG_STRICT=1): {located[0]['text']}"
         else:

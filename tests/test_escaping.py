@@ -146,11 +146,13 @@ TRUSTED: dict[tuple[str, str], str] = {
         'a subcommand name argparse accepted from its fixed choices',
     ('quantreg/cli.py', 'problem'):
         '_internal_error: built from describe(), which escapes',
-    ('quantreg/cli.py', 'fault'):
+    ('quantreg/commands/tables.py', 'fault'):
         'a Problem or PluginFailure: __str__ escapes path, key and message',
-    ('quantreg/cli.py', 'warning'):
+    ('quantreg/commands/tables.py', 'warning'):
         'did-you-mean / key / match warnings: values passed through printable where they are built '
         '(vllm/names.py, _match_warnings)',
+    ('quantreg/commands/tools.py', 'warning'):
+        'device_warnings: the device passed through printable where the line is built',
     ('quantreg/output.py', 'text'):
         "emit: JSON (json.dumps escapes) or a command's lines, each built from escaped values (Problem.__str__, printable, validated names)",  # noqa: E501
     ('quantreg/output.py', 'fault'):

@@ -19,6 +19,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from quantreg import audit, jsonread, plan, settings
+from quantreg.models import checkpoint_files
 from quantreg.vllm import multinode
 
 FUZZ = hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -80,7 +81,7 @@ CONFIG_FIELDS = st.fixed_dictionaries({}, optional={
 def test_plan_reads_any_config_json_without_a_traceback(tmp_path: Path, data: bytes) -> None:
     ck = plan.read_checkpoint(_checkpoint(tmp_path / "ck", data))
     assert all(isinstance(p, str) and "\n" not in p for p in ck.problems)
-    assert len(ck.moe_layers) <= plan.MAX_LAYERS
+    assert len(ck.moe_layers) <= checkpoint_files.MAX_LAYERS
 
 
 TENSOR = st.fixed_dictionaries({}, optional={"shape": JSONISH, "dtype": JSONISH, "data_offsets": JSONISH})
@@ -95,7 +96,7 @@ def test_plan_reads_any_safetensors_header_without_a_traceback(tmp_path: Path, h
     config = json.dumps({"model_type": "gpt_oss", "num_hidden_layers": 1, "num_local_experts": 2}).encode()
     ck = plan.read_checkpoint(_checkpoint(tmp_path / "ck", config, header=header))
     assert all(isinstance(p, str) for p in ck.problems)
-    for layer in plan.expert_tensors(tmp_path / "ck", []).values():
+    for layer in checkpoint_files.expert_tensors(tmp_path / "ck", []).values():
         assert all(t["bytes"] >= 0 for t in layer.values())
 
 
@@ -123,7 +124,7 @@ def test_an_index_cannot_send_the_reader_outside_the_checkpoint(tmp_path: Path) 
     config = json.dumps({"model_type": "gpt_oss", "num_hidden_layers": 1, "num_local_experts": 2}).encode()
     root = _checkpoint(tmp_path / "ck", config, index=index)
     problems: list[str] = []
-    assert plan.expert_tensors(root, problems) == {}
+    assert checkpoint_files.expert_tensors(root, problems) == {}
     text = "\n".join(problems)
     assert "'../elsewhere/x.safetensors' is not a file name inside the checkpoint" in text
     assert f"'{outside / 'x.safetensors'}' is not a file name inside" in text and "(strings)" in text

@@ -19,13 +19,13 @@ from quantreg.index import Index
 from quantreg.keys import Key, Match
 from quantreg.methods import Method
 from quantreg.plugins import Plugins
-from quantreg.table.file import Layer, Rule, TableFile
+from quantreg.table.file import Rule, TableFile, Tier
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 
-def rule(match: Match, line: int, layer: Layer = Layer.USER, priority: int = 0, path: str = "t.yaml") -> Rule:
-    return Rule(match=match, methods=("vllm",), path=path, line=line, layer=layer, priority=priority)
+def rule(match: Match, line: int, tier: Tier = Tier.USER, priority: int = 0, path: str = "t.yaml") -> Rule:
+    return Rule(match=match, methods=("vllm",), path=path, line=line, tier=tier, priority=priority)
 
 
 def test_key_is_three_plain_strings() -> None:
@@ -71,16 +71,16 @@ def test_match_expand_enumerates_fixed_fields() -> None:
 
 def test_candidates_are_exactly_the_matching_rules_best_first() -> None:
     rules = [
-        rule(Match(), 1, Layer.DEFAULT),
+        rule(Match(), 1, Tier.DEFAULT),
         rule(Match(device=("hpu",)), 2),
         rule(Match(quant_format=("fp8",), device=("hpu",)), 3),
         rule(Match(quant_format=("fp8",)), 4, priority=5),
-        rule(Match(device=("cpu",)), 5, Layer.RUN),  # does not match
-        rule(Match(model_type=("llama", "gpt_oss")), 6, Layer.PLUGIN),
+        rule(Match(device=("cpu",)), 5, Tier.RUN),  # does not match
+        rule(Match(model_type=("llama", "gpt_oss")), 6, Tier.PLUGIN),
     ]
     index = Index(rules)
     found = index.candidates(Key("fp8", "gpt_oss", "hpu"))
-    # user layer first: specificity 2, then specificity 1 with priority 5, then priority 0; then plugin, default
+    # user tier first: specificity 2, then specificity 1 with priority 5, then priority 0; then plugin, default
     assert [r.line for r in found] == [3, 4, 2, 6, 1]
     assert index.candidates(Key("int8", "qwen", "xpu")) == [rules[0]]
 
@@ -115,11 +115,11 @@ class CountingRule(Rule):
 def test_lookup_touches_only_matching_rules() -> None:
     rules = [
         CountingRule(match=Match(quant_format=(f"q{i % 100}",), model_type=(f"m{i // 100}",), device=("cpu",)),
-                     methods=("vllm",), path="big.yaml", line=i + 1, layer=Layer.USER)
+                     methods=("vllm",), path="big.yaml", line=i + 1, tier=Tier.USER)
         for i in range(10_000)
     ]
     rules.append(CountingRule(match=Match(device=("cpu",)), methods=("vllm",), path="big.yaml", line=10_001,
-                              layer=Layer.USER))
+                              tier=Tier.USER))
     index = Index(rules)
     CountingRule.seen = 0
     found = index.candidates(Key("q7", "m42", "cpu"))
@@ -133,11 +133,11 @@ def test_lookup_touches_only_matching_rules() -> None:
 def test_resolve_on_a_ten_thousand_rule_table_touches_only_matching_rules() -> None:
     rules = [
         CountingRule(match=Match(quant_format=(f"q{i % 100}",), model_type=(f"m{i // 100}",), device=("cpu",)),
-                     methods=("vllm",), path="big.yaml", line=i + 1, layer=Layer.USER)
+                     methods=("vllm",), path="big.yaml", line=i + 1, tier=Tier.USER)
         for i in range(10_000)
     ]
     registry = Registry(Plugins(env={}, entry_points=False), {"vllm": Method("vllm", "quantreg.builtin:KeepVllm")},
-                        [TableFile("big.yaml", Layer.USER, tuple(rules))], [])
+                        [TableFile("big.yaml", Tier.USER, tuple(rules))], [])
     CountingRule.seen = 0
     decision = registry.resolve(Key("q3", "m17", "cpu"))
     assert decision.rule is rules[1703]
@@ -195,7 +195,7 @@ def test_ambiguity_exactly_when_equal_rank_rules_overlap(first: Match, second: M
 
 
 def test_no_ambiguity_across_layers_or_priorities() -> None:
-    assert Index([rule(Match(), 1, Layer.USER), rule(Match(), 2, Layer.RUN)]).ambiguities() == []
+    assert Index([rule(Match(), 1, Tier.USER), rule(Match(), 2, Tier.RUN)]).ambiguities() == []
     assert Index([rule(Match(), 1), rule(Match(), 2, priority=1)]).ambiguities() == []
 
 
@@ -214,7 +214,7 @@ def _rule(match: dict[str, Any], line: int = 1, priority: int = 0) -> Any:
     from quantreg.table.file import Rule
 
     fields = {k: (None if v == "*" else tuple(sorted(set(v)))) for k, v in match.items()}
-    return Rule(match=Match(**fields), methods=("vllm",), path="t.yaml", line=line, layer=Layer.USER,
+    return Rule(match=Match(**fields), methods=("vllm",), path="t.yaml", line=line, tier=Tier.USER,
                 priority=priority, where=f"rules[{line}]")
 
 

@@ -9,7 +9,7 @@ from core_support import run_cli
 
 from quantreg.keys import EXPERTS, LAYER_KINDS, Key, Match
 from quantreg.registry import Registry
-from quantreg.table.file import Layer, parse_table, rule_json
+from quantreg.table.file import Tier, parse_table, rule_json
 from quantreg.table.schema import table_schema
 
 DENSE = """version: 1
@@ -37,7 +37,7 @@ def test_key_defaults_to_the_experts_and_shows_other_kinds() -> None:
 
 
 def test_rules_match_only_their_layer_kinds() -> None:
-    table, problems, _ = parse_table(DENSE, "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(DENSE, "t.yaml", Tier.USER)
     assert table is not None and not problems
     moe, head, dense = table.rules
     assert moe.match.layer is None and moe.match.layers == (EXPERTS,)
@@ -72,7 +72,7 @@ def test_bad_layer_values_are_located_problems() -> None:
     for value, words in (("lmhead", "did you mean 'lm_head'"), ('"*"', "'*' is not a layer kind"),
                          ("[]", "empty list"), ("3", "unknown layer kind int")):
         text = f"version: 1\nrules:\n  - match:\n      device: cpu\n      layer: {value}\n    method: vllm\n"
-        table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+        table, problems, _ = parse_table(text, "t.yaml", Tier.USER)
         assert table is None
         assert [(p.line, p.key) for p in problems] == [(5, "rules[0].match.layer")], problems
         assert words in problems[0].message, problems[0].message
@@ -116,7 +116,7 @@ def test_methods_declare_their_layer_kinds_and_chains_pass_over_the_others(tmp_p
 def test_table_methods_layers_are_checked() -> None:
     text = ("version: 1\nallow_import_targets: true\nmethods:\n  x:\n    target: a.b:C\n    layers: [head]\n"
             "rules: []\n")
-    table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "t.yaml", Tier.USER)
     assert table is None and [(p.line, p.key) for p in problems] == [(6, "methods.x.layers")], problems
 
 

@@ -20,7 +20,7 @@ from quantreg.audit import line_for
 from quantreg.keys import Key, Match, TokenRange
 from quantreg.methods import Method
 from quantreg.registry import Registry, token_sides
-from quantreg.table.file import Layer, parse_table, rule_json
+from quantreg.table.file import Tier, parse_table, rule_json
 from quantreg.table.schema import table_schema
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -72,7 +72,7 @@ def test_anything_else_is_refused(text: str) -> None:
 
 
 def test_a_range_counts_one_in_specificity_and_disjoint_ranges_do_not_overlap() -> None:
-    table, problems, _ = parse_table(rules(("<=8", "small"), (">8", "large"), (None, "base")), "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(rules(("<=8", "small"), (">8", "large"), (None, "base")), "t.yaml", Tier.USER)
     assert table is not None and not problems
     small, large, base = table.rules
     assert (small.match.specificity, base.match.specificity) == (4, 3)
@@ -127,7 +127,7 @@ def test_a_higher_layer_rule_without_a_range_wins_every_count(tmp_path: Path) ->
                          env={"QUANTREG_CONFIG": str(high)})
     d = Registry.build(config=[high], entry_points=False, plugins=[("t", Methods("small", "large", "base"))],
                        env={"QUANTREG_CONFIG": str(low)}).resolve(KEY)
-    assert not d.split and d.method == "base"  # run layer (high) beats the user layer's ranges everywhere
+    assert not d.split and d.method == "base"  # run tier (high) beats the user tier's ranges everywhere
     assert reg.resolve(KEY).split  # and the other way round the ranges decide
     assert {f"{low}:3", f"{low}:5"} <= {c.rule.location for c in d.candidates if not c.won}
 
@@ -152,7 +152,7 @@ def test_the_fingerprint_covers_the_ranges(tmp_path: Path) -> None:
 
 
 def test_token_sides_merges_neighbours_with_one_winner(tmp_path: Path) -> None:
-    table, _, _ = parse_table(rules(("<=8", "small"), (">8", "large"), (None, "base")), "t.yaml", Layer.USER)
+    table, _, _ = parse_table(rules(("<=8", "small"), (">8", "large"), (None, "base")), "t.yaml", Tier.USER)
     assert table is not None
     small, large, base = table.rules
     sides = token_sides([small, large, base])
@@ -169,11 +169,11 @@ def test_the_schema_accepts_what_the_loader_accepts() -> None:
     validator = jsonschema.Draft202012Validator(table_schema())
     for text in ["<=64", "<64", ">64", ">=64", " <= 8 ", "<2"]:
         doc = rules((text, "vllm"))
-        assert parse_table(doc, "t.yaml", Layer.USER)[0] is not None
+        assert parse_table(doc, "t.yaml", Tier.USER)[0] is not None
         validator.validate(yaml.safe_load(doc))
     for text in ["64", "<=0", "<1", ">0", "=<8"]:
         doc = rules((text, "vllm"))
-        assert parse_table(doc, "t.yaml", Layer.USER)[0] is None
+        assert parse_table(doc, "t.yaml", Tier.USER)[0] is None
         assert not validator.is_valid(yaml.safe_load(doc)), text
 
 

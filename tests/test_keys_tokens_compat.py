@@ -1,6 +1,6 @@
 """Tables written before the ``tokens`` match key (issue 32) keep their decisions AND their fingerprints.
 
-The same snapshot as :mod:`test_keys_layer_compat` (every table of the repository in the run layer,
+The same snapshot as :mod:`test_keys_layer_compat` (every table of the repository in the run tier,
 its methods registered by an in-test plugin, the fingerprint, the rules' JSON and the decision for
 every key the tables name), taken with the CPU flags fixed to ``avx2,fma`` (host-aware chains then
 decide the same on every host). ``tests/data/tokens_key_golden.json`` is that snapshot on the code

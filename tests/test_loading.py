@@ -16,7 +16,7 @@ from core_support import GOOD_RULES, write
 
 import quantreg
 from quantreg import Registry, builtin
-from quantreg.table.file import Layer
+from quantreg.table.file import Tier
 
 
 class _TablePlugin:
@@ -40,8 +40,8 @@ def test_the_default_table_is_registered_through_the_builtin_plugins_hook(table:
             method: vllm
         """)
     registry = Registry.build(entry_points=False, plugins=[("mine", _TablePlugin(plugin_table))])
-    assert [(t.path, t.layer) for t in registry.tables] == [
-        (str(builtin.default_table_path()), Layer.DEFAULT), (str(plugin_table), Layer.PLUGIN)]
+    assert [(t.path, t.tier) for t in registry.tables] == [
+        (str(builtin.default_table_path()), Tier.DEFAULT), (str(plugin_table), Tier.PLUGIN)]
 
 
 def test_a_swapped_default_table_replaces_the_builtin_plugins_one(table: Any) -> None:
@@ -52,7 +52,7 @@ def test_a_swapped_default_table_replaces_the_builtin_plugins_one(table: Any) ->
             method: vllm
         """)
     registry = Registry.build(entry_points=False, default_table=swapped)
-    assert [(t.path, t.layer) for t in registry.tables] == [(str(swapped), Layer.DEFAULT)]
+    assert [(t.path, t.tier) for t in registry.tables] == [(str(swapped), Tier.DEFAULT)]
 
 
 # -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------

@@ -160,7 +160,7 @@ def test_tiny_models_serve_hint_escapes_a_directory_name() -> None:
 
 def test_one_word_for_a_tables_precedence_tier_in_every_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """explain said "(user layer)" for a QUANTREG_CONFIG rule, validate's collision warning "[run]" for that file."""
+    """explain said "(user tier)" for a QUANTREG_CONFIG rule, validate's collision warning "[run]" for that file."""
     path = _table(tmp_path / "u.yaml", """\
           - match: {quant_format: fp8, model_type: m, device: cpu}
             method: vllm
@@ -170,15 +170,15 @@ def test_one_word_for_a_tables_precedence_tier_in_every_line(tmp_path: Path, cap
     monkeypatch.setenv("QUANTREG_CONFIG", str(path))
     cli.main(["explain", "fp8", "m", "cpu"])
     explained = capsys.readouterr().out
-    assert f"rule     {path}:3 (user layer) match" in explained
-    assert f"WON  {path}:3 [user layer, specificity 3, priority 0]" in explained
-    assert f"lost {path}:5 [user layer, specificity 2, priority 0]" in explained
+    assert f"rule     {path}:3 (user tier) match" in explained
+    assert f"WON  {path}:3 [user tier, specificity 3, priority 0]" in explained
+    assert f"lost {path}:5 [user tier, specificity 2, priority 0]" in explained
     monkeypatch.delenv("QUANTREG_CONFIG")
     other = _table(tmp_path / "plugin-like.yaml", "  - match: {quant_format: fp8}\n    method: vllm\n")
     from quantreg.registry import Registry
 
     for warning in Registry.build(config=[other], env={"QUANTREG_CONFIG": str(path)}).collisions():
-        assert "[user layer]" in warning or "[run layer]" in warning, warning
+        assert "[user tier]" in warning or "[run tier]" in warning, warning
     cli.main(["validate", str(path)])
     for line in capsys.readouterr().err.splitlines():
         assert "[run]" not in line and "[user]" not in line, line

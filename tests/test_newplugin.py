@@ -80,8 +80,8 @@ def test_installed_it_is_listed_and_its_table_validates(site: Path, tmp_path: Pa
     explained = quantreg("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--json", cwd=tmp_path, site=site)
     decision = json.loads(explained.stdout)
     mine = [c for c in decision["candidates"] if c["rule"]["path"].endswith("quantreg_demo_x/rules.yaml")]
-    assert mine and mine[0]["rule"]["layer"] == "plugin" and mine[0]["rule"]["priority"] == -10, decision
-    others = [c for c in decision["candidates"] if c["rule"]["layer"] == "plugin" and c not in mine]
+    assert mine and mine[0]["rule"]["tier"] == "plugin" and mine[0]["rule"]["priority"] == -10, decision
+    others = [c for c in decision["candidates"] if c["rule"]["tier"] == "plugin" and c not in mine]
     if others:  # another installed plugin's packaged rule decides this key: the scaffold does not take it
         assert not mine[0]["won"] and "lower priority" in mine[0]["reason"], decision
         doctor = quantreg("doctor", cwd=tmp_path, site=site).stdout

@@ -15,7 +15,7 @@ from core_support import run_cli
 
 from quantreg.loading import load_tables
 from quantreg.registry import Registry
-from quantreg.table.file import Layer
+from quantreg.table.file import Tier
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
 TABLE = """\
@@ -53,5 +53,5 @@ def test_a_table_methods_entry_counts_for_its_own_rules(tmp_path: Path) -> None:
     path.write_text("version: 1\nallow_import_targets: true\nmethods:\n  mine: {target: 'x.y:Z'}\nrules:\n"
                     "  - match: {quant_format: fp8}\n    method: mine\n    priority: nope\n")
     registry = Registry.build(config=())
-    _, _, problems = load_tables([(str(path), Layer.USER)], registry.methods)
+    _, _, problems = load_tables([(str(path), Tier.USER)], registry.methods)
     assert [(p.line, p.key) for p in problems] == [(8, "rules[0].priority")], problems

@@ -19,6 +19,7 @@ import quantreg
 from quantreg import Decision, Finding, Key, loading, vllm_limits
 from quantreg import plan as planmod
 from quantreg.methods import Method
+from quantreg.models import checkpoint_files, moe_config
 from quantreg.plugins import Plugins
 from quantreg.registry import Registry
 from quantreg.vllm_limits import VllmLimitation, vllm_backend_note
@@ -208,7 +209,7 @@ def test_bf16_checkpoint_is_unquantized_and_vllm_holds_bf16(tmp_path: Path) -> N
     ({"model_type": "llama"}, 3, []),
 ])
 def test_which_layers_are_moe(extra: dict[str, Any], layers: int, moe: list[int]) -> None:
-    assert planmod.moe_layer_indices({"num_hidden_layers": layers, **extra}) == moe
+    assert moe_config.moe_layer_indices({"num_hidden_layers": layers, **extra}) == moe
 
 
 def test_multimodal_text_config_and_no_moe_is_a_problem(tmp_path: Path) -> None:
@@ -250,10 +251,10 @@ def test_header_reader_matches_the_safetensors_package(tmp_path: Path) -> None:
     path = tmp_path / "x.safetensors"
     st.save_file({"model.layers.0.mlp.experts.down_proj_blocks": numpy.zeros((2, 8, 1, 16), numpy.uint8),
                   "w": numpy.zeros((3,), numpy.float32)}, str(path))
-    header = planmod.read_safetensors_header(path)
+    header = checkpoint_files.read_safetensors_header(path)
     assert header["w"]["dtype"] == "F32" and header["w"]["shape"] == [3]
-    assert planmod.expert_tensors(tmp_path, [])[0]["down_proj_blocks"] == {"shape": [2, 8, 1, 16], "dtype": "U8",
-                                                                          "bytes": 256}
+    experts = checkpoint_files.expert_tensors(tmp_path, [])
+    assert experts[0]["down_proj_blocks"] == {"shape": [2, 8, 1, 16], "dtype": "U8", "bytes": 256}
 
 
 def test_cpu_without_amx_gets_the_vllm_cannot_note(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:

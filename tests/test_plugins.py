@@ -21,7 +21,7 @@ import pytest
 from core_support import GOOD_METHODS, PluginSite, faults, plugin_failures, run_cli, run_quantreg
 
 import quantreg
-from quantreg import Key, Layer, Registry
+from quantreg import Key, Registry, Tier
 from quantreg.plugins import Plugins, group_entry_points
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -85,14 +85,14 @@ def test_plugin_registers_a_method_and_a_table(plugin_site: PluginSite) -> None:
     method = registry.methods["alpha_fast"]
     assert method.plugin == "alpha" and method.target == "qrt_impl:Impl" and method.devices == ("cpu",)
     table_path = str(plugin_site.root / "qrt_alpha_rules.yaml")
-    assert [(t.path, t.layer) for t in registry.tables if t.layer is Layer.PLUGIN] == [(table_path, Layer.PLUGIN)]
+    assert [(t.path, t.tier) for t in registry.tables if t.tier is Tier.PLUGIN] == [(table_path, Tier.PLUGIN)]
     decision = registry.resolve(Key("fmt_a", "any_model", "cpu"))
     assert decision.method == "alpha_fast"
     assert decision.source == f"{table_path}:3"
-    assert decision.rule is not None and decision.rule.layer is Layer.PLUGIN
+    assert decision.rule is not None and decision.rule.tier is Tier.PLUGIN
     assert [(c.won, c.reason) for c in decision.candidates] == [
-        (True, "highest precedence (layer, then specificity, then priority)"),
-        (False, "lower layer (default < plugin)"),
+        (True, "highest precedence (tier, then specificity, then priority)"),
+        (False, "lower tier (default < plugin)"),
     ]
     assert decision.chain[0].plugin == "alpha"
     assert "qrt_impl" not in sys.modules  # nothing imported the method's target
@@ -266,11 +266,11 @@ def test_plugin_tables_claiming_the_same_key_are_ambiguous(plugin_site: PluginSi
     assert problem.key == "rules[1].match" and "ambiguous" in problem.message
     text = str(problem)
     assert f"{alpha}:3" in text and f"{beta}:4" in text
-    assert "plugin layer" in text
+    assert "plugin tier" in text
     # both files are left out; the default table answers
-    assert [t.layer for t in registry.tables] == [Layer.DEFAULT]
+    assert [t.tier for t in registry.tables] == [Tier.DEFAULT]
     decision = registry.resolve(Key("fmt_x", "m", "cpu"))
-    assert decision.method == "vllm" and decision.rule is not None and decision.rule.layer is Layer.DEFAULT
+    assert decision.method == "vllm" and decision.rule is not None and decision.rule.tier is Tier.DEFAULT
 
 
 def test_plugin_table_with_unknown_method_is_reported_and_left_out(plugin_site: PluginSite) -> None:
@@ -279,7 +279,7 @@ def test_plugin_table_with_unknown_method_is_reported_and_left_out(plugin_site: 
     [problem] = registry.problems
     assert str(problem).startswith(f"{plugin_site.root / 'qrt_alpha_rules.yaml'}:4: rules[0].method: "
                                    "unknown method 'alpah_fast'; did you mean 'alpha_fast'?")
-    assert [t.layer for t in registry.tables] == [Layer.DEFAULT]
+    assert [t.tier for t in registry.tables] == [Tier.DEFAULT]
 
 
 def test_bad_registrations_are_failures_and_good_ones_stay(plugin_site: PluginSite) -> None:
@@ -384,7 +384,7 @@ def register_tables_(register):
     out = run_cli("explain", "fmt_a", "m", "cpu", env=env)
     assert out.returncode == 0
     assert "method   alpha_fast" in out.stdout
-    assert f"{plugin_site.root / 'qrt_alpha_rules.yaml'}:3 (plugin layer)" in out.stdout
+    assert f"{plugin_site.root / 'qrt_alpha_rules.yaml'}:3 (plugin tier)" in out.stdout
 
 
 # -- from test_containment_plugins.py (issue 12, plugin and start-up classes) -----------------

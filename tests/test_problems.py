@@ -18,7 +18,7 @@ import pytest
 from core_support import _bench_module, run_cli, run_register
 
 from quantreg.registry import Registry
-from quantreg.table.file import Layer, read_table
+from quantreg.table.file import Tier, read_table
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -81,7 +81,7 @@ def test_a_non_utf8_path_on_a_strict_utf8_stdout(tmp_path: Path) -> None:
         assert b"Traceback" not in out.stderr and "UnicodeEncodeError" not in text
         lines = [p["text"] for p in json.loads(text)["problems"]] if "--json" in args else text.splitlines()
         assert any(p.endswith("caf\\udce9.yaml:2: rules: expected a list of rules, got mapping") for p in lines)
-    _, problems, _ = read_table(path, Layer.USER)
+    _, problems, _ = read_table(path, Tier.USER)
     assert str(problems[0]).encode("utf-8")  # printable on a strict stream
 
 

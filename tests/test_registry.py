@@ -1,4 +1,4 @@
-"""Resolution: layered precedence, ambiguity, decisions with reasons, availability, caching, laziness.
+"""Resolution: tiered precedence, ambiguity, decisions with reasons, availability, caching, laziness.
 
 Tables are real files. Methods come from a plugin object added with ``Registry.build(plugins=...)``
 (real entry points are covered in test_plugins.py). The last test compares ``resolve()`` with a
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import quantreg
-from quantreg import Key, Layer, Method, Registry, get_registry, resolve, set_registry
+from quantreg import Key, Method, Registry, Tier, get_registry, resolve, set_registry
 from quantreg.index import MAX_AMBIGUITIES
 from quantreg.installed import installed_vllm_version, module_available
 from quantreg.loading import config_paths
@@ -107,12 +107,12 @@ def test_layers_default_plugin_user_run(table: Callable[[str, str], Path]) -> No
     registry = build(methods=LAYER_METHODS, default=default, plugin_tables=[plugin], user=[user], run=[run])
     decision = registry.resolve(key)
     assert [(c.rule.location, c.won, c.reason) for c in decision.candidates] == [
-        (f"{run}:3", True, "highest precedence (layer, then specificity, then priority)"),
-        (f"{user}:3", False, "lower layer (user < run)"),
-        (f"{plugin}:3", False, "lower layer (plugin < run)"),
-        (f"{default}:3", False, "lower layer (default < run)"),
+        (f"{run}:3", True, "highest precedence (tier, then specificity, then priority)"),
+        (f"{user}:3", False, "lower tier (user < run)"),
+        (f"{plugin}:3", False, "lower tier (plugin < run)"),
+        (f"{default}:3", False, "lower tier (default < run)"),
     ]
-    assert [t.layer for t in registry.tables] == [Layer.DEFAULT, Layer.PLUGIN, Layer.USER, Layer.RUN]
+    assert [t.tier for t in registry.tables] == [Tier.DEFAULT, Tier.PLUGIN, Tier.USER, Tier.RUN]
 
 
 def test_user_file_overrides_any_builtin_decision(table: Callable[[str, str], Path]) -> None:
@@ -124,16 +124,16 @@ def test_user_file_overrides_any_builtin_decision(table: Callable[[str, str], Pa
     decision = registry.resolve(("fp8", "llama", "cpu"))
     assert decision.method == "m_user"
     assert decision.source == f"{user}:3"
-    assert decision.candidates[1].reason == "lower layer (plugin < user)"
+    assert decision.candidates[1].reason == "lower tier (plugin < user)"
 
 
 def test_user_file_overrides_the_packaged_default_table(table: Callable[[str, str], Path]) -> None:
     user = table("user.yaml", rules_yaml("{match: {device: hpu}, method: m_user}"))
-    registry = build(methods=LAYER_METHODS, user=[user])  # the real registry.yaml as default layer
+    registry = build(methods=LAYER_METHODS, user=[user])  # the real registry.yaml as default tier
     assert registry.resolve(("gpt_oss_mxfp4", "gpt_oss", "hpu")).method == "m_user"
     decision = registry.resolve(("gpt_oss_mxfp4", "gpt_oss", "cpu"))
     assert decision.method == "vllm"
-    assert decision.rule is not None and decision.rule.layer is Layer.DEFAULT
+    assert decision.rule is not None and decision.rule.tier is Tier.DEFAULT
     assert decision.rule.path.endswith("registry.yaml")
 
 
@@ -148,14 +148,14 @@ def test_within_a_layer_specificity_then_priority(table: Callable[[str, str], Pa
     decision = registry.resolve(("fp8", "llama", "cpu"))
     assert decision.method == "m_specific"
     assert [(c.rule.line, c.reason) for c in decision.candidates[:3]] == [
-        (4, "highest precedence (layer, then specificity, then priority)"),
+        (4, "highest precedence (tier, then specificity, then priority)"),
         (3, "less specific (1 < 2 named fields)"),
         (5, "less specific (1 < 2 named fields)"),
     ]
     decision = registry.resolve(("int8", "llama", "cpu"))
     assert decision.method == "m_user"
     assert [(c.rule.line, c.reason) for c in decision.candidates[:2]] == [
-        (3, "highest precedence (layer, then specificity, then priority)"),
+        (3, "highest precedence (tier, then specificity, then priority)"),
         (5, "lower priority (3 < 9)"),
     ]
 
@@ -167,7 +167,7 @@ def test_quantreg_config_holds_several_files(table: Callable[[str, str], Path]) 
     assert config_paths(env) == (str(one), str(two))
     registry = build(methods=LAYER_METHODS, env=env)
     assert registry.problems == ()
-    assert [(t.path, t.layer) for t in registry.tables[1:]] == [(str(one), Layer.USER), (str(two), Layer.USER)]
+    assert [(t.path, t.tier) for t in registry.tables[1:]] == [(str(one), Tier.USER), (str(two), Tier.USER)]
     assert registry.resolve(("q", "m", "cpu")).method == "m_user"
     assert registry.resolve(("q", "m", "hpu")).method == "m_user2"
 
@@ -183,8 +183,8 @@ def test_ambiguity_across_two_files_of_one_layer(table: Callable[[str, str], Pat
     assert messages[0].startswith(f"{two}:3: rules[0].match: ambiguous: rule (fp8, *, *) and rule {one}:3 (*, *, cpu)")
     assert messages[1].startswith(f"{two}:3: rules[0].match: ambiguous: rule (fp8, *, *) and rule {one}:4 "
                                   "(*, *, [hpu|xpu])")
-    assert "in the user layer" in messages[0]
-    # both files are left out, the lower layers answer
+    assert "in the user tier" in messages[0]
+    # both files are left out, the lower tiers answer
     assert {t.path for t in registry.tables}.isdisjoint({str(one), str(two)})
     assert registry.resolve(("fp8", "m", "cpu")).method == "m_plugin"
 
@@ -297,7 +297,7 @@ def test_chain_availability_with_reasons(table: Callable[[str, str], Path], chai
     assert decision.options == {"chunk": 8}
     assert decision.summary() == f"(fp8, llama, cpu) -> probe_yes [{user}:3]"
     text = decision.render()
-    assert f"rule     {user}:3 (user layer) match (*, *, cpu)" in text
+    assert f"rule     {user}:3 (user tier) match (*, *, cpu)" in text
     assert "note     try everything" in text
     assert "  no  on_hpu: passed over: runs on hpu, not cpu" in text and "  yes probe_yes: device answered" in text
 
@@ -349,11 +349,11 @@ def test_decision_json_is_complete(table: Callable[[str, str], Path]) -> None:
     data = json.loads(json.dumps(registry.resolve(("fp8", "llama", "cpu")).to_json()))
     assert data["key"] == {"quant_format": "fp8", "model_type": "llama", "device": "cpu"}
     assert data["method"] == "m_user" and data["options"] == {"k": [1]} and data["fallback"] is None
-    assert data["rule"] == {"path": str(user), "line": 3, "layer": "user",
+    assert data["rule"] == {"path": str(user), "line": 3, "tier": "user",
                             "match": {"quant_format": "*", "model_type": "*", "device": ["cpu", "hpu"]},
                             "method": ["m_user"], "options": {"k": [1]}, "priority": 0, "specificity": 1, "note": ""}
-    assert [(c["rule"]["layer"], c["won"]) for c in data["candidates"]] == [("user", True), ("default", False)]
-    assert data["candidates"][1]["reason"] == "lower layer (default < user)"
+    assert [(c["rule"]["tier"], c["won"]) for c in data["candidates"]] == [("user", True), ("default", False)]
+    assert data["candidates"][1]["reason"] == "lower tier (default < user)"
     assert data["chain"] == [{"method": "m_user", "available": True, "plugin": "test-plugin",
                               "reason": "no probe; device and requirements satisfied"}]
 
@@ -566,7 +566,7 @@ def test_strict_mode_is_one_decision_from_every_source(table: Callable[[str, str
     tied_plain = table("b_plain.yaml", "version: 1\nrules:\n" + rule)
     for user in ([tied_strict, tied_plain], [tied_plain, tied_strict]):  # both files are left out by the tie
         registry = build(user=user)
-        assert [t.layer for t in registry.tables] == [Layer.DEFAULT] and registry.problems
+        assert [t.tier for t in registry.tables] == [Tier.DEFAULT] and registry.problems
         mode = registry.mode()
         assert mode.strict and mode.because == (f"strict: true in {tied_strict}",), user
     run_strict = table("run.yaml", "version: 1\nstrict: true\nrules: [}\n")  # not YAML: its raw text still asks
@@ -579,7 +579,7 @@ def test_strict_mode_is_one_decision_from_every_source(table: Callable[[str, str
     assert not lenient.mode(run_strict=False).strict
     env_mode = build(env={"QUANTREG_STRICT": " Yes "}).mode(run_strict=False)  # strict is never switched off
     assert env_mode.strict and env_mode.because == ("QUANTREG_STRICT=Yes",)
-    assert decide_mode({}, build(plugin_tables=[tied_strict]).headers).strict is False  # plugin layer: no say
+    assert decide_mode({}, build(plugin_tables=[tied_strict]).headers).strict is False  # plugin tier: no say
 
 
 def test_fingerprint_follows_the_effective_rules(table: Callable[[str, str], Path]) -> None:
@@ -603,7 +603,7 @@ RUNS_ON = {"m_any": set(DEVICES) | {"z"}, "m_cpu": {"cpu"}, "m_hpu": {"hpu"}, "v
 
 @dataclass(frozen=True)
 class RefRule:
-    layer: int
+    tier: int
     path: str
     line: int
     fields: tuple[frozenset[str] | None, frozenset[str] | None, frozenset[str] | None]
@@ -616,7 +616,7 @@ class RefRule:
 
     @property
     def rank(self) -> tuple[int, int, int]:
-        return (self.layer, sum(f is not None for f in self.fields), self.priority)
+        return (self.tier, sum(f is not None for f in self.fields), self.priority)
 
     def matches(self, key: Key) -> bool:
         return all(f is None or v in f for f, v in zip(self.fields, key))
@@ -636,14 +636,14 @@ fuzz_rules = st.fixed_dictionaries(
 )
 files = st.lists(fuzz_rules, max_size=3)
 layouts = st.fixed_dictionaries({
-    Layer.DEFAULT: st.lists(files, min_size=1, max_size=1),
-    Layer.PLUGIN: st.lists(files, max_size=2),
-    Layer.USER: st.lists(files, max_size=2),
-    Layer.RUN: st.lists(files, max_size=2),
+    Tier.DEFAULT: st.lists(files, min_size=1, max_size=1),
+    Tier.PLUGIN: st.lists(files, max_size=2),
+    Tier.USER: st.lists(files, max_size=2),
+    Tier.RUN: st.lists(files, max_size=2),
 })
 
 
-def reference(tables: list[tuple[Layer, str, list[dict[str, Any]]]]) -> tuple[
+def reference(tables: list[tuple[Tier, str, list[dict[str, Any]]]]) -> tuple[
         set[tuple[str, str]], dict[Key, tuple[str | None, str, list[str], bool]]]:
     """The documented precedence (docs/tables.md), read literally and checked by brute force over every key."""
     rules: list[RefRule] = []
@@ -673,18 +673,18 @@ def reference(tables: list[tuple[Layer, str, list[dict[str, Any]]]]) -> tuple[
 @settings(max_examples=120, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(layouts)
-def test_resolve_agrees_with_a_brute_force_reference(layout: dict[Layer, list[list[dict[str, Any]]]]) -> None:
+def test_resolve_agrees_with_a_brute_force_reference(layout: dict[Tier, list[list[dict[str, Any]]]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        tables: list[tuple[Layer, str, list[dict[str, Any]]]] = []
-        paths: dict[Layer, list[Path]] = {layer: [] for layer in Layer}
-        for layer in Layer:
+        tables: list[tuple[Tier, str, list[dict[str, Any]]]] = []
+        paths: dict[Tier, list[Path]] = {layer: [] for layer in Tier}
+        for layer in Tier:
             for n, raw in enumerate(layout[layer]):
                 path = Path(tmp) / f"{layer}{n}.yaml"
                 path.write_text(rules_yaml(*(json.dumps(r) for r in raw)), encoding="utf-8")
                 paths[layer].append(path)
                 tables.append((layer, str(path), raw))
-        registry = build(default=paths[Layer.DEFAULT][0], plugin_tables=paths[Layer.PLUGIN],
-                         user=paths[Layer.USER], run=paths[Layer.RUN], methods=FUZZ_METHODS)
+        registry = build(default=paths[Tier.DEFAULT][0], plugin_tables=paths[Tier.PLUGIN],
+                         user=paths[Tier.USER], run=paths[Tier.RUN], methods=FUZZ_METHODS)
         ambiguous, answers = reference(tables)
 
         found = set()

@@ -19,7 +19,7 @@ from core_support import run_cli, write
 
 from quantreg import settings
 from quantreg.table import cache as tablecache
-from quantreg.table.file import Layer, parse_table, read_table
+from quantreg.table.file import Tier, parse_table, read_table
 from quantreg.table.located import LocatedDict, LocatedList, from_json, to_json
 from quantreg.table.yamlfile import parse
 
@@ -74,10 +74,10 @@ def test_corrupt_json_forms_are_refused(bad: Any) -> None:
 def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     path = write(tmp_path / "plugin.yaml", VALID)
-    first, problems, _ = read_table(path, Layer.PLUGIN)
+    first, problems, _ = read_table(path, Tier.PLUGIN)
     entries = list((tmp_path / "cache" / "tables").glob("*.json"))
     assert len(entries) == 1 and problems == []
-    second, again, _ = read_table(path, Layer.PLUGIN)
+    second, again, _ = read_table(path, Tier.PLUGIN)
     assert first == second and again == []
     # The entry is what was read the second time: change it *with a valid checksum*, and the change shows.
     data = tablecache.read_entry(entries[0])
@@ -85,7 +85,7 @@ def test_package_layers_are_cached_and_read_back(tmp_path: Path, monkeypatch: py
     data["k"][0][2] = 1  # version: 1 (unchanged) ...
     data["k"][1][2] = True  # ... strict: true
     entries[0].write_bytes(tablecache.encode_entry(entries[0].name, data))
-    third, _, _ = read_table(path, Layer.PLUGIN)
+    third, _, _ = read_table(path, Tier.PLUGIN)
     assert third is not None and third.strict is True
 
 
@@ -93,38 +93,38 @@ def test_problems_keep_their_lines_through_the_cache(tmp_path: Path, monkeypatch
     monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     text = "version: 1\nrules:\n  - match: {quant_format: mxfp4}\n    methodz: [vllm]\n"
     path = write(tmp_path / "plugin.yaml", text)
-    _, fresh, _ = read_table(path, Layer.PLUGIN)
+    _, fresh, _ = read_table(path, Tier.PLUGIN)
     assert len(list((tmp_path / "cache" / "tables").glob("*.json"))) == 1
-    _, cached, _ = read_table(path, Layer.PLUGIN)
+    _, cached, _ = read_table(path, Tier.PLUGIN)
     assert [str(p) for p in fresh] == [str(p) for p in cached] and fresh and fresh[0].line == 4
 
 
 def test_operator_tables_and_broken_files_are_never_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     user = write(tmp_path / "user.yaml", DOC)
-    for layer in (Layer.USER, Layer.RUN):
+    for layer in (Tier.USER, Tier.RUN):
         read_table(user, layer)
     broken = write(tmp_path / "broken.yaml", "version: 1\nrules: [\n")
-    _, problems, _ = read_table(broken, Layer.DEFAULT)
+    _, problems, _ = read_table(broken, Tier.DEFAULT)
     assert problems and problems[0].line == 3 and "YAML syntax error" in problems[0].message
     assert not (tmp_path / "cache").exists()
 
 
 def test_corrupt_or_unwritable_cache_never_fails_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path / "default.yaml", VALID)
-    expected, _, _ = read_table(path, Layer.DEFAULT)  # cache elsewhere (the default location or off)
+    expected, _, _ = read_table(path, Tier.DEFAULT)  # cache elsewhere (the default location or off)
     monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     entry = tablecache.entry_path(path.read_text())
     assert entry is not None
     entry.parent.mkdir(parents=True)
     entry.write_text('{"d": 1, "k": [[')  # truncated
-    table, problems, _ = read_table(path, Layer.DEFAULT)
+    table, problems, _ = read_table(path, Tier.DEFAULT)
     assert table == expected and problems == []
     rewritten = tablecache.read_entry(entry)
     assert rewritten is not None and rewritten["d"] == 1  # rewritten whole, with its checksum
     blocker = write(tmp_path / "not-a-dir", "")
     monkeypatch.setenv(settings.CACHE_DIR, str(blocker))  # the cache "directory" is a file: cannot write
-    table, problems, _ = read_table(path, Layer.DEFAULT)
+    table, problems, _ = read_table(path, Tier.DEFAULT)
     assert table == expected and problems == []
     monkeypatch.setenv(settings.CACHE_DIR, "off")
     assert tablecache.directory() is None and tablecache.entry_path("x") is None
@@ -168,7 +168,7 @@ def test_a_fifo_at_the_cache_entry_path_does_not_hang(tmp_path: Path, monkeypatc
     entry.parent.mkdir(parents=True)
     os.mkfifo(entry)
     os.mkfifo(entry.with_name(f".{entry.name}.{os.getpid()}.tmp"))  # and at the temporary name a writer uses
-    table, problems, _ = parse_table(text, "pkg.yaml", Layer.DEFAULT)
+    table, problems, _ = parse_table(text, "pkg.yaml", Tier.DEFAULT)
     assert problems == [] and table is not None and len(table.rules) == 1
 
 
@@ -202,16 +202,16 @@ def test_an_entry_corrupted_into_other_valid_json_is_not_trusted(tmp_path: Path,
     monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     path = tmp_path / "plugin.yaml"
     path.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: vllm\n")
-    fresh, _, _ = read_table(path, Layer.PLUGIN)
+    fresh, _, _ = read_table(path, Tier.PLUGIN)
     entry = next((tmp_path / "cache" / "tables").glob("*.json"))
     good = entry.read_bytes()
     header, _, payload = good.partition(b"\n")
     entry.write_bytes(header + b"\n" + payload.replace(b'"vllm"', b'"vllx"'))  # valid JSON, stale checksum
-    again, problems, _ = read_table(path, Layer.PLUGIN)
+    again, problems, _ = read_table(path, Tier.PLUGIN)
     assert problems == [] and again == fresh and again is not None and again.rules[0].methods == ("vllm",)
     assert entry.read_bytes() == good  # rewritten from the real parse
     entry.write_bytes(b"0" * 64 + b"\n" + payload)  # a wrong header
-    assert read_table(path, Layer.PLUGIN)[0] == fresh
+    assert read_table(path, Tier.PLUGIN)[0] == fresh
     other = entry.with_name("0" * 64 + ".json")  # a valid entry moved onto another text's name
     other.write_bytes(good)
     assert tablecache.read_entry(other) is None and tablecache.read_entry(entry) is not None
@@ -223,18 +223,18 @@ def test_bypass_never_reads_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(settings.CACHE_DIR, str(tmp_path / "cache"))
     path = tmp_path / "plugin.yaml"
     path.write_text("version: 1\nrules:\n  - match: {device: cpu}\n    method: vllm\n")
-    read_table(path, Layer.PLUGIN)
+    read_table(path, Tier.PLUGIN)
     entry = next((tmp_path / "cache" / "tables").glob("*.json"))
     forged = tablecache.read_entry(entry)
     entry.write_bytes(tablecache.encode_entry(entry.name, json.loads(json.dumps(forged).replace('"cpu"', '"hpu"'))))
-    cached, _, _ = read_table(path, Layer.PLUGIN)
+    cached, _, _ = read_table(path, Tier.PLUGIN)
     assert cached is not None and cached.rules[0].match.device == ("hpu",)  # a checksummed entry is believed...
     with tablecache.bypass():
         assert tablecache.bypassed()
         with tablecache.bypass():  # nests
             pass
         assert tablecache.bypassed()
-        parsed, _, _ = read_table(path, Layer.PLUGIN)
+        parsed, _, _ = read_table(path, Tier.PLUGIN)
     assert not tablecache.bypassed()
     assert parsed is not None and parsed.rules[0].match.device == ("cpu",)  # ... except inside bypass()
 

@@ -10,7 +10,7 @@ from core_support import GOOD_TABLES, ROOT
 
 from quantreg.keys import Match
 from quantreg.problems import Problem, QuantregError, did_you_mean
-from quantreg.table.file import Layer, parse_table, read_table
+from quantreg.table.file import Tier, parse_table, read_table
 from quantreg.table.yamlfile import MAX_NODES, LocatedDict, LocatedList, YamlError, parse
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -102,40 +102,40 @@ def test_rule_fields_and_locations(table: Callable[[str, str], Path]) -> None:
           - match: {model_type: "*"}
             method: vllm
     """)
-    tf, problems, _ = read_table(path, Layer.RUN)
+    tf, problems, _ = read_table(path, Tier.RUN)
     assert problems == [] and tf is not None
-    assert tf.strict is True and tf.layer is Layer.RUN and tf.path == str(path)
+    assert tf.strict is True and tf.tier is Tier.RUN and tf.path == str(path)
     first, second = tf.rules
     assert first.match == Match(quant_format=("gpt_oss_mxfp4",), model_type=("gpt_oss",), device=("cpu", "hpu"))
     assert first.methods == ("hpu_mxfp4", "hpu_mxfp4_dequant")
     assert first.method_lines == (6, 7)
-    assert (first.line, first.priority, first.note, first.layer) == (4, 2, "why", Layer.RUN)
+    assert (first.line, first.priority, first.note, first.tier) == (4, 2, "why", Tier.RUN)
     assert first.location == f"{path}:4"
     assert first.options == {"chunk": 4, "deep": {"k": [1, 2]}}
     assert type(first.options["deep"]) is dict and type(first.options["deep"]["k"]) is list
     with pytest.raises(TypeError):
         first.options["chunk"] = 5  # type: ignore[index]
-    assert first.rank == (int(Layer.RUN), 3, 2)
+    assert first.rank == (int(Tier.RUN), 3, 2)
     assert second.match == Match() and second.methods == ("vllm",) and second.line == 11
     assert second.options == {} and second.priority == 0 and second.note == ""
 
 
 def test_null_match_and_null_options_are_empty() -> None:
-    tf, problems, _ = parse_table("version: 1\nrules:\n  - match:\n    method: vllm\n    options:\n", "t", Layer.USER)
+    tf, problems, _ = parse_table("version: 1\nrules:\n  - match:\n    method: vllm\n    options:\n", "t", Tier.USER)
     assert problems == [] and tf is not None
     assert tf.rules[0].match == Match() and tf.rules[0].options == {}
 
 
 def test_a_file_with_any_problem_contributes_no_rules() -> None:
     text = "version: 1\nrules:\n  - {match: {}, method: vllm}\n  - {match: {}, method: vllm, priority: x}\n"
-    tf, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+    tf, problems, _ = parse_table(text, "t.yaml", Tier.USER)
     assert tf is None
     assert [(p.line, p.key) for p in problems] == [(4, "rules[1].priority")]
 
 
 def test_every_problem_of_a_file_is_reported_at_once() -> None:
     text = "version: 2\nrulez: []\nrules:\n  - {match: {devcie: hpu}, method: []}\n  - 5\n"
-    _, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "t.yaml", Tier.USER)
     assert [(p.line, p.key) for p in problems] == [
         (2, "rulez"), (1, "version"), (4, "rules[0].match.devcie"), (4, "rules[0].method"), (5, "rules[1]")]
 
@@ -154,35 +154,35 @@ def test_every_problem_of_a_file_is_reported_at_once() -> None:
     ],
 )
 def test_rule_checks(snippet: str, key: str, fragment: str) -> None:
-    _, problems, _ = parse_table(f"version: 1\nrules:\n  - {snippet}\n", "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(f"version: 1\nrules:\n  - {snippet}\n", "t.yaml", Tier.USER)
     assert any(p.key == key and fragment in p.message and p.line == 3 for p in problems), problems
 
 
 def test_names_must_match_entirely() -> None:
     """A trailing newline is not part of a valid name (the JSON Schema pattern agrees)."""
     _, problems, _ = parse_table('version: 1\nrules:\n  - {match: {device: "hpu\\n"}, method: vllm}\n', "t",
-                              Layer.USER)
+                              Tier.USER)
     assert [p.key for p in problems] == ["rules[0].match.device"]
-    _, problems, _ = parse_table('version: 1\nrules:\n  - {match: {}, method: "vllm\\n"}\n', "t", Layer.USER)
+    _, problems, _ = parse_table('version: 1\nrules:\n  - {match: {}, method: "vllm\\n"}\n', "t", Tier.USER)
     assert [p.key for p in problems] == ["rules[0].method"]
 
 
 def test_strict_must_be_a_boolean() -> None:
-    _, problems, _ = parse_table("version: 1\nstrict: yes please\nrules: []\n", "t.yaml", Layer.USER)
+    _, problems, _ = parse_table("version: 1\nstrict: yes please\nrules: []\n", "t.yaml", Tier.USER)
     assert [(p.line, p.key) for p in problems] == [(2, "strict")]
 
 
 def test_read_table_missing_file_and_directory(tmp_path: Path) -> None:
-    _, problems, _ = read_table(tmp_path / "nope.yaml", Layer.USER)
+    _, problems, _ = read_table(tmp_path / "nope.yaml", Tier.USER)
     assert [str(p) for p in problems] == [f"{tmp_path / 'nope.yaml'}: no such file"]
-    _, problems, _ = read_table(tmp_path, Layer.USER)
+    _, problems, _ = read_table(tmp_path, Tier.USER)
     assert "is a directory" in str(problems[0])
 
 
 def test_read_table_non_utf8_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes("version: 1\nrules:\n  - match: {}\n    note: caf\xe9\n".encode("latin-1"))
-    _, problems, _ = read_table(path, Layer.USER)
+    _, problems, _ = read_table(path, Tier.USER)
     assert [(p.line, p.key) for p in problems] == [(4, "")]
     assert "not UTF-8 (byte 0xe9" in problems[0].message
 
@@ -190,13 +190,13 @@ def test_read_table_non_utf8_names_the_line(tmp_path: Path) -> None:
 def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
     path = tmp_path / "bom.yaml"
     path.write_bytes(b"\xef\xbb\xbfversion: 1\nrules: []\n")
-    tf, problems, _ = read_table(path, Layer.USER)
+    tf, problems, _ = read_table(path, Tier.USER)
     assert problems == [] and tf is not None and tf.rules == ()
 
 
 @pytest.mark.parametrize("path", GOOD, ids=lambda p: p.name)
 def test_good_tables_load(path: Path) -> None:
-    tf, problems, _ = read_table(path, Layer.USER)
+    tf, problems, _ = read_table(path, Tier.USER)
     assert problems == []
     assert tf is not None and tf.path == str(path)
 
@@ -207,6 +207,6 @@ def test_there_are_good_tables() -> None:
 
 
 def test_default_table_matches_everything_with_vllm() -> None:
-    tf, problems, _ = read_table(ROOT / "registry.yaml", Layer.DEFAULT)
+    tf, problems, _ = read_table(ROOT / "registry.yaml", Tier.DEFAULT)
     assert problems == [] and tf is not None
     assert [(r.match, r.methods) for r in tf.rules] == [(Match(), ("vllm",))]

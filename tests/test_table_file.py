@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quantreg import Registry
-from quantreg.table.file import Layer, parse_table, read_table
+from quantreg.table.file import Tier, parse_table, read_table
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -94,7 +94,7 @@ def test_strict_register_raises_one_quantreg_error() -> None:
 def test_arbitrary_bytes_in_a_table_file_give_located_problems_only(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "bytes.yaml"
     path.write_bytes(data)
-    table, problems, _ = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Tier.USER)
     assert (table is None) == bool(problems)
     for problem in problems:
         assert str(problem).startswith(str(path)) and "\n" not in str(problem)
@@ -129,7 +129,7 @@ def _special_paths(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "dev_null"])
 def test_read_table_refuses_non_regular_files_at_once(tmp_path: Path, kind: str) -> None:
     path = _special_paths(tmp_path)[kind]
-    table, problems, _ = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Tier.USER)
     assert table is None
     assert [str(p) for p in problems] == [f"{path}: is not a regular file "
                                           f"({'a FIFO' if kind == 'fifo' else 'a character device'}); "
@@ -172,7 +172,7 @@ def test_oversized_file_is_refused_without_reading_it(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
     with open(path, "wb") as f:
         f.truncate(MAX_BYTES + 1)  # sparse: nothing to read anyway
-    _, problems, _ = read_table(path, Layer.USER)
+    _, problems, _ = read_table(path, Tier.USER)
     assert [p.message for p in problems] == [f"file is {MAX_BYTES + 1} bytes; a table may have at most {MAX_BYTES}"]
 
 
@@ -190,7 +190,7 @@ def test_read_stops_at_cap_plus_one_when_the_size_lies(tmp_path: Path) -> None:
 def test_path_errors_are_located_problems(tmp_path: Path, kind: str) -> None:
     path = {"nul": f"{tmp_path}/a\0b.yaml", "too_long": str(tmp_path / ("d/" * 3000)) + "t.yaml",
             "long_component": str(tmp_path / ("x" * 300 + ".yaml"))}[kind]
-    table, problems, _ = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Tier.USER)
     assert table is None and len(problems) == 1
     expected = {"nul": "cannot read: the path contains a NUL character", "too_long": "cannot read: File name too long",
                 "long_component": "cannot read: File name too long"}[kind]
@@ -209,7 +209,7 @@ def test_unreadable_parent_directory_is_a_located_problem(tmp_path: Path) -> Non
     (locked / "t.yaml").write_text("version: 1\nrules: []\n")
     locked.chmod(0)
     try:
-        _, problems, _ = read_table(locked / "t.yaml", Layer.USER)
+        _, problems, _ = read_table(locked / "t.yaml", Tier.USER)
     finally:
         locked.chmod(0o755)
     assert [p.message for p in problems] == ["cannot read: Permission denied"]
@@ -234,11 +234,11 @@ def test_file_identity_is_the_same_for_a_hard_link_and_a_symlink(tmp_path: Path)
 def test_headers_come_only_from_regular_files(tmp_path: Path) -> None:
     """The mode reads ``strict:`` from table headers, which are read like tables: never blocking."""
     paths = _special_paths(tmp_path)
-    assert read_table(paths["fifo"], Layer.USER)[2] is None  # at once: no writer is ever coming
-    assert read_table(paths["dev_zero"], Layer.USER)[2] is None
+    assert read_table(paths["fifo"], Tier.USER)[2] is None  # at once: no writer is ever coming
+    assert read_table(paths["dev_zero"], Tier.USER)[2] is None
     strict = tmp_path / "s.yaml"
     strict.write_text("version: 1\nstrict: true\nrules: 3\n")
-    table, problems, header = read_table(strict, Layer.USER)
+    table, problems, header = read_table(strict, Tier.USER)
     assert table is None and problems and header is not None and header.strict is True
 
 
@@ -250,7 +250,7 @@ def test_non_ascii_model_types_are_accepted_verbatim(value: str, tmp_path: Path)
     path = tmp_path / "u.yaml"
     path.write_text(f"version: 1\nrules:\n  - match: {{model_type: {value}}}\n    method: vllm\n    priority: 3\n",
                     encoding="utf-8")
-    table, problems, _ = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Tier.USER)
     assert problems == [] and table is not None and table.rules[0].match.model_type == (value,)
     registry = Registry.build(config=[path], entry_points=False)
     chosen = registry.resolve(Key("fp8", value, "cpu")).rule
@@ -265,12 +265,12 @@ def test_non_ascii_model_types_are_accepted_verbatim(value: str, tmp_path: Path)
 @pytest.mark.parametrize("value", ["modèle moe", "a\u00a0b", "x\u200by", "é\u0301", "\u2028"])
 def test_non_names_stay_refused_whatever_the_script(value: str) -> None:
     text = f"version: 1\nrules:\n  - match: {{model_type: {json.dumps(value)}}}\n    method: vllm\n"
-    _, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "t.yaml", Tier.USER)
     assert problems and "\n" not in str(problems[0]) and "\u2028" not in str(problems[0])
 
 
 def test_method_names_stay_ascii() -> None:
-    _, problems, _ = parse_table("version: 1\nrules:\n  - match: {}\n    method: méthode\n", "t.yaml", Layer.USER)
+    _, problems, _ = parse_table("version: 1\nrules:\n  - match: {}\n    method: méthode\n", "t.yaml", Tier.USER)
     assert [p.key for p in problems] == ["rules[0].method"]
 
 
@@ -295,7 +295,7 @@ YAML_TOKENS = ["version:", "rules:", "- ", "match:", "method:", "options:", "pri
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=200), st.lists(st.sampled_from(YAML_TOKENS), max_size=60).map("".join)))
 def test_loader_never_raises_on_random_documents(text: str) -> None:
-    table, problems, _ = parse_table(text, "fuzz.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "fuzz.yaml", Tier.USER)
     assert (table is None) == bool(problems)  # a document is either a table or a list of located problems
     for problem in problems:
         assert str(problem).startswith("fuzz.yaml")

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from quantreg.keys import FIELDS
-from quantreg.table.file import Layer, parse_table
+from quantreg.table.file import Tier, parse_table
 from quantreg.table.schema import table_schema
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -61,7 +61,7 @@ def test_schema_rejects_expressible_bad_tables(name: str) -> None:
     doc = yaml.safe_load((BAD_TABLES / name).read_text(encoding="utf-8"))
     assert not VALIDATOR.is_valid(doc), f"the schema accepts {name}"
     # ... and the loader rejects the same document
-    _, problems, _ = parse_table(yaml.safe_dump(doc), name, Layer.USER)
+    _, problems, _ = parse_table(yaml.safe_dump(doc), name, Tier.USER)
     assert problems
 
 
@@ -111,7 +111,7 @@ documents = st.one_of(
 @example({"version": 1, "rules": [{"match": None, "method": "vllm", "options": None}]})
 def test_schema_and_loader_agree_on_random_documents(doc: Any) -> None:
     text = yaml.safe_dump(doc)
-    _, problems, _ = parse_table(text, "random.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "random.yaml", Tier.USER)
     loaded = yaml.safe_load(text)
     assert VALIDATOR.is_valid(loaded) == (not problems), (text, problems)
 
@@ -120,5 +120,5 @@ def test_known_difference_integral_floats() -> None:
     """JSON Schema counts 2.0 as an integer; the loader insists on an integer literal (stricter)."""
     doc = {"version": 1, "rules": [{"match": {}, "method": "vllm", "priority": 2.0}]}
     assert VALIDATOR.is_valid(doc)
-    _, problems, _ = parse_table(yaml.safe_dump(doc), "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(yaml.safe_dump(doc), "t.yaml", Tier.USER)
     assert [p.key for p in problems] == ["rules[0].priority"]

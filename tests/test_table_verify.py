@@ -13,12 +13,12 @@ from core_support import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantreg.table.file import Layer, parse_table
+from quantreg.table.file import Tier, parse_table
 from quantreg.table.schema import table_schema
 from quantreg.table.verify import (
+    DEFAULT_DECODERS,
     DEFAULT_EVERY,
     DEFAULT_FIRST,
-    DEFAULT_LAYERS,
     DEFAULT_TOLERANCE,
     VerifySpec,
     layer_index,
@@ -31,25 +31,25 @@ HEAD = "version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, model_type:
 
 
 def problems_of(verify: str, head: str = HEAD) -> list[str]:
-    _, problems, _ = parse_table(head + f"    verify: {verify}\n", "t.yaml", Layer.USER)
+    _, problems, _ = parse_table(head + f"    verify: {verify}\n", "t.yaml", Tier.USER)
     return [str(p) for p in problems]
 
 
 def test_a_full_verify_is_read_with_its_values() -> None:
     table, problems, _ = parse_table(
-        HEAD + "    verify: {against: mxfp4_reference, every: 1000, first: 8, tolerance: 0.02, layers: [3, 1]}\n",
-        "t.yaml", Layer.USER)
+        HEAD + "    verify: {against: mxfp4_reference, every: 1000, first: 8, tolerance: 0.02, decoders: [3, 1]}\n",
+        "t.yaml", Tier.USER)
     assert not problems and table is not None
     rule = table.rules[0]
-    assert rule.verify == VerifySpec("mxfp4_reference", every=1000, first=8, tolerance=0.02, layers=(1, 3))
+    assert rule.verify == VerifySpec("mxfp4_reference", every=1000, first=8, tolerance=0.02, decoders=(1, 3))
     assert rule.verify_line == 5
 
 
 def test_only_against_is_required() -> None:
-    table, problems, _ = parse_table(HEAD + "    verify: {against: float64}\n", "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(HEAD + "    verify: {against: float64}\n", "t.yaml", Tier.USER)
     assert not problems and table is not None
     assert table.rules[0].verify == VerifySpec("float64", DEFAULT_EVERY, DEFAULT_FIRST, DEFAULT_TOLERANCE,
-                                               DEFAULT_LAYERS)
+                                               DEFAULT_DECODERS)
 
 
 CALLS = "expected a count of forward calls from"
@@ -63,10 +63,10 @@ CALLS = "expected a count of forward calls from"
     ("{against: float64, tolerance: 0}", "rules[0].verify.tolerance: expected a positive number"),
     ("{against: float64, tolerance: x}", "rules[0].verify.tolerance: expected a positive number"),
     ("{against: float64, tolerance: .nan}", "rules[0].verify.tolerance: expected a positive number"),
-    ("{against: float64, layers: 0}", "rules[0].verify.layers: expected a count from 1 to 1,024"),
-    ("{against: float64, layers: []}", "rules[0].verify.layers: expected a count from 1 to 1,024"),
-    ("{against: float64, layers: [1, 1]}", "distinct layer indices"),
-    ("{against: float64, layers: [-1]}", "distinct layer indices from 0 to 1,023, got list integer -1"),
+    ("{against: float64, decoders: 0}", "rules[0].verify.decoders: expected a count from 1 to 1,024"),
+    ("{against: float64, decoders: []}", "rules[0].verify.decoders: expected a count from 1 to 1,024"),
+    ("{against: float64, decoders: [1, 1]}", "distinct layer indices"),
+    ("{against: float64, decoders: [-1]}", "distinct layer indices from 0 to 1,023, got list integer -1"),
     ("{every: 3}", "t.yaml:5: rules[0].verify.against: missing; expected a registered method name or 'float64'"),
     ("{against: 3}", "rules[0].verify.against: expected a method name or 'float64', got integer 3"),
     ("{against: vllm}", "rules[0].verify.against: cannot verify against 'vllm'"),
@@ -79,8 +79,8 @@ def test_bad_values_are_located_problems(verify: str, expected: str) -> None:
 
 
 def test_a_multi_line_verify_names_the_line_of_the_bad_value() -> None:
-    problems = problems_of("\n      against: float64\n      every: 10\n      layers: nope")
-    assert problems == ["t.yaml:8: rules[0].verify.layers: expected a count from 1 to 1,024 (the first N MoE layers) "
+    problems = problems_of("\n      against: float64\n      every: 10\n      decoders: nope")
+    assert problems == ["t.yaml:8: rules[0].verify.decoders: expected a count from 1 to 1,024 (the first N MoE layers) "
                         "or a non-empty list of distinct layer indices from 0 to 1,023, got string 'nope'"]
 
 
@@ -120,7 +120,7 @@ matches = st.one_of(st.none(), st.just({}), st.fixed_dictionaries({"quant_format
 @given(matches, verifies)
 def test_schema_and_loader_agree_on_verify(match: object, verify: object) -> None:
     text = yaml.safe_dump({"version": 1, "rules": [{"match": match, "method": "vllm", "verify": verify}]})
-    _, problems, _ = parse_table(text, "random.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "random.yaml", Tier.USER)
     assert VALIDATOR.is_valid(yaml.safe_load(text)) == (not problems), (text, problems)
 
 
@@ -166,10 +166,10 @@ def test_layer_index_from_the_prefix(prefix: str, index: int | None) -> None:
 
 
 def test_layers_count_or_list() -> None:
-    assert [VerifySpec("x", layers=2).covers(i, {0, 1, 2}) for i in (0, 1, 2, None)] == [True, True, False, False]
+    assert [VerifySpec("x", decoders=2).covers(i, {0, 1, 2}) for i in (0, 1, 2, None)] == [True, True, False, False]
     # the first 2 MoE layers of a model whose layers 0-2 are dense: 3 and 4
-    assert [VerifySpec("x", layers=2).covers(i, range(3, i + 1)) for i in (3, 4, 5)] == [True, True, False]
-    assert [VerifySpec("x", layers=(1, 5)).covers(i) for i in (0, 1, 5)] == [False, True, True]
+    assert [VerifySpec("x", decoders=2).covers(i, range(3, i + 1)) for i in (3, 4, 5)] == [True, True, False]
+    assert [VerifySpec("x", decoders=(1, 5)).covers(i) for i in (0, 1, 5)] == [False, True, True]
 
 
 # -- validate and explain through the real CLI -------------------------------------------------------
@@ -182,7 +182,7 @@ def test_validate_locates_an_unknown_against_method(table: Callable[[str, str], 
 
 
 def test_explain_shows_the_verify_plan(table: Callable[[str, str], Path]) -> None:
-    verify = "    verify: {against: float64, every: 500, first: 4, tolerance: 0.01, layers: [0, 2]}\n"
+    verify = "    verify: {against: float64, every: 500, first: 4, tolerance: 0.01, decoders: [0, 2]}\n"
     path = table("t.yaml", HEAD + verify)
     out = run_cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--config", str(path))
     assert out.returncode == 0, out.stderr
@@ -195,4 +195,4 @@ def test_explain_shows_the_verify_plan(table: Callable[[str, str], Path]) -> Non
             "tolerance 0.01 on max|out-ref|/max|ref|") in out.stdout, out.stdout
     data = json.loads(run_cli("explain", "gpt_oss_mxfp4", "gpt_oss", "cpu", "--config", str(chosen), "--json").stdout)
     assert data["rule"]["verify"] == {"against": "float64", "every": 500, "first": 4, "tolerance": 0.01,
-                                      "layers": [0, 2]}
+                                      "decoders": [0, 2]}

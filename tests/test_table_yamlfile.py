@@ -19,7 +19,7 @@ from core_support import QUANTREG, _bench_module
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quantreg.table.file import Layer, parse_table, read_table
+from quantreg.table.file import Tier, parse_table, read_table
 from quantreg.table.located import MAX_DEPTH
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -33,7 +33,7 @@ def test_nesting_up_to_the_bound_is_accepted(depth: int) -> None:
     # root mapping (1) > rules (2) > rule (3) > options (4) > k's value (5) ...; the scalar counts as a level
     inner = "{a: " * (depth - 5) + "1" + "}" * (depth - 5)
     text = f"version: 1\nrules:\n  - match: {{}}\n    method: vllm\n    options: {{k: {inner}}}\n"
-    table, problems, _ = parse_table(text, "deep.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "deep.yaml", Tier.USER)
     assert table is not None and problems == [], problems
 
 
@@ -68,7 +68,7 @@ def test_fast_path_aliases_equal_the_reference_path(text: str) -> None:
 def test_one_level_past_the_bound_is_a_located_problem() -> None:
     inner = "[" * (MAX_DEPTH - 3) + "]" * (MAX_DEPTH - 3)  # rule (3) + options value list levels
     text = f"version: 1\nrules:\n  - match: {{}}\n    method: vllm\n    options: {{k: {inner}}}\n"
-    table, problems, _ = parse_table(text, "deep.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "deep.yaml", Tier.USER)
     assert table is None
     assert [(p.line, p.message) for p in problems] == [(5, f"nested more than {MAX_DEPTH} levels deep; "
                                                            "a table needs far fewer")]
@@ -78,11 +78,11 @@ def test_large_but_printable_integers_are_still_values() -> None:
     """A 300-digit integer parses (no digit-limit text, no crash): a free option keeps it as a value, and a
     bounded field (``priority``, issue 46 class 5) names its bound and the number's size."""
     text = ("version: 1\nrules:\n  - match: {}\n    method: vllm\n    options: {big: " + "9" * 300 + "}\n")
-    table, problems, _ = parse_table(text, "big.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "big.yaml", Tier.USER)
     assert problems == [] and table is not None
     assert table.rules[0].options["big"] == int("9" * 300)
     text = "version: 1\nrules:\n  - match: {}\n    method: vllm\n    priority: " + "9" * 300 + "\n"
-    table, problems, _ = parse_table(text, "big.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "big.yaml", Tier.USER)
     assert table is None and [(p.line, p.key) for p in problems] == [(5, "rules[0].priority")]
     assert problems[0].message.endswith("got an integer of about 301 digits")
 
@@ -115,7 +115,7 @@ def test_tagged_huge_and_deep_values_give_located_problems_only(entries: list[tu
     top = [f"{k}: {v}" for k, v in entries if k in ("strict", "version")]
     rule = [f"    {k}: {v}" for k, v in entries if k not in ("strict", "version")]
     text = "\n".join(["version: 1", *top, "rules:", "  - match: {}", "    method: vllm", *rule]) + "\n"
-    table, problems, _ = parse_table(text, "fuzz.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "fuzz.yaml", Tier.USER)
     assert (table is None) == bool(problems)
     for problem in problems:
         assert str(problem).startswith("fuzz.yaml") and "\n" not in str(problem)
@@ -127,7 +127,7 @@ def test_a_large_legitimate_table_is_not_an_alias_bomb(tmp_path: Path) -> None:
 
     path = tmp_path / "large.yaml"
     path.write_text(many_rules_text(12_000))
-    table, problems, _ = read_table(path, Layer.USER)
+    table, problems, _ = read_table(path, Tier.USER)
     assert problems == [] and table is not None and len(table.rules) == 12_000
 
 
@@ -136,16 +136,16 @@ def test_aliases_beyond_the_first_occurrence_still_count_as_a_bomb() -> None:
 
     rows = ", ".join(["*a"] * (MAX_NODES // 100 + 1))
     text = "version: 1\nrules: []\nx: &a [" + ", ".join(["1"] * 99) + "]\ny: [" + rows + "]\n"
-    _, problems, _ = parse_table(text, "bomb.yaml", Layer.USER)
+    _, problems, _ = parse_table(text, "bomb.yaml", Tier.USER)
     assert len(problems) == 1 and "alias bomb" in problems[0].message and problems[0].line == 4
 
 
 def test_a_rule_repeated_through_an_alias_is_reported_at_the_alias() -> None:
     text = "version: 1\nrules:\n  - &r {match: {device: cpu}, method: vllm}\n  - note\n  - *r\n"
-    table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "t.yaml", Tier.USER)
     assert [(p.line, p.key) for p in problems] == [(4, "rules[1]")]
     text = "version: 1\nrules:\n  - &r\n    match: {device: cpu}\n    method: vllm\n\n  - *r\n"
-    table, problems, _ = parse_table(text, "t.yaml", Layer.USER)
+    table, problems, _ = parse_table(text, "t.yaml", Tier.USER)
     assert problems == [] and table is not None
     assert [r.line for r in table.rules] == [3, 7]
 

@@ -64,7 +64,7 @@ PROBE = textwrap.dedent("""
 
         registry = get_registry()
         print("RESULT " + json.dumps({
-            "tables": [[t.path, str(t.layer)] for t in registry.tables],
+            "tables": [[t.path, str(t.tier)] for t in registry.tables],
             "fingerprint": registry.fingerprint(),
             "run_fingerprint": os.environ.get("QUANTREG_RUN_FINGERPRINT"),
             "base_fingerprint": os.environ.get("QUANTREG_FINGERPRINT"),
@@ -119,7 +119,7 @@ def test_run_tables_are_read_when_vllm_loads_plugins(tmp_path: Path) -> None:
 def test_without_a_visible_config_register_keeps_the_environment_tables(tmp_path: Path) -> None:
     """The driver's case (no config local above register()): only the environment's tables."""
     script = "import json, quantreg.vllm as qv; from quantreg.registry import get_registry\n" \
-             "qv.register(); print('RESULT ' + json.dumps([str(t.layer) for t in get_registry().tables]))"
+             "qv.register(); print('RESULT ' + json.dumps([str(t.tier) for t in get_registry().tables]))"
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
     env["QUANTREG_PLUGINS"] = ""
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)

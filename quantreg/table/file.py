@@ -7,163 +7,59 @@ same thing. A file with any problem contributes no rules (nothing half-applied).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..bounds import MAX_PRIORITY, whole_problem
-from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, TOKENS, WILDCARD, Match, TokenRange
-from ..methods import Method, valid_name
-from ..problems import Problem, did_you_mean, type_name
+from ..keys import EXPERTS, Match
+from ..methods import Method
+from ..problems import Problem, quantreg_logger, type_name
 from . import cache as tablecache
 from .located import MAX_BYTES, ReadRefused, YamlError, gc_paused, line_of, read_regular_file
 from .located import file_identity as _file_identity
+from .match import MatchChecker
 from .methods import parse_methods
+from .rules import Rule, TableFile, TableHeader, Tier, rule_json
 
-if TYPE_CHECKING:  # the two optional rule keys' modules are imported when a rule has the key
-    from .tuned import TunedEvidence
-    from .verify import VerifySpec
+__all__ = [
+    "SCHEMA_VERSION",
+    "Rule",
+    "TableFile",
+    "TableHeader",
+    "TableRead",
+    "Tier",
+    "file_identity",
+    "parse_table",
+    "read_table",
+    "rule_json",
+]
 
 SCHEMA_VERSION = 1
 TOP_KEYS = ("version", "rules", "strict", "allow_import_targets", "methods")
 RULE_KEYS = ("match", "method", "options", "priority", "note", "verify", "tuned")
-MATCH_VALUE_RE = r"^[\w.\-]+$"
-"""Match values (quant_format, model_type, device): ``\\w`` is Unicode here (letters and digits of
-any script, ``_``), because vLLM takes ``model_type`` verbatim from a checkpoint's config.json."""
-_MATCH_VALUE = re.compile(MATCH_VALUE_RE).fullmatch
+logger = quantreg_logger("vllm.quantreg.table")
+_LOGGED: set[tuple[str, int | None, str]] = set()
+"""Deprecations already logged by this process: a table read again (validate, every Registry.build) says it once."""
 
 
-class Layer(enum.IntEnum):
-    """Where a table comes from; a higher layer always beats a lower one."""
+class _Checker(MatchChecker):
+    """A whole file: its top-level keys, each rule (the ``match:`` checks are :class:`MatchChecker`'s)."""
 
-    DEFAULT = 0  # the package's registry.yaml
-    PLUGIN = 1  # tables contributed by plugins through the register_tables hook
-    USER = 2  # QUANTREG_CONFIG
-    RUN = 3  # --config on the CLI, additional_config["quantreg"]["config"] in vLLM
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One row of a table, remembering exactly where it was written."""
-
-    match: Match
-    methods: tuple[str, ...]
-    path: str
-    line: int
-    layer: Layer
-    priority: int = 0
-    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    note: str = ""
-    method_lines: tuple[int, ...] = ()
-    options_line: int | None = None
-    where: str = ""  # the rule's position in its file, for messages: rules[3]
-    verify: VerifySpec | None = None  # run a second method beside the chosen one (quantreg.table.verify)
-    verify_line: int | None = None
-    tuned: TunedEvidence | None = None  # the measurements `quantreg tune` ordered the chain by (quantreg.table.tuned)
-
-    @property
-    def location(self) -> str:
-        return f"{self.path}:{self.line}"
-
-    @property
-    def tier(self) -> str:
-        """The rule's precedence tier as every line names it: ``user layer`` (explain, rules, doctor, validate)."""
-        return f"{self.layer} layer"
-
-    @property
-    def rank(self) -> tuple[int, int, int]:
-        """Sort key of the documented precedence: layer, then specificity, then priority."""
-        return (int(self.layer), self.match.specificity, self.priority)
-
-
-def rule_json(rule: Rule) -> dict[str, Any]:
-    """A rule as JSON (``quantreg rules``, ``explain --json``, the fingerprint); ``verify`` only when set,
-    so tables without it keep their JSON and fingerprint. Beside :class:`Rule`, not in
-    :mod:`quantreg.decision`: ``register()`` fingerprints the rules and decides nothing."""
-    data: dict[str, Any] = {
-        "path": rule.path,
-        "line": rule.line,
-        "layer": str(rule.layer),
-        "match": {
-            "quant_format": list(rule.match.quant_format) if rule.match.quant_format else "*",
-            "model_type": list(rule.match.model_type) if rule.match.model_type else "*",
-            "device": list(rule.match.device) if rule.match.device else "*",
-        },
-        "method": list(rule.methods),
-        "options": dict(rule.options),
-        "priority": rule.priority,
-        "specificity": rule.match.specificity,
-        "note": rule.note,
-    }
-    if rule.match.layer is not None:  # only when written: tables without it keep their JSON and fingerprint
-        data["match"]["layer"] = list(rule.match.layer)
-    if rule.match.tokens is not None:  # likewise: the range in its written form
-        data["match"]["tokens"] = str(rule.match.tokens)
-    if rule.verify is not None:
-        data["verify"] = rule.verify.to_json()
-    if rule.tuned is not None:
-        data["tuned"] = dict(rule.tuned.raw)
-    return data
-
-
-@dataclass(frozen=True)
-class TableHeader:
-    """A file's top-level settings, known whenever its YAML is a mapping, even if rules are rejected.
-
-    The mode (:mod:`quantreg.mode`) reads ``strict`` from here, so a broken table's request for
-    strict mode is honoured without parsing the file a second time. A value of the wrong type
-    reads as unset (``strict``/``version`` ``None``, ``allow_import_targets`` false); the
-    problem itself is reported with the file's other problems.
-    """
-
-    path: str
-    layer: Layer
-    version: int | None = None
-    strict: bool | None = None
-    allow_import_targets: bool = False
-    references: tuple[Rule, ...] = ()
-    """Of a table left out for its problems: every rule whose method names could be read (with
-    placeholders for its broken keys), so the name and reference checks that need the registered
-    methods still run and a file's every problem arrives in one pass (issue 22 class 6)."""
-    own_methods: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class TableFile:
-    path: str
-    layer: Layer
-    rules: tuple[Rule, ...]
-    strict: bool | None = None
-    methods: tuple[Method, ...] = ()
-    allow_import_targets: bool = False
-    method_lines: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    """Line of each ``methods:`` entry's name, so a clash between two tables can be located."""
-
-
-class _Checker:
-    def __init__(self, path: str, layer: Layer) -> None:
-        self.path = path
-        self.layer = layer
-        self.problems: list[Problem] = []
+    def __init__(self, path: str, tier: Tier) -> None:
+        super().__init__(path)
+        self.tier = tier
         self.references: list[Rule] = []
+        self.deprecations: list[Problem] = []
 
-    def fail(self, line: int | None, key: str, message: str) -> None:
-        self.problems.append(Problem(self.path, line, key, message))
-
-    def unknown_keys(self, mapping: dict[Any, Any], allowed: tuple[str, ...], where: str) -> None:
-        key_lines = getattr(mapping, "key_lines", {})
-        for k in mapping:
-            if k not in allowed:
-                name = f"{where}.{k}" if where else str(k)
-                hint = did_you_mean(str(k), allowed)
-                self.fail(key_lines.get(k), name, f"unknown key{hint} (expected one of: {', '.join(allowed)})")
+    def deprecated(self, line: int | None, key: str, message: str) -> None:
+        """An old spelling, read as its new one: one located WARNING per process, kept on the header."""
+        problem = Problem(self.path, line, key, message)
+        self.deprecations.append(problem)
+        if (self.path, line, key) not in _LOGGED:
+            _LOGGED.add((self.path, line, key))
+            logger.warning("quantreg: %s", problem)
 
     def table(self, doc: Any) -> tuple[TableFile | None, TableHeader | None]:
         """The table (``None`` on any problem) and its header (``None`` unless ``doc`` is a mapping)."""
@@ -197,7 +93,7 @@ class _Checker:
         methods: tuple[Method, ...] = ()
         if "methods" in doc:
             methods = parse_methods(doc["methods"], line=key_lines.get("methods"), allowed=allow,
-                                    user_layer=self.layer >= Layer.USER, plugin_name=f"table {self.path}",
+                                    user_tier=self.tier >= Tier.USER, plugin_name=f"table {self.path}",
                                     fail=self.fail)
         rules: list[Rule] = []
         if "rules" not in doc:
@@ -214,13 +110,14 @@ class _Checker:
                     rules.append(rule)
         version = doc.get("version")
         readable = isinstance(version, int) and not isinstance(version, bool)
-        header = TableHeader(self.path, self.layer, version if readable else None, strict, allow)
+        header = TableHeader(self.path, self.tier, version if readable else None, strict, allow,
+                             deprecations=tuple(self.deprecations))
         if self.problems:
             header = dataclasses.replace(header, references=tuple(self.references),
                                          own_methods=tuple(m.name for m in methods))
             return None, header
         method_lines = MappingProxyType(dict(getattr(doc.get("methods"), "key_lines", {})))
-        return TableFile(self.path, self.layer, tuple(rules), strict, methods, allow, method_lines), header
+        return TableFile(self.path, self.tier, tuple(rules), strict, methods, allow, method_lines), header
 
     def rule(self, item: Any, where: str, line: int) -> Rule | None:
         if not isinstance(item, dict):
@@ -255,7 +152,8 @@ class _Checker:
             verify = parse_verify(item["verify"], f"{where}.verify", key_lines.get("verify", line), self.fail,
                                   # a broken match is reported already; do not add a float64 complaint to it
                                   match.quant_format if match is not None and EXPERTS in match.layers
-                                  else FLOAT64_FORMATS)  # a dense layer's float64 is its own weight
+                                  else FLOAT64_FORMATS,  # a dense layer's float64 is its own weight
+                                  deprecated=self.deprecated)
         tuned = None
         if "tuned" in item:
             from .tuned import parse_tuned
@@ -264,7 +162,7 @@ class _Checker:
         if len(self.problems) > before or match is None:
             if methods:  # the name and reference checks still apply to what could be read
                 self.references.append(Rule(
-                    match=match or Match(), methods=methods, path=self.path, line=line, layer=self.layer,
+                    match=match or Match(), methods=methods, path=self.path, line=line, tier=self.tier,
                     options=MappingProxyType(_plain(options) if isinstance(options, dict) else {}),
                     method_lines=method_lines, options_line=key_lines.get("options"), where=where,
                     verify=verify, verify_line=key_lines.get("verify")))
@@ -274,7 +172,7 @@ class _Checker:
             methods=methods,
             path=self.path,
             line=line,
-            layer=self.layer,
+            tier=self.tier,
             priority=priority,
             options=MappingProxyType(_plain(options)),
             note=note,
@@ -286,109 +184,6 @@ class _Checker:
             tuned=tuned,
         ))
         return rule
-
-    def match(self, raw: Any, where: str, line: int, present: bool) -> Match | None:
-        if not present:
-            self.fail(line, where, "missing; expected a mapping of quant_format / model_type / device ({} matches all)")
-            return None
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            self.fail(line, where, f"expected a mapping of {', '.join(FIELDS)}, got {type_name(raw)}")
-            return None
-        key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
-        self.unknown_keys(raw, (*FIELDS, LAYER, TOKENS), where)
-        values: dict[str, tuple[str, ...] | None] = {}
-        ok = True
-        if LAYER in raw:
-            layers = self.layer_kinds(raw[LAYER], key_lines.get(LAYER, line), f"{where}.{LAYER}")
-            ok &= layers is not None
-            values[LAYER] = layers
-        tokens: TokenRange | None = None
-        if TOKENS in raw:
-            tokens = self.token_range(raw[TOKENS], key_lines.get(TOKENS, line), f"{where}.{TOKENS}",
-                                      values.get(LAYER))
-            ok &= tokens is not None
-        for name in FIELDS:
-            v = raw.get(name, WILDCARD)
-            vline = key_lines.get(name, line)
-            sub = f"{where}.{name}"
-            if v == WILDCARD:
-                values[name] = None
-            elif isinstance(v, str):
-                ok &= self.name(v, vline, sub, match_value=True)
-                values[name] = (v,)
-            elif isinstance(v, list):
-                if not v:
-                    self.fail(vline, sub, "empty list; use '*' to match anything")
-                    ok = False
-                    continue
-                for x in v:
-                    if not isinstance(x, str):
-                        self.fail(vline, sub, f"list items must be strings, got {type_name(x)}")
-                        ok = False
-                    elif x == WILDCARD:
-                        self.fail(vline, sub, "'*' cannot be inside a list; write it alone")
-                        ok = False
-                    else:
-                        ok &= self.name(x, vline, sub, match_value=True)
-                values[name] = tuple(sorted({x for x in v if isinstance(x, str)}))
-            else:
-                self.fail(vline, sub, f"expected a string, '*' or a list of strings, got {type_name(v)}")
-                ok = False
-        if not ok:
-            return None
-        return Match(**values, tokens=tokens)
-
-    def token_range(self, v: Any, line: int, where: str, layers: tuple[str, ...] | None) -> TokenRange | None:
-        """``tokens``: a forward's token count bound, ``"<=N"`` / ``"<N"`` / ``">N"`` / ``">=N"`` (a YAML string)."""
-        if not isinstance(v, str):
-            shown = f"{v!r} ({type_name(v)})" if isinstance(v, (int, float)) else type_name(v)
-            self.fail(line, where, f"expected a quoted string \"<=N\", \">N\", \">=N\" or \"<N\" "
-                                   f"(N a positive integer), got {shown}")
-            return None
-        try:
-            found = TokenRange.parse(v)
-        except ValueError as exc:
-            shown = repr(v) if len(v) <= 40 else repr(v[:37]) + "..."
-            self.fail(line, where, f"{shown}: {exc}")
-            return None
-        if layers is not None and layers != (EXPERTS,):
-            self.fail(line, where, "a token range decides per forward, which only the experts' seam does; "
-                                   "write it on rules of layer experts (dense layers are decided once per layer)")
-            return None
-        return found
-
-    def layer_kinds(self, v: Any, line: int, where: str) -> tuple[str, ...] | None:
-        """``layer``: one kind or a list of kinds (no wildcard: a rule deciding other layers names them)."""
-        expected = f"expected one of {', '.join(LAYER_KINDS)} or a list of them"
-        items = v if isinstance(v, list) else [v]
-        if isinstance(v, list) and not v:
-            self.fail(line, where, f"empty list; {expected}")
-            return None
-        ok = True
-        for x in items:
-            if x == WILDCARD:
-                self.fail(line, where, f"'*' is not a layer kind (a rule without 'layer' decides the experts); "
-                                       f"list the kinds: [{', '.join(LAYER_KINDS)}]")
-                ok = False
-            elif not isinstance(x, str) or x not in LAYER_KINDS:
-                shown = repr(x) if isinstance(x, str) else type_name(x)
-                hint = did_you_mean(x, LAYER_KINDS) if isinstance(x, str) else ""
-                self.fail(line, where, f"unknown layer kind {shown}{hint}; {expected}")
-                ok = False
-        if not ok:
-            return None
-        return tuple(k for k in LAYER_KINDS if k in items)  # one order, so equal matches compare equal
-
-    def name(self, v: str, line: int, where: str, *, match_value: bool = False) -> bool:
-        """A method name (ASCII) or, with ``match_value``, a match value (any script's letters, see docs/tables.md)."""
-        if not (_MATCH_VALUE(v) if match_value else valid_name(v)):
-            shown = repr(v) if len(v) <= 60 else repr(v[:57]) + "..."
-            kinds = "letters and digits of any script" if match_value else "letters, digits"
-            self.fail(line, where, f"{shown} is not a valid name ({kinds}, '_', '.', '-')")
-            return False
-        return True
 
     def methods(self, raw: Any, where: str, line: int, present: bool) -> tuple[tuple[str, ...], tuple[int, ...]]:
         if not present:
@@ -427,15 +222,15 @@ TableRead = tuple[TableFile | None, list[Problem], TableHeader | None]
 """(table or ``None`` on any problem, every problem found, header or ``None`` if not a mapping)."""
 
 
-def parse_table(text: str, path: str, layer: Layer) -> TableRead:
+def parse_table(text: str, path: str, tier: Tier) -> TableRead:
     """Check one table's text; on any problem the table is ``None``, the header kept if readable."""
     try:
-        doc = tablecache.parse(text, cache=layer in (Layer.DEFAULT, Layer.PLUGIN))
+        doc = tablecache.parse(text, cache=tier in (Tier.DEFAULT, Tier.PLUGIN))
     except YamlError as exc:
         return None, [Problem(path, exc.line, exc.key, exc.message)], None
     except Exception as exc:  # a parser fault we did not foresee is still this file's problem, not a crash
         return None, [Problem(path, None, "", f"cannot read this table ({_fault(exc)})")], None
-    checker = _Checker(path, layer)
+    checker = _Checker(path, tier)
     try:
         with gc_paused():  # tens of thousands of Rule/Match objects, no cycles (see gc_paused)
             table, header = checker.table(doc)
@@ -468,15 +263,15 @@ def raw_strict(data: bytes) -> bool:
     return _RAW_STRICT.search(data) is not None
 
 
-def _with_raw_header(read: TableRead, data: bytes, path: str, layer: Layer) -> TableRead:
+def _with_raw_header(read: TableRead, data: bytes, path: str, tier: Tier) -> TableRead:
     """``read`` with a header from :func:`raw_strict` when parsing gave none (see there)."""
     table, problems, header = read
-    if header is None and problems and layer >= Layer.USER and raw_strict(data):
-        header = TableHeader(path, layer, strict=True)
+    if header is None and problems and tier >= Tier.USER and raw_strict(data):
+        header = TableHeader(path, tier, strict=True)
     return table, problems, header
 
 
-def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
+def read_table(path: str | os.PathLike[str], tier: Tier) -> TableRead:
     """Read and check one file; unreadable, non-UTF-8, missing and non-regular files are problems too.
 
     Only a regular file is read, and at most :data:`MAX_BYTES` + 1 bytes of it (see
@@ -496,8 +291,8 @@ def read_table(path: str | os.PathLike[str], layer: Layer) -> TableRead:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         problem = Problem(shown, line, "", f"not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})")
-        return _with_raw_header((None, [problem], None), data, shown, layer)
-    return _with_raw_header(parse_table(text, shown, layer), data, shown, layer)
+        return _with_raw_header((None, [problem], None), data, shown, tier)
+    return _with_raw_header(parse_table(text, shown, tier), data, shown, tier)
 
 
 def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:

@@ -7,8 +7,8 @@ same tables. So:
 * a table shipped inside an installed distribution (a plugin's ``rules.yaml``, quantreg's own
   ``registry.yaml``) is named ``DISTRIBUTION:RELATIVE/PATH`` (``quantreg-hpu-mxfp4:quantreg_hpu_mxfp4/
   rules.yaml``), relative to the ``sys.path`` entry it was found under;
-* any other table (``QUANTREG_CONFIG``, ``--config``, ``additional_config``) is named by its layer
-  and its position in that layer (``user#0``): the name the user gave it does not count, because
+* any other table (``QUANTREG_CONFIG``, ``--config``, ``additional_config``) is named by its tier
+  and its position in that tier (``user#0``): the name the user gave it does not count, because
   the fingerprint already holds every rule's content (match, methods, options, line, verify), and two
   nodes that keep one table at different paths run the same rules. Renaming or moving a file is not
   a change; editing it is.
@@ -29,8 +29,8 @@ from ..installed import dist_name_version
 
 #: Largest ``top_level.txt`` / ``RECORD`` read (torch's RECORD is ~2 MB).
 MAX_RECORD_BYTES = 64 << 20
-#: Layers whose tables an operator names (QUANTREG_CONFIG, --config, additional_config): never ``DIST:``.
-OPERATOR_LAYERS = ("user", "run")
+#: Tiers whose tables an operator names (QUANTREG_CONFIG, --config, additional_config): never ``DIST:``.
+OPERATOR_TIERS = ("user", "run")
 
 
 def _normal(name: str) -> str:
@@ -71,7 +71,7 @@ def _provides(info: str, top: str) -> bool:
 
     Why the ``.pth``: ``pip install -e .`` (hatchling, PEP 660) records no package file, only a
     ``.pth`` naming the source tree, so neither ``top_level.txt`` nor ``packages_distributions()``
-    sees the package: a packaged table was then named by its layer under an editable install and by
+    sees the package: a packaged table was then named by its tier under an editable install and by
     its distribution under a wheel (two fingerprints for one install), after a full metadata scan
     in every vLLM process (~230 ms of ``register()``).
     """
@@ -202,16 +202,16 @@ def _package_dirs(name: str) -> tuple[Path, ...]:
 
 
 def table_names(tables: list[tuple[str, str]]) -> dict[str, str]:
-    """Each table path's fingerprint name, given ``(path, layer)`` pairs in precedence order."""
+    """Each table path's fingerprint name, given ``(path, tier)`` pairs in precedence order."""
     names: dict[str, str] = {}
     counts: dict[str, int] = {}
-    for path, layer in tables:
+    for path, tier in tables:
         if path in names:
             continue
         # operator tables are named by position whatever directory holds them (the module docstring)
-        packaged = None if layer in OPERATOR_LAYERS else package_name(path)
+        packaged = None if tier in OPERATOR_TIERS else package_name(path)
         if packaged is None:
-            packaged = f"{layer}#{counts.get(layer, 0)}"
-            counts[layer] = counts.get(layer, 0) + 1
+            packaged = f"{tier}#{counts.get(tier, 0)}"
+            counts[tier] = counts.get(tier, 0) + 1
         names[path] = packaged
     return names

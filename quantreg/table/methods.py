@@ -28,10 +28,10 @@ def _strings(value: Any, fail: Fail, line: int | None, where: str) -> tuple[str,
     return None
 
 
-def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_layer: bool, plugin_name: str,
+def parse_methods(raw: Any, *, line: int | None, allowed: bool, user_tier: bool, plugin_name: str,
                   fail: Fail) -> tuple[Method, ...]:
     """Check a ``methods:`` mapping; every fault goes to ``fail(line, key, message)``."""
-    if not user_layer:
+    if not user_tier:
         fail(line, "methods", "only user and run tables may define methods; plugins use the register_methods hook")
         return ()
     if not allowed:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import keys
 from ..bounds import MAX_COUNT, MAX_LAYERS, MAX_PRIORITY, MAX_SIZE
 from ..keys import EXPERTS, FIELDS, LAYER, LAYER_KINDS, TOKENS, WILDCARD
 from ..methods import EXPERT_LAYOUTS, NAME_RE, TARGET_RE
-from .file import MATCH_VALUE_RE, RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .file import RULE_KEYS, SCHEMA_VERSION, TOP_KEYS
+from .match import MATCH_VALUE_RE
 from .tuned import SHAPE_KEYS
-from .verify import FLOAT64, FLOAT64_FORMATS, VERIFY_KEYS
+from .verify import FLOAT64, FLOAT64_FORMATS, OLD_SPELLINGS, VERIFY_KEYS
 
 # Python's ``re`` (jsonschema, check-jsonschema) lets ``$`` match before a final newline; the
 # lookahead makes the pattern mean what the loader's ``re.fullmatch`` means in every regex dialect.
@@ -98,14 +100,24 @@ def _verify_schema(name: dict[str, Any]) -> dict[str, Any]:
                   "description": "verify the first N forward calls of each layer"},
         "tolerance": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e9,
                       "description": "bound on max|out-ref|/max|ref|"},
-        "layers": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LAYERS},
-                             {"type": "array", "minItems": 1, "maxItems": MAX_LAYERS, "uniqueItems": True,
-                              "items": {"type": "integer", "minimum": 0, "maximum": MAX_LAYERS - 1}}],
-                   "description": "the first N MoE layers, or a list of layer indices"},
+        "decoders": {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_LAYERS},
+                               {"type": "array", "minItems": 1, "maxItems": MAX_LAYERS, "uniqueItems": True,
+                                "items": {"type": "integer", "minimum": 0, "maximum": MAX_LAYERS - 1}}],
+                     "description": "the first N MoE layers, or a list of decoder-layer indices (model.layers.N)"},
     }
     assert set(props) == set(VERIFY_KEYS)
+    for old, new in OLD_SPELLINGS.items():  # still read (one deprecation line), so still valid here
+        props[old] = {**props[new], "deprecated": True, "description": f"deprecated spelling of '{new}'"}
     return {"type": "object", "required": ["against"], "additionalProperties": False, "properties": props,
+            "not": {"anyOf": [{"required": [old, new]} for old, new in OLD_SPELLINGS.items()]},
             "description": "run a second method beside the chosen one on sampled calls and report the difference"}
+
+
+def _declared_schema(declared: keys.MatchKey) -> dict[str, Any]:
+    """A :data:`quantreg.keys.MATCH_KEYS` key: one value or a non-empty list (no wildcard), as the parser reads it."""
+    one: dict[str, Any] = ({"enum": list(declared.values)} if declared.values is not None
+                           else {"type": "string", "pattern": MATCH_VALUE_PATTERN, "not": {"const": WILDCARD}})
+    return {"anyOf": [one, {"type": "array", "minItems": 1, "items": one}], "description": declared.description}
 
 
 def table_schema() -> dict[str, Any]:
@@ -128,7 +140,8 @@ def table_schema() -> dict[str, Any]:
                 "description": "which layers the rule decides (absent: experts); no wildcard"},
                 TOKENS: {"type": "string", "pattern": TOKENS_PATTERN,
                          "description": 'the forward token counts the rule decides: "<=N", "<N", ">N" or ">=N" '
-                                        "(absent: every count); experts only"}},
+                                        "(absent: every count); experts only"},
+                **{k.name: _declared_schema(k) for k in keys.MATCH_KEYS}},
         },
         "method": {
             "anyOf": [name, {"type": "array", "minItems": 1, "uniqueItems": True, "items": name}],

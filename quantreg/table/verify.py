@@ -4,7 +4,12 @@ A registry that knows several methods for one key can run a second one beside th
 say, per layer, how far apart they are: bringing a kernel up on new hardware (or catching one that
 regressed after a driver upgrade) becomes one table line instead of a hand-made A/B run::
 
-    verify: {against: my_reference, every: 1000, first: 8, tolerance: 0.02, layers: 2}
+    verify: {against: my_reference, every: 1000, first: 8, tolerance: 0.02, decoders: 2}
+
+``decoders`` was spelled ``layers`` before issue 47: that word also names a rule's layer kinds
+(``match.layer``, a method's ``layers:``) and the table tiers' old name, while this key counts or
+lists *decoder blocks* (``model.layers.N``). The old spelling still reads, with one located
+deprecation line (:data:`OLD_SPELLINGS`).
 
 This module is the pure half: the spec (:class:`VerifySpec`), its located checks
 (:func:`parse_verify`, called by :mod:`quantreg.table.file`), the sampling schedule and the error
@@ -24,14 +29,16 @@ from ..error_measure import DEFAULT_TOLERANCE
 from ..methods import keeps_vllm, valid_name
 from ..problems import did_you_mean, type_name
 
-VERIFY_KEYS = ("against", "every", "first", "tolerance", "layers")
+VERIFY_KEYS = ("against", "every", "first", "tolerance", "decoders")
+OLD_SPELLINGS = {"layers": "decoders"}
+"""Keys a table in the field may still write, and their spelling now (read the same, one deprecation line)."""
 FLOAT64 = "float64"
 """``against: float64``: the format's float64 definition (:mod:`quantreg.models.gpt_oss_moe`)."""
 FLOAT64_FORMATS = ("gpt_oss_mxfp4",)
 """Quant formats that have a float64 reference to verify against."""
 DEFAULT_EVERY = 1000
 DEFAULT_FIRST = 8
-DEFAULT_LAYERS = 1
+DEFAULT_DECODERS = 1
 LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 """The decoder-layer index in a MoE prefix such as ``model.layers.3.mlp.experts``."""
 
@@ -43,7 +50,7 @@ class VerifySpec:
     """One rule's ``verify:``: run ``against`` beside the chosen method on sampled forward calls.
 
     ``first``: the first N forward calls of each verified layer are checked; ``every``: after
-    them, one call in N. ``tolerance`` bounds ``max |out - ref| / max |ref|``. ``layers`` is a
+    them, one call in N. ``tolerance`` bounds ``max |out - ref| / max |ref|``. ``decoders`` is a
     count (the first N MoE layers) or decoder-layer indices (see :meth:`covers`).
     """
 
@@ -51,7 +58,7 @@ class VerifySpec:
     every: int = DEFAULT_EVERY
     first: int = DEFAULT_FIRST
     tolerance: float = DEFAULT_TOLERANCE
-    layers: int | tuple[int, ...] = DEFAULT_LAYERS
+    decoders: int | tuple[int, ...] = DEFAULT_DECODERS
 
     def covers(self, layer_index: int | None, seen: Collection[int] = ()) -> bool:
         """Is the MoE layer with this decoder-layer index verified? (``None``: index unknown, no.)
@@ -63,9 +70,9 @@ class VerifySpec:
         """
         if layer_index is None:
             return False
-        if isinstance(self.layers, int):
-            return layer_index in sorted({*seen, layer_index})[: self.layers]
-        return layer_index in self.layers
+        if isinstance(self.decoders, int):
+            return layer_index in sorted({*seen, layer_index})[: self.decoders]
+        return layer_index in self.decoders
 
     def next_call(self, calls: int) -> int:
         """The number (1-based) of the next verified forward call after ``calls`` calls.
@@ -80,14 +87,14 @@ class VerifySpec:
 
     def plan(self) -> str:
         """One line for ``explain`` and the start-up log."""
-        layers = (f"the first {self.layers} MoE layer{'s' if self.layers != 1 else ''}"
-                  if isinstance(self.layers, int) else f"MoE layers {', '.join(map(str, self.layers))}")
+        layers = (f"the first {self.decoders} MoE layer{'s' if self.decoders != 1 else ''}"
+                  if isinstance(self.decoders, int) else f"MoE layers {', '.join(map(str, self.decoders))}")
         return (f"against {self.against} on {layers}: the first {self.first} forward calls, then 1 in "
                 f"{self.every}; tolerance {self.tolerance:g} on max|out-ref|/max|ref|")
 
     def to_json(self) -> dict[str, Any]:
         return {"against": self.against, "every": self.every, "first": self.first, "tolerance": self.tolerance,
-                "layers": self.layers if isinstance(self.layers, int) else list(self.layers)}
+                "decoders": self.decoders if isinstance(self.decoders, int) else list(self.decoders)}
 
 
 def layer_index(prefix: str) -> int | None:
@@ -101,28 +108,42 @@ def _is_int(value: object) -> bool:
 
 
 def parse_verify(raw: Any, where: str, line: int, fail: Fail,
-                 quant_formats: tuple[str, ...] | None) -> VerifySpec | None:
+                 quant_formats: tuple[str, ...] | None, deprecated: Fail | None = None) -> VerifySpec | None:
     """Check a rule's ``verify:`` mapping; every fault goes to ``fail(line, key, message)``.
 
     ``quant_formats`` is the rule's ``match.quant_format`` (``None``: any), needed because
     ``against: float64`` exists only for formats with a float64 reference. Whether a named
     ``against`` method is registered is checked with the other method names
-    (:func:`quantreg.loading.verify_problems`).
+    (:func:`quantreg.loading.verify_problems`). An old spelling (:data:`OLD_SPELLINGS`) reads as
+    its new one and goes to ``deprecated(line, key, message)``; both spellings at once is a fault.
     """
     if not isinstance(raw, dict):
         fail(line, where,
-             f"expected a mapping with 'against' (and every, first, tolerance, layers), got {type_name(raw)}")
+             f"expected a mapping with 'against' (and every, first, tolerance, decoders), got {type_name(raw)}")
         return None
     key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
     ok = True
+    written: dict[str, str] = {}  # new key -> the old spelling this rule used (problems name what is written)
+    for old, new in OLD_SPELLINGS.items():
+        if old in raw and new in raw:
+            fail(key_lines.get(old, line), f"{where}.{old}", f"the old spelling of '{new}', which this rule also "
+                                                              f"writes; keep only '{new}'")
+            ok = False
+        elif old in raw:
+            if deprecated is not None:
+                deprecated(key_lines.get(old, line), f"{where}.{old}",
+                           f"deprecated spelling of '{new}' (read the same); write '{new}:'")
+            raw = {**raw, new: raw[old]}
+            written[new] = old
+            key_lines = {**key_lines, new: key_lines.get(old, line)}
     for k in raw:
-        if k not in VERIFY_KEYS:
+        if k not in VERIFY_KEYS and k not in OLD_SPELLINGS:
             fail(key_lines.get(k, line), f"{where}.{k}",
                  f"unknown key{did_you_mean(str(k), VERIFY_KEYS)} (expected one of: {', '.join(VERIFY_KEYS)})")
             ok = False
 
     def at(k: str) -> tuple[int, str]:
-        return key_lines.get(k, line), f"{where}.{k}"
+        return key_lines.get(k, line), f"{where}.{written.get(k, k)}"
 
     against = raw.get("against")
     if "against" not in raw:
@@ -159,17 +180,17 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
             ok = False
         else:
             values["tolerance"] = float(v)
-    if "layers" in raw:
-        v = raw["layers"]
+    if "decoders" in raw:
+        v = raw["decoders"]
         if _is_int(v) and 1 <= v <= MAX_LAYERS:
-            values["layers"] = v
+            values["decoders"] = v
         elif isinstance(v, list) and v and len(v) <= MAX_LAYERS and all(_is_int(x) and 0 <= x < MAX_LAYERS for x in v) \
                 and len(set(v)) == len(v):
-            values["layers"] = tuple(sorted(v))
+            values["decoders"] = tuple(sorted(v))
         else:
             got = shown(v) if not isinstance(v, list) else (
                 f"list {', '.join(shown(x) for x in v[:4])}{', ...' if len(v) > 4 else ''}")
-            fail(*at("layers"), f"expected a count from 1 to {MAX_LAYERS:,} (the first N MoE layers) or a non-empty "
+            fail(*at("decoders"), f"expected a count from 1 to {MAX_LAYERS:,} (the first N MoE layers) or a non-empty "
                                 f"list of distinct layer indices from 0 to {MAX_LAYERS - 1:,}, got {got}"[:300])
             ok = False
     if not ok or not isinstance(against, str):

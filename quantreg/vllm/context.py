@@ -23,7 +23,7 @@ ADDITIONAL_KEYS = ("config", "strict")
 
 @dataclass(frozen=True)
 class RunSettings:
-    """``additional_config["quantreg"]``: extra tables (run layer) and strictness for this run."""
+    """``additional_config["quantreg"]``: extra tables (run tier) and strictness for this run."""
 
     config: tuple[str, ...] = ()
     strict: bool | None = None

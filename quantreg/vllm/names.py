@@ -20,7 +20,7 @@ from ..problems import did_you_mean, printable
 
 if TYPE_CHECKING:
     from ..registry import Registry
-    from ..table.file import Layer
+    from ..table.file import Tier
 
 #: vLLM 0.32's QUANTIZATION_METHODS, plus the seam's name for a layer without a quant config.
 VLLM_QUANT_FORMATS = (
@@ -69,13 +69,13 @@ def key_warnings(key: Key, formats: Iterable[str] = (), devices: Iterable[str] =
     return [w for w in found if w]
 
 
-def known_names(registry: Registry, layers: Sequence[Layer] | None = None) -> tuple[set[str], set[str]]:
-    """Quant formats and devices the loaded tables (of ``layers``, default all) and methods name:
+def known_names(registry: Registry, tiers: Sequence[Tier] | None = None) -> tuple[set[str], set[str]]:
+    """Quant formats and devices the loaded tables (of ``tiers``, default all) and methods name:
     the names a plugin's platform may use that vLLM's own lists do not hold."""
     formats: set[str] = set()
     devices = {d for m in registry.methods.values() for d in m.devices}
     for table in registry.tables:
-        if layers is not None and table.layer not in layers:
+        if tiers is not None and table.tier not in tiers:
             continue
         for rule in table.rules:
             formats.update(rule.match.quant_format or ())

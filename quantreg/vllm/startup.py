@@ -52,7 +52,7 @@ from .. import settings
 from ..mode import Mode, decide_mode
 from ..problems import STRICT_PREFIX, QuantregError, quantreg_logger
 from ..registry import Registry
-from ..table.file import Layer
+from ..table.file import Tier
 from .context import ADDITIONAL_CONFIG_KEY, RunSettings, _current_vllm_config, parse_run_settings
 from .fingerprint import PublishedFingerprint
 
@@ -159,7 +159,7 @@ def strict_now() -> bool:
 
 def run_table_count(registry: Registry) -> int:
     """How many of the registry's tables came from the run (``additional_config`` / ``--config``)."""
-    return sum(1 for t in registry.tables if t.layer == Layer.RUN)
+    return sum(1 for t in registry.tables if t.tier == Tier.RUN)
 
 
 def check_run_fingerprint(fingerprint: str, strict: bool, role: str = "", left_out: int = 0) -> None:

@@ -195,7 +195,7 @@ def test_verify_covers_both_sides(harness: Any, tmp_path: Any, monkeypatch: pyte
     from quantreg.keys import Match
     from quantreg.mode import Mode
     from quantreg.registry import set_registry
-    from quantreg.table.file import Layer, Rule
+    from quantreg.table.file import Rule, Tier
     from quantreg.table.verify import VerifySpec
     from quantreg.vllm.verify import VerifyingMethod, maybe_verify
 
@@ -207,7 +207,7 @@ def test_verify_covers_both_sides(harness: Any, tmp_path: Any, monkeypatch: pyte
     prefix = "model.layers.0.mlp.experts"
 
     def side(cls: type[Any], name: str, line: int, tokens: TokenRange, moe_config: Any) -> Side:
-        rule = Rule(match=Match(tokens=tokens), methods=(name,), path="split.yaml", line=line, layer=Layer.USER,
+        rule = Rule(match=Match(tokens=tokens), methods=(name,), path="split.yaml", line=line, tier=Tier.USER,
                     verify=spec)
         decision = Decision(KEY, name, rule, {}, (), ())
         return Side(tokens, decision, maybe_verify(cls(moe_config), decision, prefix, None, moe_config, Mode(False)))

@@ -30,7 +30,7 @@ from quantreg.models.gpt_oss_moe import (  # noqa: E402
 )
 from quantreg.problems import QuantregError  # noqa: E402
 from quantreg.registry import set_registry  # noqa: E402
-from quantreg.table.file import Layer, Rule  # noqa: E402
+from quantreg.table.file import Rule, Tier  # noqa: E402
 from quantreg.table.verify import VerifySpec  # noqa: E402
 from quantreg.testing.harness import VllmMoeHarness  # noqa: E402
 from quantreg.vllm.verify import VerifyingMethod, maybe_verify  # noqa: E402
@@ -73,7 +73,7 @@ def audit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[
 
 def decision(spec: VerifySpec, method: str = "mxfp4_reference", line: int = 3) -> Decision:
     """What the registry resolves for a rule at t.yaml:LINE (``layers: N`` counts per rule)."""
-    rule = Rule(match=Match(), methods=(method,), path="t.yaml", line=line, layer=Layer.USER, verify=spec)
+    rule = Rule(match=Match(), methods=(method,), path="t.yaml", line=line, tier=Tier.USER, verify=spec)
     return Decision(KEY, method, rule, {}, (), ())
 
 
@@ -140,11 +140,11 @@ def test_lenient_load_exceedance_warns_before_the_first_forward(
 def test_uncovered_layers_get_the_method_itself(harness: Any, audit: Callable[[], list[dict[str, Any]]]) -> None:
     moe_config = harness.moe_config()
     method = Mxfp4ReferenceMoEMethod(moe_config)
-    first_two = VerifySpec("float64", first=2, layers=2)
+    first_two = VerifySpec("float64", first=2, decoders=2)
     built = [maybe_verify(method, decision(first_two, line=99), f"model.layers.{i}.mlp.experts", None, moe_config,
                           Mode(False)) for i in (4, 5, 6, 4)]  # layers 0-3 dense; 4 again: a second model
     assert [b is method for b in built] == [False, False, True, False]
-    for spec, prefix in ((VerifySpec("float64", layers=(0, 3)), "model.layers.1.mlp.experts"),
+    for spec, prefix in ((VerifySpec("float64", decoders=(0, 3)), "model.layers.1.mlp.experts"),
                          (VerifySpec("float64"), "model.mlp.experts")):
         assert maybe_verify(method, decision(spec), prefix, None, moe_config, Mode(False)) is method
 

@@ -45,8 +45,8 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("verify-tables")
     rules = {
         "alone": "method: mxfp4_reference",
-        "float64": "method: mxfp4_reference\n    verify: {against: float64, first: 4, tolerance: 0.02, layers: 2}",
-        "broken": "method: nibbles_swapped\n    verify: {against: mxfp4_reference, first: 2, layers: [1]}",
+        "float64": "method: mxfp4_reference\n    verify: {against: float64, first: 4, tolerance: 0.02, decoders: 2}",
+        "broken": "method: nibbles_swapped\n    verify: {against: mxfp4_reference, first: 2, decoders: [1]}",
     }
     paths = {}
     for name, rule in rules.items():
@@ -104,7 +104,7 @@ def test_broken_method_against_the_reference_is_reported_per_layer(
     lines = verify_lines(result)
     for prefix, key, method, against, _call, error, verdict, tolerance in lines:
         assert (prefix, key, method, against) == ("model.layers.1.mlp.experts", KEY, "nibbles_swapped",
-                                                  "mxfp4_reference")  # layers: [1] only
+                                                  "mxfp4_reference")  # decoders: [1] only
         assert verdict == "EXCEEDS" and float(error) > 0.05 and tolerance == "0.02"
     if strict:  # refused at load: the one line, no comparison of a forward call, nothing generated
         assert not result.ok and not result.token_ids

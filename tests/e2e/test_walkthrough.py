@@ -104,7 +104,7 @@ def test_installed_plugin_registers_the_method_and_its_rule_wins(site: Path, tmp
     assert proc.returncode == 0, proc.stderr
     decision = json.loads(proc.stdout)
     assert decision["method"] == "example_mxfp4" and decision["options"] == {"compute_dtype": "bfloat16"}
-    assert decision["rule"]["layer"] == "plugin" and decision["rule"]["path"].endswith("rules.yaml")
+    assert decision["rule"]["tier"] == "plugin" and decision["rule"]["path"].endswith("rules.yaml")
 
 
 def test_check_method_passes_every_check(site: Path, tmp_path: Path) -> None:

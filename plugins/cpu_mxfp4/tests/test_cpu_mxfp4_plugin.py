@@ -84,7 +84,7 @@ def test_plugin_table_routes_both_keys_through_vllm_then_cpu_mxfp4(key: tuple[st
     assert not registry.problems, registry.problems
     decision = registry.resolve(key)
     assert decision.rule is not None and decision.rule.path == str(plugin.rules_path())
-    assert decision.rule.layer == quantreg.Layer.PLUGIN and decision.rule.methods == ("vllm", "cpu_mxfp4")
+    assert decision.rule.tier == quantreg.Tier.PLUGIN and decision.rule.methods == ("vllm", "cpu_mxfp4")
 
 
 def _decide(kind: str) -> str:

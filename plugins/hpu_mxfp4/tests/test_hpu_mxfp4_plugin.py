@@ -42,14 +42,14 @@ def test_registry_picks_the_plugin_rule_and_falls_back_here() -> None:
 
     decision = registry.resolve(KEY)
     assert decision.rule is not None and decision.rule.path == str(plugin.rules_path())
-    assert decision.rule.layer == quantreg.Layer.PLUGIN
+    assert decision.rule.tier == quantreg.Tier.PLUGIN
     assert decision.rule.methods == ("hpu_mxfp4", "hpu_mxfp4_dequant")
     native, dequant = decision.chain
     assert (native.method, native.available) == ("hpu_mxfp4", False)
     assert "habana_frameworks" in native.reason and native.plugin == "hpu_mxfp4"
     assert (dequant.method, dequant.available) == ("hpu_mxfp4_dequant", False)
     assert decision.method == quantreg.VLLM_METHOD and decision.fallback  # no HPU on this machine
-    assert decision.candidates[0].won and decision.candidates[-1].rule.layer == quantreg.Layer.DEFAULT
+    assert decision.candidates[0].won and decision.candidates[-1].rule.tier == quantreg.Tier.DEFAULT
 
 
 def test_other_keys_are_left_to_vllm() -> None:
