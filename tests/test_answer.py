@@ -67,7 +67,7 @@ def _startup_line(registry: Registry, caplog: pytest.LogCaptureFixture) -> str:
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vllm.quantreg"):
-        Seam().log_once(registry.resolve(KEY), registry)
+        Seam().run.log_once(registry.resolve(KEY), registry)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"quantreg: {KEY}")]
     return line.removeprefix("quantreg: ")
 
@@ -141,7 +141,7 @@ logger = logging.getLogger("vllm.quantreg")
 logger.addHandler(handler)
 logger.setLevel(logging.INFO)
 registry = Registry.build()
-Seam().log_once(registry.resolve(key), registry)
+Seam().run.log_once(registry.resolve(key), registry)
 started = [m.removeprefix("quantreg: ") for m in lines if m.startswith(f"quantreg: {key}")]
 doctor = [e for e in _passed_over(Registry.build()) if e["key"] == str(key)]
 truth = answer(Registry.build(), key)

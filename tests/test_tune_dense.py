@@ -283,7 +283,7 @@ import vllm.model_executor.layers.vocab_parallel_embedding as vpe
 registry = Registry.build(config=[sys.argv[2]])
 assert not registry.faults, registry.faults
 set_registry(registry)
-DenseSeam(Seam()).patch_lm_head(vpe)
+DenseSeam().patch_lm_head(vpe)
 from vllm.config import get_current_vllm_config
 hf = get_current_vllm_config().model_config.hf_config
 try:

@@ -74,7 +74,7 @@ early = linear.ReplicatedLinear(8, 4, bias=False, prefix="model.layers.0.mlp.ear
 registry = Registry.build(config=[sys.argv[1]])
 assert not registry.faults, registry.faults
 set_registry(registry)
-dense = DenseSeam(Seam())
+dense = DenseSeam()
 dense.patch_linear(linear); dense.patch_lm_head(vpe); dense.patch_loader(loader_utils)
 out = {}
 torch.manual_seed(0)

@@ -1,6 +1,6 @@
 """quantreg.vllm.seam: what the seam does with faults, strict and lenient.
 
-The strict/lenient outcome of a registry's faults (:func:`quantreg.vllm.seam.report_faults`): strict
+The strict/lenient outcome of a registry's faults (:func:`quantreg.vllm.route.report_faults`): strict
 raises one error naming the file or plugin, lenient logs one WARNING per fault and keeps everything
 else; plugin faults at layer build through ``Seam.route`` in both modes; ``Seam.route``'s one boundary
 for the unforeseen. Plugins are real distributions (``PluginSite``).
@@ -24,7 +24,7 @@ import pytest
 from core_support import GOOD_RULES, PluginSite, child_env
 
 from quantreg import Key, QuantregError, Registry
-from quantreg.vllm.seam import report_faults
+from quantreg.vllm.route import report_faults
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

@@ -20,14 +20,16 @@ from .dense import LINEAR_MODULE, LM_HEAD_MODULE, LOADER_MODULE, DenseSeam
 from .fingerprint import PublishedFingerprint
 from .importhook import PostImportHook
 from .quantconfig import QuantConfigGuard
-from .seam import MODULE, Seam, report_faults
+from .route import Route, report_faults
+from .seam import MODULE, Seam
 
 logger = quantreg_logger("vllm.quantreg")
 
 
-_seam = Seam()
+_route = Route()  # the run state and the decide-and-build path both seams share
+_seam = Seam(_route)
 _hook = PostImportHook(MODULE, _seam.patch_module)
-_dense = DenseSeam(_seam)
+_dense = DenseSeam(_route)
 _dense_hooks = (PostImportHook(LINEAR_MODULE, _dense.patch_linear),
                 PostImportHook(LM_HEAD_MODULE, _dense.patch_lm_head),
                 PostImportHook(LOADER_MODULE, _dense.patch_loader))
@@ -110,7 +112,7 @@ def _register(built: list[Registry], caller: FrameType | None) -> None:
     strict = startup.mode_of(registry, run).strict
     report_problems(run, strict=strict)
     report_faults(registry, strict=strict)
-    _seam.settings = run
+    _route.settings = run
     if not _vllm_has_seam_module():
         logger.warning("quantreg: this vLLM has no module %s; quantreg is inactive and vLLM chooses MoE "
                        "methods itself", MODULE)

@@ -51,8 +51,7 @@ from ..problems import quantreg_logger, strict_error
 from .context import layer_key
 
 if TYPE_CHECKING:
-    from ..mode import Mode
-    from ..registry import Registry
+    from .route import Route
 
 
 class Seam(Protocol):
@@ -63,11 +62,10 @@ class Seam(Protocol):
     """
 
     lock: threading.RLock
+    run: Route  # the run's route: the mode in force
 
     def route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any,
               moe_config: Any) -> Any: ...
-
-    def registry_for_run(self) -> tuple[Registry, Mode]: ...
 
 logger = quantreg_logger("vllm.quantreg")
 
@@ -302,7 +300,7 @@ class Coverage:
         key = self.key_of(layer)
         message = (f"quantreg: {name}.{METHOD} refused the registry's {type(frame.built).__name__} for {key}: "
                    f"{type(exc).__name__}: {exc}")
-        if self.seam.registry_for_run()[1].strict:
+        if self.seam.run.registry()[1].strict:
             raise strict_error(message) from exc
         self.warn_once(name, key, f"{message}; using vLLM's own method for this class's layers")
         frame.built, frame.force_vllm = None, True

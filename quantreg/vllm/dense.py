@@ -13,9 +13,11 @@ is what a method for bf16 checkpoints needs (it quantises them in ``process_weig
 Why not ``resolve_quant_method`` or ``get_quant_method``: an unquantized model (no quant config)
 never calls them, and ``linear.py`` binds ``resolve_quant_method`` by name at import.
 
-Contract, as for the MoE seam (:mod:`.seam`): one decision per layer, one log line per key; lenient,
-quantreg's own faults and a method that cannot be built or fails in ``process_weights_after_loading``
-leave vLLM's method in place with one WARNING; strict, one ``quantreg (strict):`` line. Coverage:
+Contract, as for the MoE seam (:mod:`.seam`), through the same route (:mod:`.route`: the run's
+registry, the decision, the build behind the one caller of plugin code): one decision per layer,
+one log line per key; lenient, quantreg's own faults and a method that cannot be built or fails
+in ``process_weights_after_loading`` leave vLLM's method in place with one WARNING; strict, one
+``quantreg (strict):`` line. Coverage:
 ``model_loader.utils.process_weights_after_loading`` is wrapped to walk the model before vLLM
 finalises it: a linear layer or lm_head that never passed the seam, or whose method was replaced
 after the decision, is named in one WARNING per (class, key) when a dense rule could match it.
@@ -32,15 +34,14 @@ import threading
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..keys import EXPERTS, Key
+from ..keys import EXPERTS, LAYER_KINDS, Key
 from ..problems import QuantregError, describe, printable, quantreg_logger, strict_error
-from . import startup
 from .platform import quantize_method_base
+from .route import Route
 
 if TYPE_CHECKING:
     from ..decision import Decision
     from ..registry import Registry
-    from .seam import Seam
 
 logger = quantreg_logger("vllm.quantreg")
 
@@ -49,9 +50,7 @@ LM_HEAD_MODULE = "vllm.model_executor.layers.vocab_parallel_embedding"
 LOADER_MODULE = "vllm.model_executor.model_loader.utils"
 MARK = "__quantreg_dense_original__"
 LAYER_MARK = "_quantreg_dense"
-ATTENTION = "attention"
-DENSE = "dense"
-LM_HEAD = "lm_head"
+_, ATTENTION, DENSE, LM_HEAD = LAYER_KINDS  # the layer kinds a key names (quantreg.keys), experts aside
 _ATTENTION_PART = re.compile(r"(^|\.)(self_attn|attn|attention|self_attention|cross_attn|cross_attention)(\.|$)")
 
 
@@ -76,10 +75,11 @@ class _Mark:
 
 
 class DenseSeam:
-    """Wraps the two constructors and the loader's finalisation; shares the MoE seam's registry and log."""
+    """Wraps the two constructors and the loader's finalisation; decides and builds through the run's
+    :class:`~.route.Route` (the one the MoE seam uses: one registry, one line per key)."""
 
-    def __init__(self, seam: Seam) -> None:
-        self.seam = seam
+    def __init__(self, run: Route | None = None) -> None:
+        self.run = run if run is not None else Route()
         self.lock = threading.RLock()
         self.patched: list[tuple[type[Any], str, Any]] = []
         self.warned: set[tuple[str, str]] = set()
@@ -137,48 +137,23 @@ class DenseSeam:
 
     # -- routing -------------------------------------------------------------------------
     def route(self, layer: Any, lm_head: bool) -> None:
-        """The one boundary: quantreg's faults never stop a layer build unasked (see :meth:`.seam.Seam.route`)."""
+        """The one boundary: quantreg's faults never stop a layer build unasked (:meth:`.route.Route.contained`)."""
         prefix = str(getattr(layer, "prefix", "") or "")
-        try:
-            self._route(layer, prefix, lm_head)
-        except (KeyboardInterrupt, QuantregError):
-            raise
-        except BaseException as exc:
-            message = f"quantreg: routing {printable(prefix)} failed unexpectedly: {printable(describe(exc))}"
-            if startup.strict_now():
-                raise strict_error(message) from None
-            logger.warning("%s; using vLLM's own method", message)
+        self.run.contained(prefix, lambda: self._route(layer, prefix, lm_head), lambda: None)
 
     def _route(self, layer: Any, prefix: str, lm_head: bool) -> None:
-        from ..methods import BuildContext
         from .context import layer_key
 
-        registry, mode = self.seam.registry_for_run()
         vllms = getattr(layer, "quant_method", None)
         kind = layer_kind(layer, prefix, lm_head)
         key = layer_key(_quant_config(layer)).of_layer(kind)
-        decision = registry.resolve(key)
-        self.seam.log_once(decision, registry)
-        if decision.fallback and mode.strict:
-            from ..answer import chain_notes
-
-            raise strict_error(f"{decision.summary()}; " + "; ".join(chain_notes(decision)))
-        if decision.rule is not None and decision.rule.tuned is not None:  # tune's evidence, the kind's shape too
-            self.seam.check_tuned_shape(decision, registry, model_dense_shape(kind), mode.strict)
+        registry, mode, decision = self.run.decide(key, lambda: model_dense_shape(kind), every_side=False)
         layer.__dict__[LAYER_MARK] = _Mark(key, vllms, decision.method)
         if decision.keeps_vllm:
             return
-        context = BuildContext(key, decision.method, decision.source, decision.options, prefix, layer)
-        try:
-            method = registry.methods[decision.method].build(vllms, context, base=quantize_method_base())
-        except QuantregError:  # already one strict line: passed on, never wrapped in a second prefix
-            raise
-        except Exception as exc:
-            message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built "
-                       f"for {printable(prefix)}: {type(exc).__name__}: {printable(str(exc))}")
-            if mode.strict:
-                raise strict_error(message) from exc
-            logger.warning("%s; using vLLM's own method", message)
+        method = self.run.method_or_none(decision, registry, vllms, prefix, layer, quantize_method_base(),
+                                         mode.strict, where=f" for {printable(prefix)}")
+        if method is None:
             return
         self._contain_loading(method, vllms, layer, decision, mode.strict)
         from .dense_verify import maybe_verify_dense

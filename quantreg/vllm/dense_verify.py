@@ -7,7 +7,8 @@ layer's weight, logged), runs a load check on seeded tokens, and on sampled forw
 spec's ``first`` / ``every``) compares the chosen output with ``x @ W.T (+ b)`` in float64, the
 error ``max |out - ref| / max |ref|`` reported per call like the MoE ``verify:`` (log line and a
 ``verify`` record in the trail, :class:`quantreg.vllm.verify._Report`). The chosen output is
-returned unchanged; a failing reference turns verification off with one WARNING.
+returned unchanged; a failing reference turns verification off with one WARNING. To vLLM the
+wrapper is the chosen method (its attributes, ``__class__`` included: the one proxy base, :mod:`.proxy`).
 
 Dense layers verify ``against: float64`` only: ``vllm``'s own method is refused by the table
 schema (it is what the rule replaces), and a second dense method would need its own copy of the
@@ -26,15 +27,17 @@ from ..error_measure import relative_error
 from ..mode import Mode
 from ..problems import quantreg_logger
 from ..table.verify import FLOAT64, layer_index
+from .proxy import Proxy
 from .verify import _Report
 
 logger = quantreg_logger("vllm.quantreg.verify")
 LOAD_TOKENS = 4
-_OWN = ("_inner", "_spec", "_report", "_shadow", "_bias", "_calls", "_next", "_active")
 
 
-class VerifyingDense(LinearMethodBase):  # type: ignore[misc]
-    """The chosen dense method to vLLM, plus the float64 comparison on sampled calls."""
+class VerifyingDense(Proxy, LinearMethodBase, forwards=LinearMethodBase):  # type: ignore[misc]
+    """The chosen dense method to vLLM (:class:`.proxy.Proxy`), plus the float64 comparison on sampled calls."""
+
+    _quantreg_own = frozenset({"_inner", "_spec", "_report", "_shadow", "_bias", "_calls", "_next", "_active"})
 
     def __init__(self, inner: Any, decision: Decision, report: _Report) -> None:
         assert decision.verify is not None
@@ -45,10 +48,8 @@ class VerifyingDense(LinearMethodBase):  # type: ignore[misc]
         self._next = self._spec.next_call(0)
         self._active = True
 
-    def __getattr__(self, name: str) -> Any:  # everything else is the chosen method's
-        if name in _OWN:
-            raise AttributeError(name)
-        return getattr(self._inner, name)
+    def _quantreg_target(self) -> Any:
+        return self._inner
 
     @property
     def quantreg_verified(self) -> Any:

@@ -13,26 +13,25 @@ configs changes ``get_name()`` and per-config code paths, and needs one patch pe
 When the decision is ``vllm`` the original function runs unchanged.
 Subclasses that override the seam (with or without ``super()``) are covered by :mod:`.coverage`:
 routed too, or named in one WARNING per class and key that quantreg could not decide.
+
+The run state, the decision and the build are the run's :class:`~.route.Route`, shared with the
+dense seam (:mod:`.dense`); this module keeps what is the experts' own: the class it hooks, the key
+from the quant config, a split's sides (:mod:`.token_split`) and the ``verify:`` wrapper.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .. import settings
-from ..keys import Key
-from ..methods import BuildContext
 from ..mode import Mode
-from ..plugins import PluginFailure
-from ..problems import Problem, QuantregError, describe, printable, quantreg_logger, strict_error
-from ..registry import Registry, get_registry
-from . import startup
-from .context import RunSettings, layer_key, report_problems, run_settings
+from ..problems import QuantregError, describe, quantreg_logger
+from ..registry import Registry
+from .context import layer_key
 from .platform import fused_moe_method_base
+from .route import Route
 
 if TYPE_CHECKING:
     from ..decision import Decision
@@ -45,14 +44,12 @@ CLASS = "RoutedExperts"
 
 
 class Seam:
-    """Installs and removes the wrapper; keeps per-process logging state."""
+    """Installs and removes the wrapper; decides and builds through the run's :class:`~.route.Route`."""
 
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
+    def __init__(self, run: Route | None = None) -> None:
+        self.run = run if run is not None else Route()
+        self.lock = self.run.lock
         self.patched: type[Any] | None = None
-        self.logged: set[Key] = set()
-        self.stale_logged: set[tuple[Key, str]] = set()
-        self.settings: RunSettings | None = None
         self._coverage: Coverage | None = None
         self.signature_warned = False
 
@@ -119,36 +116,12 @@ class Seam:
                     setattr(cls, METHOD, original)
             if self._coverage is not None:
                 self._coverage.uninstall()
-            self.logged.clear()
-            self.stale_logged.clear()
-            self.settings = None
+            self.run.forget()
 
     # -- routing -------------------------------------------------------------------------
-    def registry_for_run(self) -> tuple[Registry, Mode]:
-        """The registry with this run's ``additional_config`` tables, and the mode in force.
-
-        The mode is :meth:`Registry.mode` with the run's own ``strict`` added, the same rule
-        ``register()`` applied without it. A rebuilt registry reports its faults once (warnings,
-        or the error if strict); in strict mode the faults ``register()`` only warned about (the
-        run asked for strict later) become the error too.
-        """
-        settings = run_settings()
-        with self.lock:
-            registry, rebuilt = startup.registry_for_run(settings, self.settings)
-            self.settings = settings
-        mode = startup.mode_of(registry, settings)
-        report_problems(settings, strict=mode.strict)
-        if rebuilt or mode.strict:
-            report_faults(registry, strict=mode.strict)
-        return registry, mode
-
     def route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
-        """The seam's one boundary around :meth:`_route`: quantreg's faults never stop a layer build unasked.
-
-        Lenient, anything unexpected in quantreg's part (whatever its class) is a WARNING and vLLM
-        builds its own method for the layer; strict, it is one ``QuantregError`` line. What vLLM's
-        own method raises is vLLM's and passes through untouched, as does ``KeyboardInterrupt``.
-        """
+        """The seam's one boundary around :meth:`_route` (:meth:`.route.Route.contained`); what vLLM's own
+        method raises is vLLM's and passes through untouched."""
         from_vllm: list[BaseException] = []
 
         def vllms_own(*args: Any) -> Any:
@@ -158,127 +131,50 @@ class Seam:
                 from_vllm.append(exc)
                 raise
 
-        try:
-            return self._route(vllms_own, layer, prefix, quant_config, moe_config)
-        except (KeyboardInterrupt, QuantregError):
-            raise
-        except BaseException as exc:
-            if any(exc is e for e in from_vllm):
-                raise
-            message = f"quantreg: routing {printable(str(prefix))} failed unexpectedly: {printable(describe(exc))}"
-            if startup.strict_now():
-                raise strict_error(message) from None
-            logger.warning("%s; using vLLM's own method", message)
-        return original(layer, prefix, quant_config, moe_config)
+        return self.run.contained(prefix, lambda: self._route(vllms_own, layer, prefix, quant_config, moe_config),
+                                  lambda: original(layer, prefix, quant_config, moe_config),
+                                  passes=lambda exc: any(exc is e for e in from_vllm))
 
     def _route(self, original: Callable[..., Any], layer: Any, prefix: str, quant_config: Any, moe_config: Any) -> Any:
-        registry, mode = self.registry_for_run()
-        strict = mode.strict
         key = layer_key(quant_config)
-        decision = registry.resolve(key)
-        self.log_once(decision, registry)
-        if decision.unrunnable and strict:  # every side, the same reading as every tool's verdict (envelope)
-            from ..answer import chain_notes
+        registry, mode, decision = self.run.decide(key, lambda: layer_shape(moe_config), every_side=True)
 
-            one = decision.unrunnable[0].decision
-            raise strict_error(f"{decision.summary()}; " + "; ".join(chain_notes(one)))
-        for one in (s.decision for s in decision.sides):  # a split: every side, each by its own rule
-            self.check_tuned(one, registry, moe_config, strict)
+        def vllms() -> Any:
+            return original(layer, prefix, quant_config, moe_config)
+
+        def side(one: Decision) -> Any:
+            """One side of a split: vLLM's own method, or the side's method (with its rule's ``verify:``); raises."""
+            if one.keeps_vllm:
+                return vllms()
+            method = self.run.build(one, registry, moe_config, prefix, layer, fused_moe_method_base())
+            return _verified(method, one, prefix, layer, moe_config, mode, registry)
+
         if decision.is_split:
             from .token_split import build_split
 
-            def side(one: Decision) -> Any:
-                return self._build(one, registry, original, layer, prefix, quant_config, moe_config, mode)
-
             try:
-                split = build_split(decision, side, prefix, strict)
+                split = build_split(decision, side, prefix, mode.strict)
             except QuantregError:
                 raise
             except Exception as exc:
                 logger.warning("quantreg: %s %s: %s; using vLLM's own method", prefix, key, describe(exc))
-                return original(layer, prefix, quant_config, moe_config)
+                return vllms()
             return _opaque(split, layer, prefix)
         if decision.keeps_vllm:
-            return original(layer, prefix, quant_config, moe_config)
-        try:
-            method = self._method(decision, registry, layer, prefix, moe_config)
-        except QuantregError:  # already one strict line: passed on, never wrapped in a second prefix
-            raise
-        except Exception as exc:
-            message = (f"quantreg: method '{decision.method}' for {key} [{decision.source}] could not be built: "
-                       f"{type(exc).__name__}: {exc}")
-            if strict:
-                raise strict_error(message) from exc
-            logger.warning("%s; using vLLM's own method", message)
-            return original(layer, prefix, quant_config, moe_config)
-        from .verify import maybe_verify  # torch and vLLM's MoE base: loaded by now, vLLM is building a layer
+            return vllms()
+        method = self.run.method_or_none(decision, registry, moe_config, prefix, layer, fused_moe_method_base(),
+                                         mode.strict)
+        if method is None:
+            return vllms()
+        return _opaque(_verified(method, decision, prefix, layer, moe_config, mode, registry), layer, prefix)
 
-        return _opaque(maybe_verify(method, decision, prefix, layer, moe_config, mode), layer, prefix)
 
-    @staticmethod
-    def _method(decision: Decision, registry: Registry, layer: Any, prefix: str, moe_config: Any) -> Any:
-        """The decided method built for this layer (its registration's ``build``, the layer in its context); raises."""
-        context = BuildContext(decision.key, decision.method, decision.source, decision.options, prefix, layer)
-        return registry.methods[decision.method].build(moe_config, context, base=fused_moe_method_base())
+def _verified(method: Any, decision: Decision, prefix: str, layer: Any, moe_config: Any, mode: Mode,
+              registry: Registry) -> Any:
+    """``method``, or its ``verify:`` wrapper where the rule verifies this layer (:mod:`.verify`)."""
+    from .verify import maybe_verify  # torch and vLLM's MoE base: loaded by now, vLLM is building a layer
 
-    def _build(self, decision: Decision, registry: Registry, original: Callable[..., Any], layer: Any, prefix: str,
-               quant_config: Any, moe_config: Any, mode: Mode) -> Any:
-        """One side of a split: vLLM's own method, or the side's method (with its rule's ``verify:``); raises."""
-        if decision.keeps_vllm:
-            return original(layer, prefix, quant_config, moe_config)
-        method = self._method(decision, registry, layer, prefix, moe_config)
-        from .verify import maybe_verify
-
-        return maybe_verify(method, decision, prefix, layer, moe_config, mode)
-
-    def check_tuned(self, decision: Decision, registry: Registry, moe_config: Any, strict: bool) -> None:
-        """A tuned rule's evidence against this process (:mod:`quantreg.pins`), the layer's shape included.
-
-        Lenient: one WARNING per differing field, once per key; the rule still decides as written
-        (the decision, the trail and the fingerprint carry the flag). Strict: one
-        ``quantreg (strict):`` line naming every field, and no start.
-        """
-        self.check_tuned_shape(decision, registry, layer_shape(moe_config), strict)
-
-    def check_tuned_shape(self, decision: Decision, registry: Registry, shape: Mapping[str, int] | None,
-                          strict: bool) -> None:
-        """:meth:`check_tuned` with the layer's shape given (the dense seam's: :func:`quantreg.pins.dense_shape`)."""
-        rule = decision.rule
-        if rule is None or rule.tuned is None or (decision.key, rule.location) in self.stale_logged:
-            return
-        self.stale_logged.add((decision.key, rule.location))
-        texts = list(decision.stale)
-        if shape is not None:
-            texts += [s.text() for s in registry.stale_evidence(rule, shape) if s.field == "shape"]
-        if not texts:
-            return
-        where = f"{decision.key} [{decision.source}]"
-        if strict:
-            raise strict_error(f"tuned rule for {where} was measured elsewhere: " + "; ".join(texts))
-        for text in texts:
-            logger.warning("quantreg: tuned rule for %s is stale: %s; the rule still decides (re-run quantreg tune)",
-                           where, text)
-
-    def log_once(self, decision: Decision, registry: Registry | None = None) -> None:
-        """One line per key, the same :class:`~quantreg.answer.Answer` line ``explain`` and ``plan`` give.
-
-        WARNING when an operator should act (a fallback, vLLM's known limitation, a plugin's
-        warning), else INFO. Never raises: the line is a report, the decision is already made.
-        """
-        if decision.key in self.logged:
-            return
-        self.logged.add(decision.key)
-        registry = get_registry() if registry is None else registry
-        startup.record_decision(decision, registry, self.settings)  # QUANTREG_DECISIONS, once per key
-        try:
-            from ..answer import answer
-
-            said = answer(registry, decision.key)
-            line, warns = said.line(), said.warns
-        except Exception as exc:  # a report must not stop a layer that is already decided
-            line = f"{decision.summary()}; (notes unavailable: {type(exc).__name__}: {exc})"
-            warns = bool(decision.fallback)
-        (logger.warning if warns else logger.info)("quantreg: %s", line)
+    return maybe_verify(method, decision, prefix, layer, moe_config, mode, registry)
 
 
 def _opaque(method: Any, layer: Any, prefix: str) -> Any:
@@ -298,28 +194,3 @@ def layer_shape(moe_config: Any) -> dict[str, int] | None:
                 "top_k": int(moe_config.experts_per_token)}
     except (AttributeError, TypeError, ValueError):
         return None
-
-
-def report_faults(registry: Registry, strict: bool) -> None:
-    """Strict: raise one error with every fault. Lenient: one WARNING line per fault, saying what was left out.
-
-    A table problem leaves its whole file out (not just the rule it names), a plugin failure
-    leaves out what that plugin's hook registered, an environment problem falls back to the
-    setting's default; the warning says which, so nobody reads it as "only this rule was dropped".
-    """
-    faults = registry.faults
-    if not faults:
-        return
-    if strict:
-        raise strict_error("; ".join(map(str, faults)))
-    for fault in faults:
-        logger.warning("quantreg: %s (%s)", fault, consequence(fault))
-
-
-def consequence(fault: Problem | PluginFailure) -> str:
-    """What a lenient start-up does about ``fault``, for its warning line."""
-    if isinstance(fault, PluginFailure):
-        return "left out; the other plugins and tables stay in force"
-    if fault.path == settings.ENVIRONMENT:
-        return "the default is used"
-    return "this file is left out whole; the other tables stay in force"

@@ -9,12 +9,15 @@ Two features run a second method beside the one vLLM installed on a layer: ``ver
 - what the second method would read from the loaded weights, learnt by letting it create its
   parameters on a copy on the ``meta`` device (:func:`probe_weights`: no memory, no loading);
 - a check that those parameters are the ones the layer's method created, with the same shape and
-  dtype (:func:`check_layout`), so the second method can share or copy them after loading.
+  dtype (:func:`check_layout`), so the second method can share or copy them after loading;
+- the containment of the second method's steps (:func:`fault_of`): whatever it raises, ``SystemExit``
+  included, is its own failure and never stops the layer the first method serves.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,3 +66,15 @@ def check_layout(scratch: Any, layer: Any) -> None:
         if tuple(have.shape) != tuple(param.shape) or have.dtype != param.dtype:
             raise ValueError(f"parameter '{name}' is {tuple(param.shape)} {param.dtype} for it, "
                              f"{tuple(have.shape)} {have.dtype} for the chosen method")
+
+
+def fault_of(step: Callable[[], object]) -> BaseException | None:
+    """What a second method's ``step`` raised (``SystemExit`` too: it never stops the layer), else ``None``;
+    ``KeyboardInterrupt`` passes. The caller turns the fault into its report (verification off, a side dropped)."""
+    try:
+        step()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return exc
+    return None

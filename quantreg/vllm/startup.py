@@ -20,7 +20,7 @@ driver has no config to read; ``VllmConfig.__post_init__`` only calls the *platf
 ``set_current_vllm_config`` is first entered around model construction. When no config is
 found (the driver, children started by ``fork`` that inherit a registered state, a vLLM that
 renames the local), the seam reads ``additional_config`` at the first MoE layer as before
-(:meth:`quantreg.vllm.seam.Seam.registry_for_run`).
+(:meth:`quantreg.vllm.route.Route.registry`).
 
 **Fingerprints.** The driver publishes ``QUANTREG_FINGERPRINT`` before any config exists, so
 that one covers the environment's and plugins' tables (the *base*, compared by

@@ -5,7 +5,7 @@ Why one object: vLLM builds a layer's quant method once and then calls it for ev
 token, a GEMM path that wins at 256). When the rules of a key differ by their token range,
 :meth:`quantreg.registry.Registry.resolve` returns a split decision and the seam installs a
 :class:`TokenSplitMethod` holding every side's method. To vLLM it *is* the first side's method
-(every attribute, ``__class__`` included, like :class:`quantreg.vllm.verify.VerifyingMethod`),
+(every attribute, ``__class__`` included: the one proxy base, :mod:`.proxy`),
 except at these points:
 
 * ``create_weights`` runs the first side's ``create_weights`` on the real layer and each other
@@ -48,11 +48,11 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 from ..decision import Decision
 from ..keys import Key, TokenRange
 from ..problems import QuantregError, printable, quantreg_logger, strict_error
-from .shadow import layer_copy, probe_weights
+from .proxy import Proxy
+from .route import failure_text
+from .shadow import fault_of, layer_copy, probe_weights
 
 logger = quantreg_logger("vllm.quantreg.split")
-
-
 
 @dataclass
 class Side:
@@ -93,37 +93,21 @@ class _Report:
         logger.log(logging.ERROR if self.strict else logging.WARNING, "%s", printable(text))
 
 
-class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
-    """The first side's method to vLLM; each forward served by the side whose range holds its token count."""
+class TokenSplitMethod(Proxy, FusedMoEMethodBase, forwards=FusedMoEMethodBase):  # type: ignore[misc]
+    """The first side's method to vLLM (:class:`.proxy.Proxy`); each forward served by the side whose range
+    holds its token count."""
 
-    _OWN = frozenset({"_quantreg_sides", "_quantreg_bounds", "_quantreg_report", "_quantreg_monolithic"})
+    _quantreg_own = frozenset({"_quantreg_sides", "_quantreg_bounds", "_quantreg_report", "_quantreg_monolithic"})
 
     def __init__(self, sides: Sequence[Side], report: _Report) -> None:
-        object.__setattr__(self, "_quantreg_sides", list(sides))
-        object.__setattr__(self, "_quantreg_report", report)
-        object.__setattr__(self, "_quantreg_bounds", [])
-        object.__setattr__(self, "_quantreg_monolithic", None)
+        self._quantreg_sides = list(sides)
+        self._quantreg_report = report
+        self._quantreg_bounds: list[int | None] = []
+        self._quantreg_monolithic: bool | None = None
         self._rebound()
 
-    # -- delegation (as VerifyingMethod) -------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        if name in TokenSplitMethod._OWN:
-            raise AttributeError(name)
-        return getattr(self._quantreg_sides[0].method, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in TokenSplitMethod._OWN:
-            object.__setattr__(self, name, value)
-        else:  # vLLM sets e.g. quant_method.moe_quant_config: that is the first side's state
-            setattr(self._quantreg_sides[0].method, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self._quantreg_sides[0].method, name)
-
-    def _first_class(self) -> type[Any]:
-        return type(self._quantreg_sides[0].method)
-
-    __class__ = property(_first_class)
+    def _quantreg_target(self) -> Any:
+        return self._quantreg_sides[0].method
 
     @property
     def quantreg_split(self) -> tuple[tuple[str, str], ...]:
@@ -139,8 +123,8 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
                 merged[-1].tokens = TokenRange(merged[-1].tokens.low, side.tokens.high)
                 continue
             merged.append(side)
-        object.__setattr__(self, "_quantreg_sides", merged)
-        object.__setattr__(self, "_quantreg_bounds", [s.tokens.high for s in merged[:-1]])
+        self._quantreg_sides = merged
+        self._quantreg_bounds = [s.tokens.high for s in merged[:-1]]
 
     def _drop(self, index: int, why: str, when: str) -> None:
         """Side ``index`` stops serving: the first side (or, for the first, the second) takes its range."""
@@ -163,15 +147,13 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
         result = sides[0].method.create_weights(layer, *args, **kwargs)
         for i in range(len(sides) - 1, 0, -1):
             side = sides[i]
-            why = None
-            try:
+
+            def probe(side: Side = side) -> None:
                 side.reads, side.extras = probe_weights(side.method, layer, *args, **kwargs)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # SystemExit too: a side never stops the layer
-                why = f"cannot share this layer's weights ({type(exc).__name__}: {exc})"
-            if why is not None:
-                self._drop(i, why, "load")
+
+            fault = fault_of(probe)
+            if fault is not None:
+                self._drop(i, f"cannot share this layer's weights ({type(fault).__name__}: {fault})", "load")
         return result
 
     def process_weights_after_loading(self, layer: Any) -> None:
@@ -189,31 +171,31 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
             side = sides[i]
             if side.method is sides[0].method:
                 continue
-            shadow, own = self._shadow(layer, side, originals, pristine, changed)
-            why = None
-            try:
+            loaded = [self._shadow(layer, side, originals, pristine, changed)]
+
+            def load(side: Side = side, loaded: list[tuple[Any, set[str]]] = loaded) -> None:
+                shadow, own = loaded[0]
                 side.method.process_weights_after_loading(shadow)
                 spoiled = {n for n in side.reads if n in originals and n not in own
                            and not _same(originals[n], pristine[n])}
                 if spoiled:  # this side changed shared weights in place: restore them, give it its own copy
                     for n in spoiled:
                         originals[n].data.copy_(pristine[n])
-                    shadow, own = self._shadow(layer, side, originals, pristine, changed | spoiled)
-                    side.method.process_weights_after_loading(shadow)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:
-                why = f"raised in process_weights_after_loading ({type(exc).__name__}: {exc})"
-            if why is not None:
-                self._drop(i, why, "load")
+                    loaded[0] = self._shadow(layer, side, originals, pristine, changed | spoiled)
+                    side.method.process_weights_after_loading(loaded[0][0])
+
+            fault = fault_of(load)
+            if fault is not None:
+                self._drop(i, f"raised in process_weights_after_loading ({type(fault).__name__}: {fault})", "load")
                 continue
+            shadow, own = loaded[0]
             side.layer = shadow
             copied += sum(_nbytes(shadow._parameters[n]) for n in own)
             kept += sum(_nbytes(originals[n]) for n in side.reads
                         if n in originals and n not in own and layer._parameters.get(n) is not originals[n])
         pristine.clear()
         self._quantreg_sides[0].layer = layer
-        object.__setattr__(self, "_quantreg_monolithic", None)
+        self._quantreg_monolithic = None
         report = self._quantreg_report
         how = ("own copy of the loaded weights" if copied else "shares the loaded weights")
         shown = ", ".join(f"{s.name} for tokens{s.tokens}" for s in self._quantreg_sides)
@@ -253,7 +235,7 @@ class TokenSplitMethod(FusedMoEMethodBase):  # type: ignore[misc]
         if known is None:
             known = all(bool(s.method.is_monolithic) for s in self._quantreg_sides)
             if self._quantreg_sides[0].layer is not None:  # after loading the answer is fixed
-                object.__setattr__(self, "_quantreg_monolithic", known)
+                self._quantreg_monolithic = known
         return known
 
     # -- the forward: one bisect, then the side ---------------------------------------------------
@@ -334,22 +316,6 @@ def _trail_on() -> bool:
     return bool(_trail_asked_for())
 
 
-def _delegate(name: str) -> property:
-    def get(self: TokenSplitMethod) -> Any:
-        return getattr(self._quantreg_sides[0].method, name)
-
-    def set_(self: TokenSplitMethod, value: Any) -> None:
-        setattr(self._quantreg_sides[0].method, name, value)
-
-    return property(get, set_, doc=f"the first side's {name}")
-
-
-for _name in dir(FusedMoEMethodBase):
-    if not _name.startswith("__") and not _name.startswith("_abc") and _name not in TokenSplitMethod.__dict__:
-        setattr(TokenSplitMethod, _name, _delegate(_name))
-del _name
-
-
 def build_split(decision: Decision, build: Callable[[Decision], Any], prefix: str, strict: bool) -> Any:
     """The method for a split decision: a :class:`TokenSplitMethod`, or one method when only one side builds.
 
@@ -368,8 +334,8 @@ def build_split(decision: Decision, build: Callable[[Decision], Any], prefix: st
         except Exception as exc:
             if strict:
                 raise strict_error(f"{prefix} {decision.key}: method '{side.name}' for tokens{side.tokens} could "
-                                   f"not be built: {type(exc).__name__}: {exc}") from exc
-            failed.append((side, f"{type(exc).__name__}: {exc}"))
+                                   f"not be built: {failure_text(exc)}") from exc
+            failed.append((side, failure_text(exc)))
             continue
         sides.append(side)
     if not sides:

@@ -3,8 +3,8 @@
 The seam builds the chosen method as usual and hands it to :func:`maybe_verify`. For a layer the
 rule's ``verify:`` covers (decoder-layer index from the prefix ``model.layers.N.mlp.experts``),
 the result is a :class:`VerifyingMethod`: a ``FusedMoEMethodBase`` that *is* the chosen method to
-vLLM (every attribute, property and method is the chosen one's, ``__class__`` included) except
-at three points:
+vLLM (every attribute, property and method is the chosen one's, ``__class__`` included: the one
+proxy base, :mod:`.proxy`) except at these points:
 
 * ``create_weights`` also runs the ``against`` method's ``create_weights`` on a scratch copy of
   the layer on the meta device (nothing allocated), to learn which parameters it reads and check
@@ -25,7 +25,9 @@ at three points:
   Any other call costs one counter increment and one comparison.
 
 ``against: float64`` is the format's float64 definition (:mod:`quantreg.models.gpt_oss_moe`) on
-the shadow's packed weights, decoding only the experts a call routes to.
+the shadow's packed weights, decoding only the experts a call routes to (:mod:`.verify_reference`).
+An ``against`` method is built like the chosen one (:func:`.route.build`, behind the one caller of
+plugin code).
 
 **The verifying side is contained** (:meth:`VerifyingMethod._against_output`): whatever the
 ``against`` method does -- raise (``SystemExit`` included), return ``None``, a wrongly shaped or
@@ -51,10 +53,13 @@ from ..keys import Key
 from ..methods import BuildContext
 from ..mode import Mode
 from ..problems import printable, quantreg_logger, strict_error
-from ..registry import get_registry
+from ..registry import Registry
 from ..table.verify import FLOAT64, VerifySpec, layer_index
 from .platform import fused_moe_method_base
-from .shadow import layer_copy, probe_weights
+from .proxy import Proxy
+from .route import build, failure_text
+from .shadow import fault_of, layer_copy, probe_weights
+from .verify_reference import Float64Reference, synthetic_batch, vllm_default_routing
 
 logger = quantreg_logger("vllm.quantreg.verify")
 
@@ -143,40 +148,22 @@ class _State:
         self.shadow: Any = None
 
 
-_OWN = frozenset({"_quantreg_inner", "_quantreg_against", "_quantreg_report", "_quantreg_spec", "_quantreg_state"})
+class VerifyingMethod(Proxy, FusedMoEMethodBase, forwards=FusedMoEMethodBase):  # type: ignore[misc]
+    """The chosen method to vLLM (:class:`.proxy.Proxy`), plus sampled comparisons with ``against``."""
 
-
-class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
-    """The chosen method to vLLM, plus sampled comparisons with ``against`` (see the module text)."""
+    _quantreg_own = frozenset({"_quantreg_inner", "_quantreg_against", "_quantreg_report", "_quantreg_spec",
+                               "_quantreg_state"})
 
     def __init__(self, inner: Any, against: Any, spec: VerifySpec, report: _Report) -> None:
         # FusedMoEMethodBase.__init__ is not called: every attribute it would set is the inner one's.
-        object.__setattr__(self, "_quantreg_inner", inner)
-        object.__setattr__(self, "_quantreg_against", against)
-        object.__setattr__(self, "_quantreg_spec", spec)
-        object.__setattr__(self, "_quantreg_report", report)
-        object.__setattr__(self, "_quantreg_state", _State(spec))
+        self._quantreg_inner = inner
+        self._quantreg_against = against
+        self._quantreg_spec = spec
+        self._quantreg_report = report
+        self._quantreg_state = _State(spec)
 
-    # -- delegation ---------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        if name in _OWN:  # not yet set (during unpickling or a failed __init__)
-            raise AttributeError(name)
-        return getattr(self._quantreg_inner, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN:
-            object.__setattr__(self, name, value)
-        else:  # vLLM sets e.g. quant_method.moe_quant_config: that is the chosen method's state
-            setattr(self._quantreg_inner, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        delattr(self._quantreg_inner, name)
-
-    def _inner_class(self) -> type[Any]:
-        return type(self._quantreg_inner)
-
-    # vLLM reads quant_method.__class__.__name__ (weight loaders) and isinstance(): both see the chosen class.
-    __class__ = property(_inner_class)
+    def _quantreg_target(self) -> Any:
+        return self._quantreg_inner
 
     @property
     def quantreg_verifying(self) -> tuple[Any, Any]:
@@ -187,20 +174,18 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
     def create_weights(self, layer: Any, *args: Any, **kwargs: Any) -> Any:
         result = self._quantreg_inner.create_weights(layer, *args, **kwargs)
         state, against = self._quantreg_state, self._quantreg_against
-        why = None
-        try:
+
+        def probe() -> None:
             if isinstance(against, Float64Reference):
                 state.reads = tuple(n for n in against.PARAMETERS if n in layer._parameters)
                 against.check_layer(layer)
             else:
                 state.reads, state.extras = probe_weights(against, layer, *args, **kwargs)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # SystemExit too: the verifying side never stops the layer
-            why = f"{type(exc).__name__}: {exc}"
-        if why is not None:
+
+        fault = fault_of(probe)
+        if fault is not None:
             state.active = False
-            self._quantreg_report.cannot(why)
+            self._quantreg_report.cannot(f"{type(fault).__name__}: {fault}")
         return result
 
     def process_weights_after_loading(self, layer: Any) -> None:
@@ -218,17 +203,12 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
         self._quantreg_inner.process_weights_after_loading(layer)
         if shadow is None:
             return
-        why = None
-        try:
-            if not isinstance(self._quantreg_against, Float64Reference):
-                self._quantreg_against.process_weights_after_loading(shadow)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:
-            why = f"{type(exc).__name__} in its process_weights_after_loading: {exc}"
-        if why is not None:
+        against = self._quantreg_against
+        fault = None if isinstance(against, Float64Reference) else fault_of(
+            lambda: against.process_weights_after_loading(shadow))
+        if fault is not None:
             state.active = False
-            self._quantreg_report.cannot(why)
+            self._quantreg_report.cannot(f"{type(fault).__name__} in its process_weights_after_loading: {fault}")
             return
         state.shadow = shadow
         spec = self._quantreg_spec
@@ -374,24 +354,6 @@ class VerifyingMethod(FusedMoEMethodBase):  # type: ignore[misc]
                              shared_experts=None, shared_experts_input=None)
 
 
-#: Tokens in the load check's synthetic batch (seeded, so every process checks the same batch).
-LOAD_TOKENS = 8
-LOAD_SEED = 20261201
-
-
-def synthetic_batch(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Seeded hidden states ``[LOAD_TOKENS, hidden]`` in the layer's activation dtype and router
-    logits ``[LOAD_TOKENS, global experts]`` (float32), on the device of the layer's weights."""
-    moe = layer.moe_config
-    params = list(layer._parameters.values())
-    device = params[0].device if params else torch.device("cpu")
-    dtype = getattr(moe, "in_dtype", None) or torch.bfloat16
-    generator = torch.Generator().manual_seed(LOAD_SEED)
-    x = torch.randn(LOAD_TOKENS, int(moe.hidden_dim), generator=generator).to(dtype=dtype, device=device)
-    logits = torch.randn(LOAD_TOKENS, int(moe.num_experts), generator=generator).to(device=device)
-    return x, logits
-
-
 def _unusable(ref: Any, out: torch.Tensor) -> str | None:
     """Why the against method's result cannot be compared with ``out`` (``None``: it can)."""
     if not isinstance(ref, torch.Tensor):
@@ -406,107 +368,32 @@ def _unusable(ref: Any, out: torch.Tensor) -> str | None:
     return None
 
 
-def _delegate(name: str) -> property:
-    def get(self: VerifyingMethod) -> Any:
-        return getattr(self._quantreg_inner, name)
-
-    def set_(self: VerifyingMethod, value: Any) -> None:
-        setattr(self._quantreg_inner, name, value)
-
-    return property(get, set_, doc=f"the chosen method's {name}")
-
-
-# Properties and class attributes of vLLM's base classes (is_monolithic, supports_internal_mk,
-# requires_device_loading, ...) are found on the class before __getattr__ is asked: make each of them
-# the chosen method's, except the lifecycle points this class defines itself.
-for _name in dir(FusedMoEMethodBase):
-    if not _name.startswith("__") and not _name.startswith("_abc") and _name not in VerifyingMethod.__dict__:
-        setattr(VerifyingMethod, _name, _delegate(_name))
-del _name
-
-def vllm_default_routing(layer: Any, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's plain top-k router (softmax, top-k, renormalise if the layer says so), for a modular
-    ``against`` beside a chosen method that routes inside; other routers cannot be reproduced here."""
-    if getattr(layer, "use_grouped_topk", False) or getattr(layer, "custom_routing_function", None) is not None \
-            or getattr(layer, "scoring_func", "softmax") != "softmax":
-        raise NotImplementedError("the layer's router (grouped, custom or non-softmax) is not reproducible "
-                                  "outside vLLM's runner; verify against a method that routes inside")
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, int(layer.top_k), dim=-1)
-    if getattr(layer, "renormalize", True):
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
-
-
-class Float64Reference:
-    """``against: float64``: GPT-OSS MXFP4 experts evaluated in float64 from the packed weights."""
-
-    name = FLOAT64
-
-    def __init__(self) -> None:
-        from ..models.gpt_oss import PARAMETERS
-
-        self.PARAMETERS: tuple[str, ...] = PARAMETERS
-
-    def check_layer(self, layer: Any) -> None:
-        from ..models.gpt_oss import PARAMETERS
-
-        activation = getattr(layer, "activation", None)
-        name = getattr(activation, "value", activation)
-        if name != "swigluoai":
-            raise ValueError(f"the float64 reference computes SwiGLU-OAI, this layer's activation is {name}")
-        for required in PARAMETERS[:4]:
-            param = layer._parameters.get(required)
-            if param is None or param.dtype != torch.uint8:
-                raise ValueError(f"the float64 reference reads uint8 MXFP4 parameter '{required}', which the "
-                                 f"chosen method did not create as such")
-
-    def route(self, layer: Any, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from ..models.gpt_oss_moe import route_topk_softmax
-
-        return route_topk_softmax(logits.reshape(-1, logits.shape[-1]), int(layer.top_k))
-
-    def run(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """The float64 MoE block (:func:`quantreg.models.gpt_oss_moe.moe_f64`), decoding routed experts only."""
-        from ..formats.mxfp4 import dequantize_mxfp4_f64
-        from ..models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
-        from ..models.gpt_oss_moe import moe_f64_by_expert
-
-        p = layer._parameters
-        alpha = float(layer.swiglu_alpha) if getattr(layer, "swiglu_alpha", None) is not None else DEFAULT_ALPHA
-        limit = float(layer.swiglu_limit) if getattr(layer, "swiglu_limit", None) is not None else DEFAULT_LIMIT
-        xd = x.reshape(-1, x.shape[-1])
-        ids = topk_ids.reshape(xd.shape[0], -1)
-        num_local = int(p["w13_weight"].shape[0])
-
-        def expert(e: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return (dequantize_mxfp4_f64(p["w13_weight"][e], p["w13_weight_scale"][e]),
-                    dequantize_mxfp4_f64(p["w2_weight"][e], p["w2_weight_scale"][e]))
-
-        return moe_f64_by_expert(xd, ids, topk_weights.reshape(ids.shape), num_local, expert, p.get("w13_bias"),
-                                 p.get("w2_bias"), experts_min=int(layer.moe_config.ep_rank) * num_local,
-                                 alpha=alpha, limit=limit)
-
-
-def build_against(spec: VerifySpec, decision: Decision, prefix: str, layer: Any, moe_config: Any) -> Any:
-    """The ``against`` method for one layer, built like the seam builds any method (default options)."""
+def build_against(spec: VerifySpec, decision: Decision, prefix: str, layer: Any, moe_config: Any,
+                  registry: Registry | None = None) -> Any:
+    """The ``against`` method for one layer, built the way the seam builds any method (:func:`.route.build`),
+    with default options, from ``registry`` (the run's; ``None``: the process registry)."""
     if spec.against == FLOAT64:
         return Float64Reference()
-    method = get_registry().methods.get(spec.against)
+    if registry is None:
+        from ..registry import get_registry
+
+        registry = get_registry()
+    method = registry.methods.get(spec.against)
     if method is None:
         raise LookupError(f"method '{spec.against}' is not registered in this process")
     available = method.availability(decision.key.device)
     if not available.ok:
         raise RuntimeError(f"'{spec.against}' cannot run here: {available.reason}")
     context = BuildContext(decision.key, spec.against, decision.source, {}, prefix, layer)
-    return method.build(moe_config, context, base=fused_moe_method_base())
+    return build(method, moe_config, context, fused_moe_method_base())
 
 
 _SEEN: dict[tuple[str, Key], set[int]] = {}
 """MoE layer indices built so far per (rule, key) in this process: what ``layers: N`` counts."""
 
 
-def maybe_verify(method: Any, decision: Decision, prefix: str, layer: Any, moe_config: Any, mode: Mode) -> Any:
+def maybe_verify(method: Any, decision: Decision, prefix: str, layer: Any, moe_config: Any, mode: Mode,
+                 registry: Registry | None = None) -> Any:
     """``method`` itself, or a :class:`VerifyingMethod` around it if the rule verifies this layer.
 
     Called by the seam right after the chosen method is built. A layer the rule does not cover is
@@ -524,10 +411,10 @@ def maybe_verify(method: Any, decision: Decision, prefix: str, layer: Any, moe_c
         return method
     report = _Report(prefix, decision.key, decision.method, spec.against, spec, mode.strict)
     try:
-        against = build_against(spec, decision, prefix, layer, moe_config)
+        against = build_against(spec, decision, prefix, layer, moe_config, registry)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # SystemExit too: the verifying side never changes the chosen method
-        report.cannot(f"building {spec.against} failed: {type(exc).__name__}: {exc}", when="route")
+        report.cannot(f"building {spec.against} failed: {failure_text(exc)}", when="route")
         return method
     return VerifyingMethod(method, against, spec, report)
