@@ -14,10 +14,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -197,6 +198,41 @@ def last_json_line(text: str) -> dict[str, Any]:
             if isinstance(value, dict):
                 return value
     raise ValueError(f"no JSON object in output:\n{text[-2000:]}")
+
+
+@contextmanager
+def restored_environ(*names: str) -> Iterator[None]:
+    """Run a block that sets the environment variables ``names`` (a plugin's ISA or precision switch per
+    timed path), then put back what they were, unset ones unset."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+REPLY = "QRB "
+"""What a bench child process puts before each JSON reply line (the rest of its stdout is logs)."""
+
+
+def read_reply(proc: subprocess.Popen[str], stderr: IO[str], label: str, tail: int) -> dict[str, Any]:
+    """The next reply of a bench child (``bench/vllm_child.py``, ``bench/wholemodel_*_child.py``): its
+    JSON after :data:`REPLY`; an ``error`` reply, or the child's exit, raises with ``label`` and the
+    last ``tail`` characters of its stderr."""
+    assert proc.stdout is not None
+    while line := proc.stdout.readline():
+        if line.startswith(REPLY):
+            value: dict[str, Any] = json.loads(line[len(REPLY):])
+            if "error" in value:
+                raise RuntimeError(f"{label}: {value['error']}")
+            return value
+    proc.wait(timeout=60)
+    stderr.seek(0)
+    raise RuntimeError(f"{label} exited ({proc.returncode}):\n{stderr.read()[-tail:]}")
 
 
 def child_main(run: Callable[[bool], list[Metric]], doc: str | None) -> None:

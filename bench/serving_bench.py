@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT
-from bench.wholemodel_bench import DEFAULT_LLAMA_ENV, DEFAULT_WORK  # one home for the bench's directories
+from bench.wholemodel_bench import model_parser, save, skipped_lines  # one home for the whole-model benches' options
 
 REQUEST_TIMEOUT = 900.0
 
@@ -302,19 +302,11 @@ def table(result: dict[str, Any]) -> str:
                          f"{len(lv['errors'])} |")
     for clients, ratio in result["throughput_ratio_vllm_over_llama"].items():
         lines.append(f"{clients} clients: vLLM + quantreg / llama-server output tok/s x{ratio}")
-    for label, why in result["skipped"].items():
-        lines.append(f"skipped {label}: {why}")
-    return "\n".join(lines)
+    return "\n".join(lines + skipped_lines(result))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--model", type=Path, help="an existing checkpoint directory (default: write one)")
-    p.add_argument("--shape", default="20b", choices=("tiny", "20b"))
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
-    p.add_argument("--llama-env", type=Path, default=DEFAULT_LLAMA_ENV)
+    p = model_parser(__doc__)
     p.add_argument("--no-llama", action="store_true", help="measure vLLM + quantreg only")
     p.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (default: its compiled mode)")
     p.add_argument("--vllm-table", type=Path, help="QUANTREG_CONFIG for the vLLM server (e.g. tune's table)")
@@ -332,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     result = run(args)
     out = args.json or ROOT / "bench" / "results" / f"serving-L{result['layers']}-{result['machine']['host_kind']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save(result, out)
     print(table(result))
     print(f"wrote {out}")
     return 0
