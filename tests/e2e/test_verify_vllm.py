@@ -38,13 +38,13 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 
 
 @pytest.fixture(scope="module")
-def verify_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return plugin_site(tmp_path_factory, "verify")  # tests/e2e/verify_plugin, installed
+def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return one_rule_tables(tmp_path_factory.mktemp("verify-tables"), RULES)
 
 
 @pytest.fixture(scope="module")
-def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return one_rule_tables(tmp_path_factory.mktemp("verify-tables"), RULES)
+def verify_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return plugin_site(tmp_path_factory, "verify")  # tests/e2e/verify_plugin, installed
 
 
 def verify_lines(result: RunResult) -> list[tuple[str, ...]]:
