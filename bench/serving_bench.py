@@ -42,8 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT
-from bench.wholemodel_bench import model_parser, save, skipped_lines  # one home for the whole-model benches' options
+from bench.wholemodel_bench import (  # one home for the whole-model benches' options and reports
+    command_line,
+    model_parser,
+    run_and_report,
+    skipped_lines,
+    table_head,
+)
 
 REQUEST_TIMEOUT = 900.0
 
@@ -287,14 +292,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "machine": machine(), "servers": results, "skipped": skipped,
             "throughput_ratio_vllm_over_llama": ratios,
             "settings": {k: str(v) for k, v in vars(args).items()},
-            "command": " ".join(["python -m bench.serving_bench", *sys.argv[1:]])}
+            "command": command_line("bench.serving_bench")}
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"Serving, GPT-OSS ({result['shape']} shape), {result['layers']} layers, {result['threads']} threads, "
-             f"host kind {result['machine']['host_kind']}",
-             "| server | clients | out tok/s | req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |",
-             "|---|---|---|---|---|---|---|"]
+    lines = table_head(f"Serving, GPT-OSS ({result['shape']} shape), {result['layers']} layers, "
+                       f"{result['threads']} threads, host kind {result['machine']['host_kind']}",
+                       ["server", "clients", "out tok/s", "req/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "errors"])
     for label, r in result["servers"].items():
         for lv in r["levels"]:
             lines.append(f"| {label} | {lv['clients']} | {lv['output_tok_s']:.1f} | {lv['requests_s']:.2f} | "
@@ -321,11 +325,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    result = run(args)
-    out = args.json or ROOT / "bench" / "results" / f"serving-L{result['layers']}-{result['machine']['host_kind']}.json"
-    save(result, out)
-    print(table(result))
+    _, out = run_and_report(argv, parse, run, table,
+                            lambda r: f"serving-L{r['layers']}-{r['machine']['host_kind']}.json")
     print(f"wrote {out}")
     return 0
 

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -360,14 +361,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "read_bandwidth_gb_s": bw / 1e9, "read_bandwidth_samples_gb_s": [b / 1e9 for b in bandwidth],
             "engines": results, "ratios": ratios, "baseline": baseline, "skipped": skipped, "machine": info,
             "duration_s": round(time.time() - started, 1),
-            "command": " ".join(["python -m bench.wholemodel_bench", *sys.argv[1:]])}
+            "command": command_line("bench.wholemodel_bench")}
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"GPT-OSS ({result['shape']} shape), {result['layers']} layers, {result['settings']['threads']} threads, "
-             f"host kind {result['machine']['host_kind']}, read bandwidth {result['read_bandwidth_gb_s']:.1f} GB/s",
-             "| engine | decode tok/s | prefill tok/s | TTFT ms | start-up s | MB/token | of bandwidth | peak RSS GB |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = table_head(f"GPT-OSS ({result['shape']} shape), {result['layers']} layers, "
+                       f"{result['settings']['threads']} threads, host kind {result['machine']['host_kind']}, "
+                       f"read bandwidth {result['read_bandwidth_gb_s']:.1f} GB/s",
+                       ["engine", "decode tok/s", "prefill tok/s", "TTFT ms", "start-up s", "MB/token",
+                        "of bandwidth", "peak RSS GB"])
     for label, r in result["engines"].items():
         lines.append(f"| {label} | {r['decode_tok_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['ttft_s'] * 1e3:.0f} | "
                      f"{r['startup_s']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | {r['bandwidth_fraction']:.0%} | "
@@ -397,10 +399,29 @@ def model_parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
-def save(result: dict[str, Any], out: Path) -> None:
-    """Write a whole-model bench's result as indented JSON (its folder made if missing)."""
+def run_and_report(argv: list[str] | None, parse: Callable[[list[str] | None], argparse.Namespace],
+                   run: Callable[[argparse.Namespace], dict[str, Any]], table: Callable[[dict[str, Any]], str],
+                   default_name: Callable[[dict[str, Any]], str]) -> tuple[dict[str, Any], Path]:
+    """A whole-model bench's command (this one, bench/serving_bench.py): parse ``argv``, run, write the
+    result as indented JSON to ``--json`` (default ``bench/results/<default_name(result)>``), print
+    its table; the result and where it went."""
+    args = parse(argv)
+    result = run(args)
+    out: Path = args.json or ROOT / "bench" / "results" / default_name(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    return result, out
+
+
+def command_line(module: str) -> str:
+    """How this run was started (``python -m MODULE ARGS``), for its result file."""
+    return " ".join(["python -m " + module, *sys.argv[1:]])
+
+
+def table_head(title: str, columns: list[str]) -> list[str]:
+    """A result table's first lines: its title, then a Markdown header of ``columns``."""
+    return [title, "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
 
 def skipped_lines(result: dict[str, Any]) -> list[str]:
@@ -426,11 +447,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    result = run(args)
-    out = args.json or ROOT / "bench" / "results" / f"wholemodel-L{result['layers']}.json"
-    save(result, out)
-    print(table(result))
+    result, out = run_and_report(argv, parse, run, table, lambda r: f"wholemodel-L{r['layers']}.json")
     print(f"\n{result['duration_s']} s, load average {result['machine']['load_averages'][0]} -> "
           f"{result['machine']['load_averages'][-1]}; JSON: {out}")
     return 0

@@ -22,7 +22,8 @@ from typing import Any
 from ..bounds import MAX_COUNT, MAX_LAYERS, number_problem, shown, whole_problem
 from ..error_measure import DEFAULT_TOLERANCE
 from ..methods import keeps_vllm, valid_name
-from ..problems import did_you_mean, type_name
+from ..problems import did_you_mean
+from .located import mapping_key_lines
 
 VERIFY_KEYS = ("against", "every", "first", "tolerance", "layers")
 FLOAT64 = "float64"
@@ -109,11 +110,10 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
     ``against`` method is registered is checked with the other method names
     (:func:`quantreg.loading.verify_problems`).
     """
-    if not isinstance(raw, dict):
-        fail(line, where,
-             f"expected a mapping with 'against' (and every, first, tolerance, layers), got {type_name(raw)}")
+    key_lines = mapping_key_lines(raw, where, line, fail,
+                                  "a mapping with 'against' (and every, first, tolerance, layers)")
+    if key_lines is None:
         return None
-    key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
     ok = True
     for k in raw:
         if k not in VERIFY_KEYS:

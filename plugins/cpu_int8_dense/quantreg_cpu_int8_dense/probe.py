@@ -61,10 +61,10 @@ def build_failure() -> str | None:
 
 def isa_path() -> str:
     """The path the kernel will take here, decided as :func:`quantreg_cpu_int8_dense.kernel.isa` does."""
-    wanted = os.environ.get(ISA_ENV, "").strip().lower()
-    if wanted == "avx2":
-        return f"avx2 (AVX2 sign trick, forced by {ISA_ENV})"
-    return "avx512 (AVX-512 VNNI)" if AVX512_FLAGS <= hardware_cpu_flags() else "avx2 (AVX2 sign trick)"
+    forced = os.environ.get(ISA_ENV, "").strip().lower() == "avx2"
+    if forced or not AVX512_FLAGS <= hardware_cpu_flags():
+        return "avx2 (AVX2 sign trick" + (f", forced by {ISA_ENV})" if forced else ")")
+    return "avx512 (AVX-512 VNNI)"
 
 
 def library_problem() -> str | None:
