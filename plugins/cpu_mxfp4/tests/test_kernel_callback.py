@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cpu_mxfp4_kernel_support import pack, routing
-from quantreg_cpu_mxfp4 import kernel
+from quantreg_cpu_mxfp4 import callback, kernel
 
 from quantreg.models.gpt_oss_moe import random_gpt_oss_mxfp4_experts, random_hidden_states
 
@@ -115,7 +115,7 @@ def test_the_handlers_are_back_after_a_forward_and_a_forward_runs_off_the_main_t
         assert signal.getsignal(signal.SIGTERM) is on_term
         assert signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
         with monkeypatch.context() as patch:  # the callback raises: the forward raises it, handlers still back
-            patch.setattr(kernel, "_wrap", lambda *_: (_ for _ in ()).throw(MemoryError("no room for the tile")))
+            patch.setattr(callback, "_wrap", lambda *_: (_ for _ in ()).throw(MemoryError("no room for the tile")))
             with pytest.raises(MemoryError, match="no room for the tile"):
                 kernel.moe_forward(*args, gemm_min_tokens=1)  # type: ignore[arg-type]
         assert signal.getsignal(signal.SIGTERM) is on_term and signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
