@@ -7,6 +7,7 @@ batch of processes, so a burst of load from elsewhere hits both sides alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -237,10 +238,39 @@ def read_reply(proc: subprocess.Popen[str], stderr: IO[str], label: str, tail: i
 
 def child_main(run: Callable[[bool], list[Metric]], doc: str | None) -> None:
     """The command line every benchmark module shares: ``--quick`` and ``--out PATH``."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
     write_child_result(args.out, run(args.quick))
+
+
+# -- the whole-model benches' command and report (bench/wholemodel_bench.py, bench/serving_bench.py) --
+def run_and_report(argv: list[str] | None, parse: Callable[[list[str] | None], argparse.Namespace],
+                   run: Callable[[argparse.Namespace], dict[str, Any]], table: Callable[[dict[str, Any]], str],
+                   default_name: Callable[[dict[str, Any]], str]) -> tuple[dict[str, Any], Path]:
+    """A whole-model bench's command (bench/wholemodel_bench.py, bench/serving_bench.py): parse ``argv``, run, write the
+    result as indented JSON to ``--json`` (default ``bench/results/<default_name(result)>``), print
+    its table; the result and where it went."""
+    args = parse(argv)
+    result = run(args)
+    out: Path = args.json or ROOT / "bench" / "results" / default_name(result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    return result, out
+
+
+def command_line(module: str) -> str:
+    """How this run was started (``python -m MODULE ARGS``), for its result file."""
+    return " ".join(["python -m " + module, *sys.argv[1:]])
+
+
+def table_head(title: str, columns: list[str]) -> list[str]:
+    """A result table's first lines: its title, then a Markdown header of ``columns``."""
+    return [title, "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def skipped_lines(result: dict[str, Any]) -> list[str]:
+    """The table's last lines: each engine or server left out, and why."""
+    return [f"skipped {label}: {why}" for label, why in result["skipped"].items()]

@@ -42,13 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.wholemodel_bench import (  # one home for the whole-model benches' options and reports
-    command_line,
-    model_parser,
-    run_and_report,
-    skipped_lines,
-    table_head,
-)
+from bench.common import command_line, run_and_report, skipped_lines, table_head
+from bench.wholemodel_bench import model_parser  # one home for the whole-model benches' options
 
 REQUEST_TIMEOUT = 900.0
 

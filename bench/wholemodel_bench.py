@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -49,7 +48,18 @@ from typing import IO, Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, load_average, machine, median, python_env, read_reply
+from bench.common import (
+    ROOT,
+    command_line,
+    load_average,
+    machine,
+    median,
+    python_env,
+    read_reply,
+    run_and_report,
+    skipped_lines,
+    table_head,
+)
 
 DEFAULT_WORK = Path(os.environ.get("QUANTREG_BENCH_DIR", Path.home() / ".cache" / "quantreg-bench"))
 DEFAULT_LLAMA_ENV = Path(os.environ.get("QUANTREG_LLAMA_ENV", DEFAULT_WORK / "llama-venv"))
@@ -397,36 +407,6 @@ def model_parser(doc: str | None) -> argparse.ArgumentParser:
     p.add_argument("--llama-env", type=Path, default=DEFAULT_LLAMA_ENV,
                    help=f"bench/llama_setup.sh's environment (default {DEFAULT_LLAMA_ENV}; $QUANTREG_LLAMA_ENV)")
     return p
-
-
-def run_and_report(argv: list[str] | None, parse: Callable[[list[str] | None], argparse.Namespace],
-                   run: Callable[[argparse.Namespace], dict[str, Any]], table: Callable[[dict[str, Any]], str],
-                   default_name: Callable[[dict[str, Any]], str]) -> tuple[dict[str, Any], Path]:
-    """A whole-model bench's command (this one, bench/serving_bench.py): parse ``argv``, run, write the
-    result as indented JSON to ``--json`` (default ``bench/results/<default_name(result)>``), print
-    its table; the result and where it went."""
-    args = parse(argv)
-    result = run(args)
-    out: Path = args.json or ROOT / "bench" / "results" / default_name(result)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
-    return result, out
-
-
-def command_line(module: str) -> str:
-    """How this run was started (``python -m MODULE ARGS``), for its result file."""
-    return " ".join(["python -m " + module, *sys.argv[1:]])
-
-
-def table_head(title: str, columns: list[str]) -> list[str]:
-    """A result table's first lines: its title, then a Markdown header of ``columns``."""
-    return [title, "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-
-
-def skipped_lines(result: dict[str, Any]) -> list[str]:
-    """The table's last lines: each engine or server left out, and why."""
-    return [f"skipped {label}: {why}" for label, why in result["skipped"].items()]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
