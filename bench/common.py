@@ -7,6 +7,7 @@ batch of processes, so a burst of load from elsewhere hits both sides alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,10 +15,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -212,12 +214,76 @@ def last_json_line(text: str) -> dict[str, Any]:
     raise ValueError(f"no JSON object in output:\n{text[-2000:]}")
 
 
+@contextmanager
+def restored_environ(*names: str) -> Iterator[None]:
+    """Run a block that sets the environment variables ``names`` (a plugin's ISA or precision switch per
+    timed path), then put back what they were, unset ones unset."""
+    saved = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+REPLY = "QRB "
+"""What a bench child process puts before each JSON reply line (the rest of its stdout is logs)."""
+
+
+def read_reply(proc: subprocess.Popen[str], stderr: IO[str], label: str, tail: int) -> dict[str, Any]:
+    """The next reply of a bench child (``bench/vllm_child.py``, ``bench/wholemodel_*_child.py``): its
+    JSON after :data:`REPLY`; an ``error`` reply, or the child's exit, raises with ``label`` and the
+    last ``tail`` characters of its stderr."""
+    assert proc.stdout is not None
+    while line := proc.stdout.readline():
+        if line.startswith(REPLY):
+            value: dict[str, Any] = json.loads(line[len(REPLY):])
+            if "error" in value:
+                raise RuntimeError(f"{label}: {value['error']}")
+            return value
+    proc.wait(timeout=60)
+    stderr.seek(0)
+    raise RuntimeError(f"{label} exited ({proc.returncode}):\n{stderr.read()[-tail:]}")
+
+
 def child_main(run: Callable[[bool], list[Metric]], doc: str | None) -> None:
     """The command line every benchmark module shares: ``--quick`` and ``--out PATH``."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
     write_child_result(args.out, run(args.quick))
+
+
+# -- the whole-model benches' command and report (bench/wholemodel_bench.py, bench/serving_bench.py) --
+def run_and_report(argv: list[str] | None, parse: Callable[[list[str] | None], argparse.Namespace],
+                   run: Callable[[argparse.Namespace], dict[str, Any]], table: Callable[[dict[str, Any]], str],
+                   default_name: Callable[[dict[str, Any]], str]) -> tuple[dict[str, Any], Path]:
+    """A whole-model bench's command (bench/wholemodel_bench.py, bench/serving_bench.py): parse ``argv``, run, write the
+    result as indented JSON to ``--json`` (default ``bench/results/<default_name(result)>``), print
+    its table; the result and where it went."""
+    args = parse(argv)
+    result = run(args)
+    out: Path = args.json or ROOT / "bench" / "results" / default_name(result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    return result, out
+
+
+def command_line(module: str) -> str:
+    """How this run was started (``python -m MODULE ARGS``), for its result file."""
+    return " ".join(["python -m " + module, *sys.argv[1:]])
+
+
+def table_head(title: str, columns: list[str]) -> list[str]:
+    """A result table's first lines: its title, then a Markdown header of ``columns``."""
+    return [title, "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
+def skipped_lines(result: dict[str, Any]) -> list[str]:
+    """The table's last lines: each engine or server left out, and why."""
+    return [f"skipped {label}: {why}" for label, why in result["skipped"].items()]

@@ -43,10 +43,33 @@ from typing import Any
 
 import torch
 
-from bench.common import Metric, child_main, load_average, machine
+from bench.common import Metric, child_main, load_average, machine, restored_environ
 
 HIDDEN = INTER = 2880
 TOP_K = 4
+
+
+def packed_inputs(layer: dict[str, torch.Tensor], tokens: int) -> tuple[int, Any, Any, torch.Tensor, torch.Tensor]:
+    """What every timed kernel call takes: the layer's expert count, its w13 and w2 packed for the
+    kernel, and ``tokens`` bf16 hidden states with top-k routing weights (seeded by ``tokens``)."""
+    from quantreg_cpu_mxfp4 import kernel
+
+    w13 = kernel.PackedExperts.from_vllm(layer["w13"], layer["w13_scale"])
+    w2 = kernel.PackedExperts.from_vllm(layer["w2"], layer["w2_scale"])
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, HIDDEN, generator=g).to(torch.bfloat16)
+    weights = torch.softmax(torch.randn(tokens, TOP_K, generator=g), dim=-1)
+    return int(layer["w13"].shape[0]), w13, w2, x, weights
+
+
+def kernel_isas() -> tuple[Any, list[str]]:
+    """The plugin's kernel module and the ISA paths this CPU runs, fastest first; raises if it is not built."""
+    from quantreg_cpu_mxfp4 import kernel
+
+    ok, why = kernel.status()
+    if not ok:
+        raise RuntimeError(f"quantreg-cpu-mxfp4's kernel is not available: {why}")
+    return kernel, ["avx512", "avx2"] if kernel._supports("avx512") else ["avx2"]
 
 
 def host_isa() -> str:
@@ -165,16 +188,10 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
 
     from bench.read_floor import read_pass
 
-    e = layer["w13"].shape[0]
-    w13 = kernel.PackedExperts.from_vllm(layer["w13"], layer["w13_scale"])
-    w2 = kernel.PackedExperts.from_vllm(layer["w2"], layer["w2_scale"])
-    g = torch.Generator().manual_seed(tokens)
-    x = torch.randn(tokens, HIDDEN, generator=g).to(torch.bfloat16)
-    weights = torch.softmax(torch.randn(tokens, TOP_K, generator=g), dim=-1)
+    e, w13, w2, x, weights = packed_inputs(layer, tokens)
     times: dict[str, list[float]] = {p: [] for p in [*paths, "floor"]}
     floor_bytes: list[int] = []
-    saved = {name: os.environ.get(name) for name in (kernel.ISA_ENV, kernel.PRECISION_ENV)}
-    try:
+    with restored_environ(kernel.ISA_ENV, kernel.PRECISION_ENV):
         every = [*paths, "floor"]
         for call in range(reps + 1):  # call 0 warms up (page tables, thread pool) and is dropped
             for index, path in enumerate(every):
@@ -201,12 +218,6 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
                     times[path].append(time.perf_counter() - start)
             if call:
                 floor_bytes.append(sum(p.numel() for p in pieces))  # the floor's (last) pieces
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     out: dict[str, Any] = {f"{p}_ms": statistics.median(v) * 1e3 for p, v in times.items()}
     for p in paths:
         out[f"{p}_over_floor"] = out[f"{p}_ms"] / out["floor_ms"]
@@ -216,12 +227,7 @@ def measure(layer: dict[str, torch.Tensor], tokens: int, reps: int, paths: list[
 
 
 def run(quick: bool) -> list[Metric]:
-    from quantreg_cpu_mxfp4 import kernel
-
-    ok, why = kernel.status()
-    if not ok:
-        raise RuntimeError(f"quantreg-cpu-mxfp4's kernel is not available: {why}")
-    isas = ["avx512", "avx2"] if kernel._supports("avx512") else ["avx2"]
+    _, isas = kernel_isas()
     best = isas[0]  # the path moe_forward picks by default, with its default q8x2 activations
     paths = [*isas, f"{best}/q8"]
     compared = [*paths, "mxfp4_reference", "vllm_bf16"]

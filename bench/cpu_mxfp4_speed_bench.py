@@ -26,8 +26,18 @@ from typing import Any
 
 import torch
 
-from bench.common import Metric, child_main, load_average, machine
-from bench.cpu_mxfp4_bench import HIDDEN, INTER, TOP_K, host_isa, measure, random_layer, routed_ids
+from bench.common import Metric, child_main, load_average, machine, restored_environ
+from bench.cpu_mxfp4_bench import (
+    HIDDEN,
+    INTER,
+    TOP_K,
+    host_isa,
+    kernel_isas,
+    measure,
+    packed_inputs,
+    random_layer,
+    routed_ids,
+)
 
 PREFILL_TOKENS = 512
 
@@ -54,17 +64,11 @@ def _sgemm(ids: torch.Tensor, experts: int) -> Any:
 def prefill(layer: dict[str, torch.Tensor], paths: list[str], rounds: int) -> dict[str, Any]:
     from quantreg_cpu_mxfp4 import kernel
 
-    e = layer["w13"].shape[0]
-    w13 = kernel.PackedExperts.from_vllm(layer["w13"], layer["w13_scale"])
-    w2 = kernel.PackedExperts.from_vllm(layer["w2"], layer["w2_scale"])
-    g = torch.Generator().manual_seed(PREFILL_TOKENS)
-    x = torch.randn(PREFILL_TOKENS, HIDDEN, generator=g).to(torch.bfloat16)
-    weights = torch.softmax(torch.randn(PREFILL_TOKENS, TOP_K, generator=g), dim=-1)
+    e, w13, w2, x, weights = packed_inputs(layer, PREFILL_TOKENS)
     flops = 2 * PREFILL_TOKENS * TOP_K * (HIDDEN * 2 * INTER + INTER * HIDDEN)
     times: dict[str, list[float]] = {p: [] for p in [*paths, "sgemm_fp32"]}
     loads: list[float] = []
-    saved = os.environ.get(kernel.ISA_ENV)
-    try:
+    with restored_environ(kernel.ISA_ENV):
         for call in range(rounds + 1):  # call 0 warms up (page tables, oneDNN primitives) and is dropped
             ids = routed_ids(PREFILL_TOKENS, e, call)
             sgemm = _sgemm(ids, e)
@@ -79,11 +83,6 @@ def prefill(layer: dict[str, torch.Tensor], paths: list[str], rounds: int) -> di
                     times[path].append(time.perf_counter() - start)
             if call:
                 loads.append(load_average()[0] if load_average() else float("nan"))
-    finally:
-        if saved is None:
-            os.environ.pop(kernel.ISA_ENV, None)
-        else:
-            os.environ[kernel.ISA_ENV] = saved
     out: dict[str, Any] = {"tokens": PREFILL_TOKENS, "gflop": flops / 1e9, "rounds": rounds, "load_per_round": loads}
     for path, values in times.items():
         out[f"{path}_ms"] = {k: v * 1e3 for k, v in _spread(values).items()}
@@ -94,12 +93,7 @@ def prefill(layer: dict[str, torch.Tensor], paths: list[str], rounds: int) -> di
 
 
 def run(quick: bool) -> list[Metric]:
-    from quantreg_cpu_mxfp4 import kernel
-
-    ok, why = kernel.status()
-    if not ok:
-        raise RuntimeError(f"quantreg-cpu-mxfp4's kernel is not available: {why}")
-    paths = ["avx512", "avx2"] if kernel._supports("avx512") else ["avx2"]
+    kernel, paths = kernel_isas()
     facts = machine()
     rounds = 3 if quick else 5
     host = {"host_isa": host_isa(), "host_kind": facts["host_kind"], "logical_cpus": os.cpu_count(),

@@ -25,7 +25,8 @@ from typing import Any
 SHAPES = {"attention qkv_proj": (2880, 5120), "attention o_proj": (4096, 2880), "lm_head": (2880, 201088)}
 
 
-def _median_ms(fn: Any, n: int) -> float:
+def median_ms(fn: Any, n: int) -> float:
+    """Median wall ms of ``n`` calls (bench/dense_kernel_bench.py times its methods with it too)."""
     times = []
     for _ in range(n):
         t = time.perf_counter()
@@ -34,7 +35,8 @@ def _median_ms(fn: Any, n: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def _error(out: Any, x: Any, w: Any) -> float:
+def error_vs_float64(out: Any, x: Any, w: Any) -> float:
+    """``max|out - ref| / max|ref|`` against ``x @ w.T`` in float64 (rows in chunks of 16,384)."""
     import torch
 
     ref = torch.empty(out.shape, dtype=torch.float64)
@@ -73,11 +75,11 @@ def main() -> None:
             with torch.inference_mode():
                 a = own.apply(bf16, x)
                 b = method.apply(int8, x)
-                err_bf16, err_int8 = _error(a, x, w), _error(b, x, w)
+                err_bf16, err_int8 = error_vs_float64(a, x, w), error_vs_float64(b, x, w)
                 t_bf16, t_int8 = [], []
                 for _ in range(3):  # interleaved rounds
-                    t_bf16.append(_median_ms(functools.partial(own.apply, bf16, x), reps))
-                    t_int8.append(_median_ms(functools.partial(method.apply, int8, x), reps))
+                    t_bf16.append(median_ms(functools.partial(own.apply, bf16, x), reps))
+                    t_int8.append(median_ms(functools.partial(method.apply, int8, x), reps))
             mb, mi = statistics.median(t_bf16), statistics.median(t_int8)
             row = {"layer": name, "K": k, "N": n, "tokens": m, "bf16_ms": round(mb, 3), "int8_ms": round(mi, 3),
                    "speedup": round(mb / mi, 3), "err_bf16": err_bf16, "err_int8": err_int8,

@@ -38,6 +38,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.dense_int8_bench import error_vs_float64, median_ms
+
 SHAPES = {"attention qkv_proj": (2880, 5120), "attention o_proj": (4096, 2880), "lm_head": (2880, 201088)}
 SPREAD_FLAG = 1.5
 LLC_BYTES = 256 << 20
@@ -64,25 +66,6 @@ def read_bandwidth() -> float:
         read_pass([buf])
         best = min(best, time.perf_counter() - start)
     return buf.numel() * 4 / best
-
-
-def _median_ms(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def _error(out: Any, x: Any, w: Any) -> float:
-    import torch
-
-    ref = torch.empty(out.shape, dtype=torch.float64)
-    xd = x.double()
-    for s in range(0, w.shape[0], 16384):
-        ref[:, s:s + 16384] = xd @ w[s:s + 16384].double().t()
-    return float((out.double() - ref).abs().max() / ref.abs().max())
 
 
 class Cycle:
@@ -180,13 +163,13 @@ def main() -> None:
             errors = {}
             with torch.inference_mode():
                 for name, call in calls.items():
-                    errors[name] = _error(call().float(), x, w)
+                    errors[name] = error_vs_float64(call().float(), x, w)
                 per_round: dict[str, list[float]] = {name: [] for name in calls}
                 reps = max(3, args.reps if m == 1 else args.reps // 2)
                 for _ in range(args.rounds):  # interleaved
                     for name, call in calls.items():
                         call()
-                        per_round[name].append(_median_ms(call, reps))
+                        per_round[name].append(median_ms(call, reps))
             floor_ms = nbytes["kernel-avx2"] / bandwidth * 1e3
             for name, times in per_round.items():
                 med = statistics.median(times)

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT
-from bench.wholemodel_bench import DEFAULT_LLAMA_ENV, DEFAULT_WORK  # one home for the bench's directories
+from bench.common import command_line, run_and_report, skipped_lines, table_head
+from bench.wholemodel_bench import model_parser  # one home for the whole-model benches' options
 
 REQUEST_TIMEOUT = 900.0
 
@@ -288,14 +288,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "machine": machine(), "servers": results, "skipped": skipped,
             "throughput_ratio_vllm_over_llama": ratios,
             "settings": {k: str(v) for k, v in vars(args).items()},
-            "command": " ".join(["python -m bench.serving_bench", *sys.argv[1:]])}
+            "command": command_line("bench.serving_bench")}
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"Serving, GPT-OSS ({result['shape']} shape), {result['layers']} layers, {result['threads']} threads, "
-             f"host kind {result['machine']['host_kind']}",
-             "| server | clients | out tok/s | req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | errors |",
-             "|---|---|---|---|---|---|---|"]
+    lines = table_head(f"Serving, GPT-OSS ({result['shape']} shape), {result['layers']} layers, "
+                       f"{result['threads']} threads, host kind {result['machine']['host_kind']}",
+                       ["server", "clients", "out tok/s", "req/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms", "errors"])
     for label, r in result["servers"].items():
         for lv in r["levels"]:
             lines.append(f"| {label} | {lv['clients']} | {lv['output_tok_s']:.1f} | {lv['requests_s']:.2f} | "
@@ -303,19 +302,11 @@ def table(result: dict[str, Any]) -> str:
                          f"{len(lv['errors'])} |")
     for clients, ratio in result["throughput_ratio_vllm_over_llama"].items():
         lines.append(f"{clients} clients: vLLM + quantreg / llama-server output tok/s x{ratio}")
-    for label, why in result["skipped"].items():
-        lines.append(f"skipped {label}: {why}")
-    return "\n".join(lines)
+    return "\n".join(lines + skipped_lines(result))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--model", type=Path, help="an existing checkpoint directory (default: write one)")
-    p.add_argument("--shape", default="20b", choices=("tiny", "20b"))
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK)
-    p.add_argument("--llama-env", type=Path, default=DEFAULT_LLAMA_ENV)
+    p = model_parser(__doc__)
     p.add_argument("--no-llama", action="store_true", help="measure vLLM + quantreg only")
     p.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (default: its compiled mode)")
     p.add_argument("--vllm-table", type=Path, help="QUANTREG_CONFIG for the vLLM server (e.g. tune's table)")
@@ -334,12 +325,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    result = run(args)
-    out = args.json or ROOT / "bench" / "results" / f"serving-L{result['layers']}-{result['machine']['host_kind']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
+    _, out = run_and_report(argv, parse, run, table,
+                            lambda r: f"serving-L{r['layers']}-{r['machine']['host_kind']}.json")
     print(f"wrote {out}")
     return 0
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.common import Metric, best_ns_per_call, child_main, median
-from bench.vllm_bench import pooled, spread, two_tables
+from bench.vllm_bench import decode_metric, pooled, pooled_note, spread, two_tables
 
 BOUND = 64
 KEY = "quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu"
@@ -171,9 +171,7 @@ def engine_metric(quick: bool) -> Metric:
         f"tiny GPT-OSS MXFP4 checkpoint; A: cpu_mxfp4 for tokens<={BOUND}, mxfp4_reference for tokens>{BOUND} "
         "(one TokenSplitMethod per MoE layer); B: cpu_mxfp4 alone; every timed forward (prefill 64, decode 8 "
         "tokens) is cpu_mxfp4's on both sides",
-        f"{pairs} A/B process pair(s) alive side by side, {calls} alternating call pairs each; ratio = median over "
-        f"{len(ratios)} call pairs: {ratio:.3f} (middle half {low:.3f}..{high:.3f}); per CPU second of each "
-        f"process instead of per wall second: {cpu_ratio:.3f}",
+        pooled_note(p, pairs, calls),
         f"Python calls into quantreg/plugin code during one profiled generate: A {calls_a:,}, B {calls_b:,} "
         "(the difference is the split's apply_monolithic and the attributes vLLM reads through it)",
         f"the split's own cost per MoE call (microbenchmark, best of 5 x 200,000 calls): "
@@ -185,12 +183,8 @@ def engine_metric(quick: bool) -> Metric:
                              "samples_split": [r["a"] for r in runs], "samples_single": [r["b"] for r in runs],
                              "quantreg_calls_in_generate": {"split": calls_a, "single": calls_b},
                              "bound": BOUND, "table_split": SPLIT, "table_single": SINGLE}
-    return Metric(
-        "tokens_split_decode_ratio", median(a), "tokens/s", baseline=median(b),
-        baseline_name="the decode side's method alone (cpu_mxfp4)", ratio=ratio,
-        ratio_means="median over adjacent call pairs of (split tokens/s / single tokens/s); 1.0 = no cost",
-        goal=">= 0.98", goal_met=ratio >= 0.98, notes=notes, extra=extra,
-    )
+    return decode_metric("tokens_split_decode_ratio", a, b, ratio, "the decode side's method alone (cpu_mxfp4)",
+                         "(split tokens/s / single tokens/s)", notes, extra)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.common import Metric, best_ns_per_call, child_main, median
-from bench.vllm_bench import pooled, two_tables
+from bench.vllm_bench import decode_metric, pooled, pooled_note, two_tables
 
 RULE = "  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n    method: mxfp4_reference\n"
 VERIFY = "    verify: {against: float64, first: 0, every: 1000000000, decoders: 2}\n"
@@ -61,9 +61,7 @@ def run(quick: bool) -> list[Metric]:
     notes = [
         "tiny GPT-OSS MXFP4 checkpoint, both sides mxfp4_reference; A adds verify: {against: float64, first: 0, "
         "every: 1000000000, decoders: 2} (both MoE layers wrapped, no call sampled)",
-        f"{pairs} A/B process pair(s) alive side by side, {calls} alternating call pairs each; ratio = median over "
-        f"{len(ratios)} call pairs: {ratio:.3f} (middle half {low:.3f}..{high:.3f}); per CPU second of each "
-        f"process instead of per wall second: {cpu_ratio:.3f}",
+        pooled_note(p, pairs, calls),
         f"Python calls into quantreg/plugin code during one profiled generate: A {calls_a:,}, B {calls_b:,} "
         "(the difference is the wrapper: its apply_monolithic and the attributes vLLM reads through it)",
         f"the wrapper's own cost per non-verified MoE call (microbenchmark, best of 5 x 200,000 calls): "
@@ -80,12 +78,8 @@ def run(quick: bool) -> list[Metric]:
                              "quantreg_calls_in_generate": {"with_verify": calls_a, "without": calls_b},
                              "moe_methods": {"with_verify": runs[0]["a_final"]["moe_methods"],
                                              "without": runs[0]["b_final"]["moe_methods"]}}
-    return [Metric(
-        "verify_decode_ratio", median(a), "tokens/s", baseline=median(b),
-        baseline_name="same table without verify:", ratio=ratio,
-        ratio_means="median over adjacent call pairs of (A tokens/s / B tokens/s); 1.0 = no cost",
-        goal=">= 0.98", goal_met=ratio >= 0.98, notes=notes, extra=extra,
-    )]
+    return [decode_metric("verify_decode_ratio", a, b, ratio, "same table without verify:",
+                          "(A tokens/s / B tokens/s)", notes, extra)]
 
 
 def main() -> None:

@@ -19,7 +19,6 @@ same weights, experts exactly dequantised), whose MoE layers vLLM builds with
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -28,8 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
-from bench.common import ROOT, Metric, child_main, median, python_env
-from bench.vllm_child import PREFIX
+from bench.common import ROOT, Metric, child_main, median, python_env, read_reply
 
 BATCH, MAX_TOKENS = 8, 64
 # One OpenMP thread, bound to CPU 0, on both sides. With vLLM's default (all cores bound) a busy
@@ -60,16 +58,7 @@ class Child:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, bufsize=1)
 
     def read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        while line := self.proc.stdout.readline():
-            if line.startswith(PREFIX):
-                value: dict[str, Any] = json.loads(line[len(PREFIX):])
-                if "error" in value:
-                    raise RuntimeError(f"bench.vllm_child: {value['error']}")
-                return value
-        self.proc.wait(timeout=60)
-        self.stderr.seek(0)
-        raise RuntimeError(f"bench.vllm_child exited ({self.proc.returncode}):\n{self.stderr.read()[-5000:]}")
+        return read_reply(self.proc, self.stderr, "bench.vllm_child", 5000)
 
     def ask(self, command: str) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -140,6 +129,21 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "per_pair": [median(r["ratios"]) for r in runs]}
 
 
+def pooled_note(p: dict[str, Any], pairs: int, calls: int) -> str:
+    """The note that says how :func:`pooled` runs were taken and how their ratios spread."""
+    return (f"{pairs} A/B process pair(s) alive side by side, {calls} alternating call pairs each; ratio = median "
+            f"over {len(p['ratios'])} call pairs: {p['ratio']:.3f} (middle half {p['low']:.3f}..{p['high']:.3f}); "
+            f"per CPU second of each process instead of per wall second: {p['cpu_ratio']:.3f}")
+
+
+def decode_metric(name: str, a: list[float], b: list[float], ratio: float, baseline_name: str, pair_ratio: str,
+                  notes: list[str], extra: dict[str, Any]) -> Metric:
+    """A decode-throughput A/B metric: A's tokens/s against B's, the goal a cost under 2 % (ratio >= 0.98)."""
+    return Metric(name, median(a), "tokens/s", baseline=median(b), baseline_name=baseline_name, ratio=ratio,
+                  ratio_means=f"median over adjacent call pairs of {pair_ratio}; 1.0 = no cost",
+                  goal=">= 0.98", goal_met=ratio >= 0.98, notes=notes, extra=extra)
+
+
 def spread(values: list[float]) -> tuple[float, float]:
     """The middle half (25th and 75th percentiles) of ``values``."""
     ordered = sorted(values)
@@ -194,12 +198,8 @@ def run(quick: bool) -> list[Metric]:
                      control_per_process_pair=[median(r["ratios"]) for r in controls])
     notes.append(f"VLLM_PLUGINS A={with_quantreg!r} B={without!r}; VLLM_ENABLE_V1_MULTIPROCESSING=0, "
                  f"VLLM_CPU_OMP_THREADS_BIND={OMP_BIND} (one thread), PYTHONHASHSEED=0, both sides")
-    return [Metric(
-        "decode_ratio", median(a), "tokens/s", baseline=median(b),
-        baseline_name="same run with quantreg filtered out by VLLM_PLUGINS",
-        ratio=ratio, ratio_means="median over adjacent call pairs of (A tokens/s / B tokens/s); 1.0 = no cost",
-        goal=">= 0.98", goal_met=ratio >= 0.98, notes=notes, extra=extra,
-    )]
+    return [decode_metric("decode_ratio", a, b, ratio, "same run with quantreg filtered out by VLLM_PLUGINS",
+                          "(A tokens/s / B tokens/s)", notes, extra)]
 
 
 def main() -> None:

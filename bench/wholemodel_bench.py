@@ -48,9 +48,21 @@ from typing import IO, Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DISAGREE_FACTOR, ROOT, disagreement, load_average, machine, median, python_env
+from bench.common import (
+    DISAGREE_FACTOR,
+    ROOT,
+    command_line,
+    disagreement,
+    load_average,
+    machine,
+    median,
+    python_env,
+    read_reply,
+    run_and_report,
+    skipped_lines,
+    table_head,
+)
 
-PREFIX = "QRB "
 DEFAULT_WORK = Path(os.environ.get("QUANTREG_BENCH_DIR", Path.home() / ".cache" / "quantreg-bench"))
 DEFAULT_LLAMA_ENV = Path(os.environ.get("QUANTREG_LLAMA_ENV", DEFAULT_WORK / "llama-venv"))
 CONVERTER = "src/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py"
@@ -130,17 +142,8 @@ class Engine:
         self.startup_s = time.perf_counter() - t0
 
     def read(self) -> dict[str, Any]:
-        assert self.proc is not None and self.proc.stdout is not None
-        while line := self.proc.stdout.readline():
-            if line.startswith(PREFIX):
-                value: dict[str, Any] = json.loads(line[len(PREFIX):])
-                if "error" in value:
-                    raise RuntimeError(f"{self.label}: {value['error']}")
-                return value
-        self.proc.wait(timeout=60)
-        assert self.stderr is not None
-        self.stderr.seek(0)
-        raise RuntimeError(f"{self.label} exited ({self.proc.returncode}):\n{self.stderr.read()[-6000:]}")
+        assert self.proc is not None and self.stderr is not None
+        return read_reply(self.proc, self.stderr, self.label, 6000)
 
     def ask(self, **command: Any) -> dict[str, Any]:
         assert self.proc is not None and self.proc.stdin is not None
@@ -371,14 +374,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "read_bandwidth_gb_s": bw / 1e9, "read_bandwidth_samples_gb_s": [b / 1e9 for b in bandwidth],
             "engines": results, "ratios": ratios, "baseline": baseline, "skipped": skipped, "machine": info,
             "duration_s": round(time.time() - started, 1),
-            "command": " ".join(["python -m bench.wholemodel_bench", *sys.argv[1:]])}
+            "command": command_line("bench.wholemodel_bench")}
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"GPT-OSS ({result['shape']} shape), {result['layers']} layers, {result['settings']['threads']} threads, "
-             f"host kind {result['machine']['host_kind']}, read bandwidth {result['read_bandwidth_gb_s']:.1f} GB/s",
-             "| engine | decode tok/s | prefill tok/s | TTFT ms | start-up s | MB/token | of bandwidth | peak RSS GB |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = table_head(f"GPT-OSS ({result['shape']} shape), {result['layers']} layers, "
+                       f"{result['settings']['threads']} threads, host kind {result['machine']['host_kind']}, "
+                       f"read bandwidth {result['read_bandwidth_gb_s']:.1f} GB/s",
+                       ["engine", "decode tok/s", "prefill tok/s", "TTFT ms", "start-up s", "MB/token",
+                        "of bandwidth", "peak RSS GB"])
     for label, r in result["engines"].items():
         lines.append(f"| {label} | {r['decode_tok_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['ttft_s'] * 1e3:.0f} | "
                      f"{r['startup_s']:.1f} | {r['bytes_per_token'] / 1e6:.0f} | {r['bandwidth_fraction']:.0%} | "
@@ -396,13 +400,13 @@ def table(result: dict[str, Any]) -> str:
             s = r["split"]
             lines.append(f"{label} decode step {s['step_ms']:.1f} ms = MoE {s['moe_ms']:.1f} + attention/dense "
                          f"{s['attention_dense_ms']:.1f} + lm_head {s['lm_head_ms']:.1f} + rest {s['rest_ms']:.1f}")
-    for label, why in result["skipped"].items():
-        lines.append(f"skipped {label}: {why}")
-    return "\n".join(lines)
+    return "\n".join(lines + skipped_lines(result))
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def model_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every whole-model bench takes (this one, bench/serving_bench.py): which checkpoint
+    (given, or written at ``--shape`` with ``--layers`` and ``--seed``), the work directory and llama env."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     p.add_argument("--model", type=Path, help="an existing checkpoint directory (default: write one)")
     p.add_argument("--shape", default="20b", choices=("tiny", "20b"))
     p.add_argument("--layers", type=int, default=4)
@@ -411,6 +415,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help=f"where checkpoints and GGUFs live (default {DEFAULT_WORK}; $QUANTREG_BENCH_DIR)")
     p.add_argument("--llama-env", type=Path, default=DEFAULT_LLAMA_ENV,
                    help=f"bench/llama_setup.sh's environment (default {DEFAULT_LLAMA_ENV}; $QUANTREG_LLAMA_ENV)")
+    return p
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = model_parser(__doc__)
     p.add_argument("--llama-dense", default="q8_0,bf16", help="GGUF dense types, comma-separated, or 'none'")
     p.add_argument("--vllm-table", action="append", default=[], metavar="LABEL=TABLE.yaml",
                    help="add a vLLM variant served with this quantreg table (repeatable)")
@@ -427,12 +436,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    result = run(args)
-    out = args.json or ROOT / "bench" / "results" / f"wholemodel-L{result['layers']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
+    result, out = run_and_report(argv, parse, run, table, lambda r: f"wholemodel-L{r['layers']}.json")
     print(f"\n{result['duration_s']} s, load average {result['machine']['load_averages'][0]} -> "
           f"{result['machine']['load_averages'][-1]}; JSON: {out}")
     return 0

@@ -155,6 +155,17 @@ def _real() -> tuple[frozenset[str], str, str]:
     return parse_cpuinfo(_read_cpuinfo())
 
 
+def hardware_cpu_flags() -> frozenset[str]:
+    """The flags the CPU really has (``/proc/cpuinfo``, read once per process), ``QUANTREG_HOST_CPU_FLAGS``
+    not applied: what a compiled kernel's own dispatch (``cpuid``) sees.
+
+    For a plugin's probe or status line naming the ISA path its native kernel will take: that path
+    follows the hardware, while :func:`host_facts` (what decisions use) follows a simulation too.
+    Plugin-facing (docs/writing-a-plugin.md, "A compiled kernel"); never raises (empty when unreadable).
+    """
+    return _real()[0]
+
+
 def host_facts() -> HostFacts:
     """This host's facts (``/proc/cpuinfo`` read once per process; the override read per call)."""
     flags, vendor, model = _real()

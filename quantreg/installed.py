@@ -13,6 +13,7 @@ import importlib.util
 import os
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from .files import ReadRefused, read_regular
 
@@ -152,3 +153,18 @@ def shadowing_copy(cwd: str | None = None) -> str | None:
         return None
     return (f"the current directory holds another quantreg ({other}); `python -m vllm...` started here imports "
             f"that copy, not this one ({this}): run vLLM from another directory, or install this tree")
+
+
+def build_failure(record: Path) -> str | None:
+    """Why a plugin's native build failed, as its ``setup.py`` recorded it in the file ``record``
+    (one line, e.g. ``BUILD_FAILED.txt`` beside the package's modules), or ``None``: no record --
+    built, or never tried.
+
+    Plugin-facing (docs/writing-a-plugin.md, "A compiled kernel"): a wheel built where the compiler
+    failed still installs its Python part, and its probe then says why the kernel is missing.
+    Never raises.
+    """
+    try:
+        return record.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None

@@ -98,16 +98,23 @@ def _named(path: str | os.PathLike[str]) -> Path | str:
     return Path(os.path.abspath(text))  # "." and "dir/" name their directory, never an empty last part
 
 
+def _looked_up(path: str | os.PathLike[str]) -> tuple[Path, os.stat_result | None] | str:
+    """The absolute target ``path`` names and what is there now (``lstat``; ``None``: nothing), or why
+    the name itself is unusable: the opening of every target check."""
+    target = _named(path)
+    return target if isinstance(target, str) else (target, _lstat(target))
+
+
 def file_target_problem(path: str | os.PathLike[str], *, replace_symlink: bool = False) -> str | None:
     """Why ``path`` cannot receive a file (``None``: it can). Checked before the command does any work.
 
     An existing target must be a regular file; a symlink is refused unless ``replace_symlink``
     (then the link itself is replaced, never followed: the rename swaps the name).
     """
-    target = _named(path)
-    if isinstance(target, str):
-        return target
-    st = _lstat(target)
+    found = _looked_up(path)
+    if isinstance(found, str):
+        return found
+    target, st = found
     if st is not None:
         if stat.S_ISLNK(st.st_mode):
             if not replace_symlink:
@@ -128,27 +135,26 @@ def dir_target_problem(path: str | os.PathLike[str], *, force: bool = False, rep
     so only the nearest existing ancestor must be a writable directory. ``has_force``: the command
     has a ``--force`` to suggest.
     """
-    target = _named(path)
-    if isinstance(target, str):
-        return target
-    st = _lstat(target)
-    if st is not None:
-        if stat.S_ISLNK(st.st_mode):
-            if not replace_symlink or not os.path.isdir(target):
-                return "is a symlink; expected a new or empty directory (nothing was written)"
-            if not force:
-                return "is a symlink to a directory; pass --force to replace it (nothing was written)"
-        elif not stat.S_ISDIR(st.st_mode):
-            what = "an existing file" if stat.S_ISREG(st.st_mode) else kind(st.st_mode)
-            return f"is {what}; expected a new or empty directory (nothing was written)"
-        else:
-            try:
-                empty = not any(os.scandir(target))
-            except OSError as exc:
-                return f"cannot be listed: {_reason(exc)}"
-            if not empty and not force:
-                hint = "pass --force to replace its contents" if has_force else "choose a new or empty directory"
-                return f"is not empty; {hint} (nothing was written)"
+    found = _looked_up(path)
+    if isinstance(found, str):
+        return found
+    target, st = found
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        if not replace_symlink or not os.path.isdir(target):
+            return "is a symlink; expected a new or empty directory (nothing was written)"
+        if not force:
+            return "is a symlink to a directory; pass --force to replace it (nothing was written)"
+    elif st is not None and not stat.S_ISDIR(st.st_mode):
+        what = "an existing file" if stat.S_ISREG(st.st_mode) else kind(st.st_mode)
+        return f"is {what}; expected a new or empty directory (nothing was written)"
+    elif st is not None:
+        try:
+            empty = not any(os.scandir(target))
+        except OSError as exc:
+            return f"cannot be listed: {_reason(exc)}"
+        if not empty and not force:
+            hint = "pass --force to replace its contents" if has_force else "choose a new or empty directory"
+            return f"is not empty; {hint} (nothing was written)"
     return _parent_problem(target, create_parents=True)
 
 

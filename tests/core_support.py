@@ -28,6 +28,7 @@ import pytest
 
 import quantreg
 from quantreg import Registry
+from quantreg.installed import module_available
 from quantreg.registry import set_registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -482,11 +483,8 @@ GOOD_RULES = "version: 1\nrules:\n  - match: {quant_format: fmt}\n    method: go
 # -- skips only for what is absent (issue 31.4; registered by tests/conftest.py) ----------------
 
 
-def importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+#: Is a module importable? quantreg's own reading (``find_spec``: nothing is imported).
+importable = module_available
 
 
 #: Set (to ``1``) where every optional stack is installed (``.ci/run``): a skip for an absent one fails.

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from core_support import (
@@ -541,14 +542,14 @@ def test_property_every_misbehaviour_is_one_fault_lenient_and_one_error_strict(p
         assert len(registry.faults) == expected, (faults(registry), plugins)
         assert all(isinstance(f, (PluginFailure, Problem)) for f in registry.faults)
         assert set(kept) <= set(registry.methods)
-        with _environ({**env, "QUANTREG_STRICT": "0"}):
+        with mock.patch.dict(os.environ, {**env, "QUANTREG_STRICT": "0"}):
             try:
                 with redirect_stdout(captured):
                     qv.register()  # lenient: returns whatever the plugins did
                 assert captured.getvalue() == ""
             finally:
                 qv.unregister()
-        with _environ({**env, "QUANTREG_STRICT": "1"}):
+        with mock.patch.dict(os.environ, {**env, "QUANTREG_STRICT": "1"}):
             try:
                 if expected:
                     with pytest.raises(QuantregError) as info:
@@ -571,20 +572,6 @@ def _on_sys_path(root: str) -> Iterator[None]:
     finally:
         sys.path.remove(root)
         importlib.invalidate_caches()
-
-
-@contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.mark.usefixtures("clean_env")

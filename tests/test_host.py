@@ -92,3 +92,15 @@ def test_the_kernel_verdict_on_a_host_that_is_not_x86() -> None:
     arm = host.HostFacts(machine="aarch64", cpu_flags=frozenset({"asimd"}))
     verdict = vllm_limits.vllm_cpu_mxfp4_kernel(arm)
     assert not verdict.runs and verdict.reason == "the kernel is x86-only and this host is aarch64"
+
+
+@pytest.mark.parametrize("kind", ["avx2", "amx"])
+def test_hardware_flags_ignore_a_simulation(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a plugin's native kernel dispatches on: the real /proc/cpuinfo flags, whatever quantreg believes."""
+    monkeypatch.delenv(settings.HOST_CPU_FLAGS, raising=False)
+    real = host.host_facts().cpu_flags
+    for name, value in host.simulate(kind).items():
+        monkeypatch.setenv(name, value)
+    assert host.host_facts().simulated
+    assert host.hardware_cpu_flags() == real
+    assert host.hardware_cpu_flags() == host.parse_cpuinfo(open(host.CPUINFO).read())[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from quantreg.installed import dist_name_version, dist_version
+from quantreg.installed import build_failure, dist_name_version, dist_version
 
 
 def test_every_installed_distribution_reads_as_importlib_reads_it() -> None:
@@ -59,3 +59,15 @@ def test_a_fifo_metadata_never_blocks(tmp_path: Path) -> None:
     worker.start()
     worker.join(10)
     assert result == [(None, None)]
+
+
+def test_build_failure_reads_the_plugins_record_or_says_none(tmp_path: Path) -> None:
+    """A native plugin's setup.py record (one line, whitespace around it dropped); none, or an
+    unreadable one (a directory in its place), is ``None``, never an exception."""
+    record = tmp_path / "BUILD_FAILED.txt"
+    assert build_failure(record) is None
+    record.write_text("quantreg-x: compiled kernel NOT built (g++ exited 1)\n", encoding="utf-8")
+    assert build_failure(record) == "quantreg-x: compiled kernel NOT built (g++ exited 1)"
+    record.unlink()
+    record.mkdir()
+    assert build_failure(record) is None

@@ -35,6 +35,15 @@ def _validate(tmp_path: Path, tuned: str, capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.parametrize("tuned,key,expected", [
+    ("[1, 2]", "rules[0].tuned", "expected a mapping written by 'quantreg tune'"),
+    ("{results: [], colour: red}", "rules[0].tuned.colour", "unknown key"),
+    ("{at: 3, results: []}", "rules[0].tuned.at", "expected a string"),
+    ("{results: {a: 1}}", "rules[0].tuned.results", "expected a list"),
+    ("{results: [{method: m, ok: maybe}]}", "rules[0].tuned.results[0].ok", "expected true or false"),
+    ("{results: [{method: m, ok: true, ms: {one: 2}}]}", "rules[0].tuned.results[0].ms",
+     "token count -> milliseconds"),
+    ("{phase_weights: {1: -1}, results: []}", "rules[0].tuned.phase_weights", "weight >= 0"),
+    ("{budget_s: 0, results: []}", "rules[0].tuned.budget_s", "positive number"),
     ('{results: [{method: m, ok: true, ms: {"²": 1.0}}]}', "rules[0].tuned.results[0].ms", "token count"),
     ('{phase_weights: {"²": 1}, results: []}', "rules[0].tuned.phase_weights", "token count"),
     ("{rounds: -3, results: []}", "rules[0].tuned.rounds",
@@ -53,6 +62,7 @@ def test_tuned_values_say_the_value_and_what_was_expected(tmp_path: Path, capsys
                                                           tuned: str, key: str, expected: str) -> None:
     [problem] = _validate(tmp_path, tuned, capsys)
     assert problem["key"] == key and expected in str(problem["message"]) and problem["line"], problem
+    assert str(problem["text"]).startswith(f"{tmp_path / 't.yaml'}:"), problem  # located: path:line: key: ...
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -110,16 +110,20 @@ def test_without_an_allow_list_every_plugin_is_discovered(plugin_site: PluginSit
     assert {"alpha_fast", "beta_fast", "vllm"} <= set(registry.methods)
 
 
-def test_allow_list(plugin_site: PluginSite) -> None:
+@pytest.mark.parametrize(("env", "why", "failures"), [
+    ({"QUANTREG_PLUGINS": " alpha , ghost"}, "not in QUANTREG_PLUGINS",
+     ["plugin 'ghost': named in QUANTREG_PLUGINS but no such entry point is installed"]),
+    ({"QUANTREG_DISABLE_PLUGINS": "beta,unknown"}, "listed in QUANTREG_DISABLE_PLUGINS", []),
+], ids=["allow-list", "deny-list"])
+def test_allow_and_deny_lists(plugin_site: PluginSite, env: dict[str, str], why: str, failures: list[str]) -> None:
     add_plugin(plugin_site, "alpha", "alpha_fast")
     add_plugin(plugin_site, "beta", "beta_fast")
-    registry = Registry.build(env={"QUANTREG_PLUGINS": " alpha , ghost"})
+    registry = Registry.build(env=env)
     assert info(registry, "alpha") == ("loaded", "")
-    assert info(registry, "beta") == ("disabled", "not in QUANTREG_PLUGINS")
+    assert info(registry, "beta") == ("disabled", why)
     assert "beta_fast" not in registry.methods
     assert "qrt_beta" not in sys.modules  # a disabled plugin is never imported
-    assert plugin_failures(registry) == [
-        "plugin 'ghost': named in QUANTREG_PLUGINS but no such entry point is installed"]
+    assert plugin_failures(registry) == failures
 
 
 def test_empty_allow_list_loads_no_plugin(plugin_site: PluginSite) -> None:
@@ -129,14 +133,9 @@ def test_empty_allow_list_loads_no_plugin(plugin_site: PluginSite) -> None:
     assert set(registry.methods) == {"vllm"}  # the built-in is not an entry point; it is always there
 
 
-def test_deny_list(plugin_site: PluginSite) -> None:
+def test_deny_list_wins_over_the_allow_list(plugin_site: PluginSite) -> None:
     add_plugin(plugin_site, "alpha", "alpha_fast")
     add_plugin(plugin_site, "beta", "beta_fast")
-    registry = Registry.build(env={"QUANTREG_DISABLE_PLUGINS": "beta,unknown"})
-    assert info(registry, "alpha") == ("loaded", "")
-    assert info(registry, "beta") == ("disabled", "listed in QUANTREG_DISABLE_PLUGINS")
-    assert "beta_fast" not in registry.methods and "qrt_beta" not in sys.modules
-    # the deny-list wins over the allow-list
     registry = Registry.build(env={"QUANTREG_PLUGINS": "alpha,beta", "QUANTREG_DISABLE_PLUGINS": "alpha"})
     assert info(registry, "alpha") == ("disabled", "listed in QUANTREG_DISABLE_PLUGINS")
     assert info(registry, "beta") == ("loaded", "")

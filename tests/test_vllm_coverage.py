@@ -153,13 +153,16 @@ def subclasses() -> dict[str, type[Any]]:
     return {c.__name__: c for c in (WithSuper, WithoutSuper, Discarding, Refusing, NamesButSkips, OtherSignature)}
 
 
+def real_layers(test: Any) -> Any:
+    """Marks a test that builds real vLLM layers: the ``vllm`` and ``compat`` subsets, skipped without vLLM."""
+    return pytest.mark.vllm(pytest.mark.compat(needs_vllm(test)))
+
+
 def method_name(layer: Any) -> str:
     return type(layer.method).__name__
 
 
-@pytest.mark.vllm
-@pytest.mark.compat
-@needs_vllm
+@real_layers
 def test_overrides_with_and_without_super_are_routed(tmp_path: Path, harness: Any, records: Records,
                                                       uninstall: list[Any]) -> None:
     early = subclasses()  # defined before the seam is installed
@@ -180,21 +183,15 @@ def test_overrides_with_and_without_super_are_routed(tmp_path: Path, harness: An
     assert len(decided) == 1  # one decision line per key, whichever class asked
 
 
-@pytest.mark.vllm
-@pytest.mark.compat
-@needs_vllm
+@real_layers
 def test_decision_vllm_keeps_the_overrides_own_method(tmp_path: Path, harness: Any, records: Records,
                                                        uninstall: list[Any]) -> None:
-    classes = subclasses()
     install(tmp_path, TO_VLLM, uninstall)
-    layer = harness.build_routed(routed_experts_cls=classes["WithoutSuper"], quant_config=None)
-    assert method_name(layer) == "UnquantizedFusedMoEMethod"
-    assert not records.warnings(), records.lines
+    layer = harness.build_routed(routed_experts_cls=subclasses()["WithoutSuper"], quant_config=None)
+    assert (method_name(layer), records.warnings()) == ("UnquantizedFusedMoEMethod", []), records.lines
 
 
-@pytest.mark.vllm
-@pytest.mark.compat
-@needs_vllm
+@real_layers
 def test_discarded_decision_is_a_warning_naming_class_and_key(tmp_path: Path, harness: Any, records: Records,
                                                               uninstall: list[Any]) -> None:
     classes = subclasses()
@@ -211,58 +208,43 @@ def test_discarded_decision_is_a_warning_naming_class_and_key(tmp_path: Path, ha
     assert len(records.warnings("discarded")) == 1
 
 
-@pytest.mark.vllm
-@pytest.mark.compat
-@needs_vllm
+@real_layers
 def test_override_refusing_the_registrys_method(tmp_path: Path, harness: Any, records: Records,
                                                 uninstall: list[Any]) -> None:
     from quantreg.problems import QuantregError
 
-    classes = subclasses()
+    refusing = subclasses()["Refusing"]
     install(tmp_path, TO_REFERENCE, uninstall)
-    layer = harness.build_routed(routed_experts_cls=classes["Refusing"], quant_config=None)
-    assert method_name(layer) == "UnquantizedFusedMoEMethod"  # lenient: vLLM's own method underneath
+    lenient = harness.build_routed(routed_experts_cls=refusing, quant_config=None)
+    assert method_name(lenient) == "UnquantizedFusedMoEMethod"  # vLLM's own method underneath
     found = records.warnings("Refusing._get_quant_method refused the registry's Mxfp4ReferenceMoEMethod",
                              "(unquantized, gpt_oss, cpu)", "requires unquantized routed experts",
                              "using vLLM's own method")
     assert len(found) == 1, records.lines
     install(tmp_path, TO_REFERENCE, uninstall, strict=True)
     with pytest.raises(QuantregError, match=r"^quantreg \(strict\): .*refused the registry's Mxfp4ReferenceMoEMethod"):
-        harness.build_routed(routed_experts_cls=classes["Refusing"], quant_config=None)
+        harness.build_routed(routed_experts_cls=refusing, quant_config=None)
 
 
-@pytest.mark.vllm
-@pytest.mark.compat
-@needs_vllm
-def test_override_that_never_reaches_the_base_is_named(tmp_path: Path, harness: Any, records: Records,
-                                                       uninstall: list[Any]) -> None:
-    classes = subclasses()
-    install(tmp_path, TO_REFERENCE, uninstall)
-    layer = harness.build_routed(routed_experts_cls=classes["NamesButSkips"])
-    assert method_name(layer) == "UnquantizedFusedMoEMethod"
-    found = records.warnings("NamesButSkips._get_quant_method never reached quantreg's seam", KEY,
-                             "could not decide")
-    assert len(found) == 1, records.lines
-
-
-@pytest.mark.vllm
-@pytest.mark.compat
-@needs_vllm
-def test_override_with_another_signature_is_named_not_broken(tmp_path: Path, harness: Any, records: Records,
-                                                              uninstall: list[Any]) -> None:
-    classes = subclasses()
+@real_layers
+@pytest.mark.parametrize(("name", "words"), [
+    ("NamesButSkips", ("NamesButSkips._get_quant_method never reached quantreg's seam", KEY, "could not decide")),
+    ("OtherSignature", ("OtherSignature._get_quant_method takes", "fused=False", "could not decide", KEY)),
+])
+def test_override_the_seam_cannot_decide_for_is_named_once(name: str, words: tuple[str, ...], tmp_path: Path,
+                                                           harness: Any, records: Records,
+                                                           uninstall: list[Any]) -> None:
+    """One that names the base but never calls it, one with another signature: vLLM's own method, and
+    one WARNING per class and key naming the class, however many layers it builds."""
+    cls = subclasses()[name]
     install(tmp_path, TO_REFERENCE, uninstall)
     for _ in range(2):
-        layer = harness.build_routed(routed_experts_cls=classes["OtherSignature"])
+        layer = harness.build_routed(routed_experts_cls=cls)
         assert method_name(layer) == "UnquantizedFusedMoEMethod"
-    found = records.warnings("OtherSignature._get_quant_method takes", "fused=False", "could not decide",
-                             KEY)
-    assert len(found) == 1, records.lines
+    assert len(records.warnings(*words)) == 1, records.lines
 
 
-@pytest.mark.vllm
-@pytest.mark.compat
-@needs_vllm
+@real_layers
 def test_unpatch_restores_every_wrapped_function(tmp_path: Path, harness: Any, uninstall: list[Any]) -> None:
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 

@@ -37,6 +37,22 @@ def keeps(model_type):
     return bool(SWITCH) or model_type != "gpt_oss"
 '''
 
+
+def hooks(module: str, keeper: str, method_attr: str) -> str:
+    """A test plugin module's two hooks: method ``qrt_method`` (``module:method_attr``) and the keeper
+    ``keeper`` (``module:keep``) of the gpt_oss MXFP4 quant config, attached to ``qrt_third_party``."""
+    return f'''
+@quantreg.hookimpl
+def register_methods(register):
+    register(quantreg.Method(name="qrt_method", target="{module}:{method_attr}"))
+
+@quantreg.hookimpl
+def register_quant_config_keepers(register):
+    register(QuantConfigKeeper(name="{keeper}", quant_method="mxfp4", quant_format="gpt_oss_mxfp4",
+                               model_type="gpt_oss", module="qrt_third_party", target="{module}:keep"))
+'''
+
+
 KEEPER_PLUGIN = '''
 import quantreg
 from quantreg.keepers import QuantConfigKeeper
@@ -60,16 +76,7 @@ def keep(module, should_keep):
         module.SWITCH = previous
 
     return undo
-
-@quantreg.hookimpl
-def register_methods(register):
-    register(quantreg.Method(name="qrt_method", target="qrt_keeper_plugin:Method"))
-
-@quantreg.hookimpl
-def register_quant_config_keepers(register):
-    register(QuantConfigKeeper(name="qrt_keeper", quant_method="mxfp4", quant_format="gpt_oss_mxfp4",
-                               model_type="gpt_oss", module="qrt_third_party", target="qrt_keeper_plugin:keep"))
-'''
+''' + hooks("qrt_keeper_plugin", "qrt_keeper", "Method")
 
 
 @pytest.fixture
@@ -249,16 +256,7 @@ from quantreg.keepers import QuantConfigKeeper
 
 def keep(module, should_keep):
     return None  # a third party that changed: the switch it reads is no longer this one
-
-@quantreg.hookimpl
-def register_methods(register):
-    register(quantreg.Method(name="qrt_method", target="qrt_stale_keeper:keep"))
-
-@quantreg.hookimpl
-def register_quant_config_keepers(register):
-    register(QuantConfigKeeper(name="stale", quant_method="mxfp4", quant_format="gpt_oss_mxfp4",
-                               model_type="gpt_oss", module="qrt_third_party", target="qrt_stale_keeper:keep"))
-'''})
+''' + hooks("qrt_stale_keeper", "stale", "keep")})
     module_dir("qrt_third_party", THIRD_PARTY)
     import vllm.config  # noqa: F401  (imports the convertor module the way vLLM does; alone it is circular)
     from vllm.transformers_utils import model_arch_config_convertor as convertor

@@ -202,6 +202,20 @@ def _snapshot(base: Path) -> dict[str, object]:
     return out
 
 
+def _refused_as_predicted(base: Path, problem: str | None, write: Callable[[], object]) -> bool:
+    """Run ``write``; if it refuses (True), the refusal is ``problem`` word for word, on one line, and
+    nothing under ``base`` changed (no temporary left). False: it wrote."""
+    before = _snapshot(base)
+    try:
+        write()
+    except WriteRefused as exc:
+        assert problem is not None and str(exc) == problem
+        assert "\n" not in str(exc)
+        assert _snapshot(base) == before
+        return True
+    return False
+
+
 def _dev_null_intact() -> bool:
     return stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
@@ -214,14 +228,8 @@ def test_replace_file_writes_a_regular_file_or_refuses_untouched(tmp_path_factor
     base = tmp_path_factory.mktemp("w")
     with _target(base, kind) as target:
         problem = file_target_problem(target, replace_symlink=replace_symlink)
-        before = _snapshot(base)
-        try:
-            replace_file(target, data, replace_symlink=replace_symlink)
-        except WriteRefused as exc:
-            assert problem is not None and str(exc) == problem
-            assert "\n" not in str(exc)
-            assert _snapshot(base) == before  # refused: nothing changed, no temporary left
-        else:
+        if not _refused_as_predicted(base, problem, lambda: replace_file(target, data,
+                                                                         replace_symlink=replace_symlink)):
             assert problem is None
             assert kind in ("missing", "regular") or (replace_symlink and kind.startswith("symlink-"))
             written = Path(target)
@@ -245,15 +253,13 @@ def test_replace_directory_is_all_or_nothing(tmp_path_factory: pytest.TempPathFa
         problem = dir_target_problem(target, force=force)
         before = _snapshot(base)
         try:
-            replace_directory(target, fill, force=force)
-        except WriteRefused as exc:
-            assert problem is not None and str(exc) == problem
-            assert _snapshot(base) == before
+            refused = _refused_as_predicted(base, problem, lambda: replace_directory(target, fill, force=force))
         except KeyboardInterrupt:
             assert problem is None and fail
             assert _snapshot(base) == before  # the fresh directory removed, the target as it was
         else:
-            assert problem is None and not fail
+            assert refused or (problem is None and not fail)
+        if problem is None and not fail:
             assert kind in ("missing", "empty-dir", "parent-missing") or (force and kind == "full-dir")
             assert sorted(p.name for p in Path(target).iterdir()) == ["a.txt"]
         assert _dev_null_intact()

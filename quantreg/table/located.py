@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ..files import ReadRefused as ReadRefused
 from ..files import read_regular
+from ..problems import type_name
 
 MAX_NODES = 200_000
 """Most scalars and collections one document may add through aliases (an "alias bomb" bound).
@@ -81,6 +82,17 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def mapping_key_lines(raw: Any, where: str, line: int, fail: Callable[[int | None, str, str], None],
+                      expected: str) -> dict[Any, int] | None:
+    """The line of each key of a rule's sub-mapping (``tuned:``, ``verify:``) as read, for faults
+    located at the key; or ``None`` after one fault at ``line``: ``expected ..., got <type>``."""
+    if not isinstance(raw, dict):
+        fail(line, where, f"expected {expected}, got {type_name(raw)}")
+        return None
+    lines: dict[Any, int] = getattr(raw, "key_lines", {})
+    return lines
 
 
 def to_json(value: Any) -> Any:

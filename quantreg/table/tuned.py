@@ -33,6 +33,7 @@ from typing import Any
 from ..bounds import MAX_COUNT, MAX_SIZE, number_problem, shown, text_count, whole_problem
 from ..methods import valid_name
 from ..problems import did_you_mean, printable, type_name
+from .located import mapping_key_lines
 
 TUNED_KEYS = ("at", "host", "vllm", "torch", "phase_weights", "tolerance", "budget_s", "rounds", "shape", "results",
               "ranking", "load_avg", "pins", "crossover")
@@ -260,11 +261,10 @@ def _token_key(key: object) -> int | None:
 
 def parse_tuned(raw: Any, where: str, line: int, fail: Fail) -> TunedEvidence | None:
     """Check a rule's ``tuned:`` mapping; every fault goes to ``fail(line, key, message)``."""
-    if not isinstance(raw, dict):
-        fail(line, where,
-             f"expected a mapping written by 'quantreg tune' (at, host, results, ...), got {type_name(raw)}")
+    key_lines = mapping_key_lines(raw, where, line, fail,
+                                  "a mapping written by 'quantreg tune' (at, host, results, ...)")
+    if key_lines is None:
         return None
-    key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
     ok = True
 
     def bad(k: str, message: str, at: int | None = None) -> None:

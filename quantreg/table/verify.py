@@ -27,7 +27,8 @@ from typing import Any
 from ..bounds import MAX_COUNT, MAX_LAYERS, number_problem, shown, whole_problem
 from ..error_measure import DEFAULT_TOLERANCE
 from ..methods import keeps_vllm, valid_name
-from ..problems import did_you_mean, type_name
+from ..problems import did_you_mean
+from .located import mapping_key_lines
 
 VERIFY_KEYS = ("against", "every", "first", "tolerance", "decoders")
 OLD_SPELLINGS = {"layers": "decoders"}
@@ -117,11 +118,10 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
     (:func:`quantreg.loading.verify_problems`). An old spelling (:data:`OLD_SPELLINGS`) reads as
     its new one and goes to ``deprecated(line, key, message)``; both spellings at once is a fault.
     """
-    if not isinstance(raw, dict):
-        fail(line, where,
-             f"expected a mapping with 'against' (and every, first, tolerance, decoders), got {type_name(raw)}")
+    key_lines = mapping_key_lines(raw, where, line, fail,
+                                  "a mapping with 'against' (and every, first, tolerance, decoders)")
+    if key_lines is None:
         return None
-    key_lines: dict[Any, int] = getattr(raw, "key_lines", {})
     ok = True
     written: dict[str, str] = {}  # new key -> the old spelling this rule used (problems name what is written)
     for old, new in OLD_SPELLINGS.items():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import VllmRuns
+from e2e_support import VllmRuns, one_rule_tables
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 E2E_DIR = Path(__file__).resolve().parent
@@ -64,10 +64,8 @@ def mxfp4_kernel_available(host_kind: Any) -> bool:
 @pytest.fixture(scope="session")
 def reference_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A user table routing GPT-OSS MXFP4 on CPU to plugin #1's ``mxfp4_reference`` (its rule on line 3)."""
-    path = tmp_path_factory.mktemp("reference-table") / "reference.yaml"
-    path.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, device: cpu}\n"
-                    "    method: mxfp4_reference\n")
-    return path
+    return one_rule_tables(tmp_path_factory.mktemp("reference-table"), {
+        "reference": "match: {quant_format: gpt_oss_mxfp4, device: cpu}\n    method: mxfp4_reference"})["reference"]
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from core_support import installed_copy
 
 
 class VllmRuns:
@@ -66,6 +67,28 @@ def env_with(plugin: Path, **extra: str) -> dict[str, str]:
     return {"PYTHONPATH": path, "QUANTREG_CONFIG": "", "QUANTREG_DECISIONS": "", **extra}
 
 
+HERE = Path(__file__).resolve().parent
+
+
+def plugin_site(factory: pytest.TempPathFactory, name: str) -> Path:
+    """The test plugin ``tests/e2e/<name>_plugin`` (modules ``quantreg_<name>_plugin`` and
+    ``quantreg_<name>_methods``) as an installed distribution ``quantreg-<name>-plugin``: modules and
+    dist-info in one new sys.path entry, its ``quantreg`` entry point named ``name``."""
+    return installed_copy(factory.mktemp(f"{name}-plugin-site"), HERE / f"{name}_plugin",
+                          (f"quantreg_{name}_plugin.py", f"quantreg_{name}_methods.py"), f"quantreg-{name}-plugin",
+                          f"{name} = quantreg_{name}_plugin")
+
+
+def one_rule_tables(root: Path, rules: dict[str, str]) -> dict[str, Path]:
+    """A user table ``root/<name>.yaml`` per entry of ``rules``, holding that one rule (the text after
+    ``  - ``; its first line is line 3 of the file, the line a decision names)."""
+    paths = {}
+    for name, rule in rules.items():
+        paths[name] = root / f"{name}.yaml"
+        paths[name].write_text(f"version: 1\nrules:\n  - {rule}\n")
+    return paths
+
+
 #: The tiny GPT-OSS MXFP4 model's key on the CPU, as a table's match fields.
 MXFP4_KEY = "quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu"
 
@@ -78,3 +101,16 @@ def key_table(path: Path, rules: list[tuple[str | None, str]]) -> Path:
         lines += [f"  - match: {{{MXFP4_KEY}{extra}}}", f"    method: {method}"]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+#: The verify layer tests' MoE layer prefix (test_verify_layer.py, test_verify_contained.py).
+VERIFY_PREFIX = "model.layers.0.mlp.experts"
+
+
+def verify_inputs() -> tuple[Any, Any, Any]:
+    """The verify layer tests' seeded inputs: a GPT-OSS MXFP4 expert set (8 experts, hidden 64,
+    intermediate 96, with biases), 6 tokens' hidden states and their router logits (imports torch)."""
+    from quantreg.models.gpt_oss_moe import random_gpt_oss_mxfp4_experts, random_hidden_states, random_router_logits
+
+    return (random_gpt_oss_mxfp4_experts(8, 64, 96, bias=True, seed=1), random_hidden_states(6, 64, seed=2),
+            random_router_logits(6, 8, seed=3))

@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 
 import pytest
-from core_support import HOST_KINDS, HostKind, installed_copy
-from e2e_support import VllmRuns, env_with
+from core_support import HOST_KINDS, HostKind
+from e2e_support import VllmRuns, env_with, one_rule_tables, plugin_site
 
 from quantreg.testing.vllm_run import (
     VLLM_MXFP4_METHOD,
@@ -31,7 +31,6 @@ from quantreg.testing.vllm_run import (
     RunResult,
 )
 
-HERE = Path(__file__).resolve().parent
 REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
 E2E_CLASS = "quantreg_e2e_methods:E2EUnquantizedMethod"
 KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
@@ -42,15 +41,11 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 
 @pytest.fixture(scope="session")
 def e2e_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The e2e plugin as an installed distribution: module + dist-info in one sys.path entry."""
-    return installed_copy(tmp_path_factory.mktemp("e2e-plugin-site"), HERE / "e2e_plugin",
-                          ("quantreg_e2e_plugin.py", "quantreg_e2e_methods.py"), "quantreg-e2e-plugin",
-                          "e2e = quantreg_e2e_plugin")
+    return plugin_site(tmp_path_factory, "e2e")  # tests/e2e/e2e_plugin, installed
 
 
 @pytest.fixture(scope="session")
 def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tables")
     texts = {
         "reference": "match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
                      "    method: mxfp4_reference",
@@ -62,11 +57,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "e2e_chain": "match: {quant_format: unquantized, model_type: gpt_oss}\n"
                      "    method: [e2e_never, e2e_unquantized]",
     }
-    paths = {}
-    for name, rule in texts.items():
-        paths[name] = root / f"{name}.yaml"
-        paths[name].write_text(f"version: 1\nrules:\n  - {rule}\n")
-    return paths
+    return one_rule_tables(tmp_path_factory.mktemp("tables"), texts)
 
 
 def methods_of(result: RunResult) -> set[str]:

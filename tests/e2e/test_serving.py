@@ -110,7 +110,9 @@ def strict_env_server(tmp_path_factory: pytest.TempPathFactory, served_model: Pa
                                {"QUANTREG_CONFIG": str(tables["broken"]), "QUANTREG_STRICT": "1"})
 
 
-def _check_serves(server: Server) -> None:
+def _check_serves(server: Server, routed_by: Path | None = None) -> None:
+    """The server answers completions (plain and streamed, greedy and repeatable); with ``routed_by``,
+    its log also holds the decision line naming that table's rule (line 3)."""
     assert server.healthy, f"server not healthy after {server.startup_s:.0f}s (exit {server.returncode}); " \
                            f"log tail:\n{server.log[-4000:]}"
     # Text prompt, greedy; ignore_eos (a vLLM extension) because a random model may emit EOS at once.
@@ -127,13 +129,14 @@ def _check_serves(server: Server) -> None:
     assert events[-1] == "[DONE]" and len(events) >= 3
     streamed = "".join(e["choices"][0]["text"] for e in events[:-1] if e.get("choices"))
     assert streamed == choice["text"]
+    if routed_by is not None:
+        expected = f"quantreg: {KEY} -> mxfp4_reference [{routed_by}:3]"
+        assert any(expected in line for line in quantreg_lines(server.log)), \
+            "decision line missing; quantreg lines:\n" + "\n".join(quantreg_lines(server.log))
 
 
 def test_quantreg_config_routes_and_serves(env_server: Server, tables: dict[str, Path]) -> None:
-    _check_serves(env_server)
-    expected = f"quantreg: {KEY} -> mxfp4_reference [{tables['route']}:3]"
-    assert any(expected in line for line in quantreg_lines(env_server.log)), \
-        "decision line missing; quantreg lines:\n" + "\n".join(quantreg_lines(env_server.log))
+    _check_serves(env_server, routed_by=tables["route"])
 
 
 def test_openai_client_against_the_server(env_server: Server) -> None:
@@ -182,10 +185,7 @@ def test_decisions_trail_records_the_worker(env_server: Server) -> None:
 
 
 def test_additional_config_routes_and_serves(additional_config_server: Server, tables: dict[str, Path]) -> None:
-    _check_serves(additional_config_server)
-    expected = f"quantreg: {KEY} -> mxfp4_reference [{tables['route']}:3]"
-    assert any(expected in line for line in quantreg_lines(additional_config_server.log)), \
-        "decision line missing; quantreg lines:\n" + "\n".join(quantreg_lines(additional_config_server.log))
+    _check_serves(additional_config_server, routed_by=tables["route"])
 
 
 def message(line: str) -> str:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from core_support import QUANTREG, installed_copy
-from e2e_support import VllmRuns
+from core_support import QUANTREG
+from e2e_support import MXFP4_KEY, VllmRuns, one_rule_tables, plugin_site
 
 from quantreg.host import simulate
 from quantreg.testing.vllm_run import VLLM_MXFP4_METHOD, RunResult
@@ -27,7 +27,6 @@ from quantreg.tune.rounds import MIN_ROUNDS
 
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 
-HERE = Path(__file__).resolve().parent
 REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
 KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
 BUDGET = 45.0
@@ -36,9 +35,7 @@ SHAPE_20B = {"experts": 32, "hidden": 2880, "intermediate": 2880, "top_k": 4}
 
 @pytest.fixture(scope="module")
 def tune_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return installed_copy(tmp_path_factory.mktemp("tune-plugin-site"), HERE / "tune_plugin",
-                          ("quantreg_tune_plugin.py", "quantreg_tune_methods.py"), "quantreg-tune-plugin",
-                          "tune = quantreg_tune_plugin")
+    return plugin_site(tmp_path_factory, "tune")
 
 
 def site_env(site: Path, **extra: str) -> dict[str, str]:
@@ -205,10 +202,8 @@ def test_strict_a_stale_tuned_rule_stops_the_start_with_one_line(tuned: dict[str
 
 @pytest.fixture(scope="module")
 def chain_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("chain") / "chain.yaml"
-    path.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
-                    "    method: [vllm, mxfp4_reference]\n")
-    return path
+    return one_rule_tables(tmp_path_factory.mktemp("chain"),
+                           {"chain": f"match: {{{MXFP4_KEY}}}\n    method: [vllm, mxfp4_reference]"})["chain"]
 
 
 def test_without_amx_the_chain_passes_over_vllm_in_real_vllm(chain_table: Path, tiny_model: Path, vllm_run: VllmRuns,

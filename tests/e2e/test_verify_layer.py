@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e_support import VERIFY_PREFIX, verify_inputs
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
@@ -23,11 +24,6 @@ from quantreg_hpu_mxfp4.method import Mxfp4ReferenceMoEMethod  # noqa: E402
 from quantreg.decision import Decision  # noqa: E402
 from quantreg.keys import Key, Match  # noqa: E402
 from quantreg.mode import Mode  # noqa: E402
-from quantreg.models.gpt_oss_moe import (  # noqa: E402
-    random_gpt_oss_mxfp4_experts,
-    random_hidden_states,
-    random_router_logits,
-)
 from quantreg.problems import QuantregError  # noqa: E402
 from quantreg.registry import set_registry  # noqa: E402
 from quantreg.table.file import Rule, Tier  # noqa: E402
@@ -36,10 +32,8 @@ from quantreg.testing.harness import VllmMoeHarness  # noqa: E402
 from quantreg.vllm.verify import VerifyingMethod, maybe_verify  # noqa: E402
 
 KEY = Key("gpt_oss_mxfp4", "gpt_oss", "cpu")
-PREFIX = "model.layers.0.mlp.experts"
-EXPERTS = random_gpt_oss_mxfp4_experts(8, 64, 96, bias=True, seed=1)
-X = random_hidden_states(6, 64, seed=2)
-LOGITS = random_router_logits(6, 8, seed=3)
+PREFIX = VERIFY_PREFIX
+EXPERTS, X, LOGITS = verify_inputs()
 
 
 class NibblesSwapped(Mxfp4ReferenceMoEMethod):  # type: ignore[misc]

@@ -15,12 +15,10 @@ import re
 from pathlib import Path
 
 import pytest
-from core_support import installed_copy
-from e2e_support import VllmRuns, env_with
+from e2e_support import VllmRuns, env_with, one_rule_tables, plugin_site
 
 from quantreg.testing.vllm_run import RunResult
 
-HERE = Path(__file__).resolve().parent
 KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
 MATCH = "match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}"
 LINE = re.compile(r"quantreg verify: (\S+) (\(.*?\)): (\S+) vs (\S+): (?:call )?(\d+|load): "
@@ -29,30 +27,24 @@ STRICT_LOAD = re.compile(r"quantreg \(strict\): verify: model\.layers\.1\.mlp\.e
                          r"\(gpt_oss_mxfp4, gpt_oss, cpu\): nibbles_swapped vs mxfp4_reference: error (\S+) "
                          r"on 8 synthetic tokens at load exceeds tolerance 0\.02; refusing to start")
 
+#: The user tables of these tests, by name: each one rule for the tiny model's key.
+RULES = {name: f"{MATCH}\n    {rule}" for name, rule in {
+    "alone": "method: mxfp4_reference",
+    "float64": "method: mxfp4_reference\n    verify: {against: float64, first: 4, tolerance: 0.02, decoders: 2}",
+    "broken": "method: nibbles_swapped\n    verify: {against: mxfp4_reference, first: 2, decoders: [1]}",
+}.items()}
+
 pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) is not installed")
 
 
 @pytest.fixture(scope="module")
-def verify_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The verify plugin as an installed distribution: modules + dist-info in one sys.path entry."""
-    return installed_copy(tmp_path_factory.mktemp("verify-plugin-site"), HERE / "verify_plugin",
-                          ("quantreg_verify_plugin.py", "quantreg_verify_methods.py"), "quantreg-verify-plugin",
-                          "verify = quantreg_verify_plugin")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return one_rule_tables(tmp_path_factory.mktemp("verify-tables"), RULES)
 
 
 @pytest.fixture(scope="module")
-def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("verify-tables")
-    rules = {
-        "alone": "method: mxfp4_reference",
-        "float64": "method: mxfp4_reference\n    verify: {against: float64, first: 4, tolerance: 0.02, decoders: 2}",
-        "broken": "method: nibbles_swapped\n    verify: {against: mxfp4_reference, first: 2, decoders: [1]}",
-    }
-    paths = {}
-    for name, rule in rules.items():
-        paths[name] = root / f"{name}.yaml"
-        paths[name].write_text(f"version: 1\nrules:\n  - {MATCH}\n    {rule}\n")
-    return paths
+def verify_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return plugin_site(tmp_path_factory, "verify")  # tests/e2e/verify_plugin, installed
 
 
 def verify_lines(result: RunResult) -> list[tuple[str, ...]]:

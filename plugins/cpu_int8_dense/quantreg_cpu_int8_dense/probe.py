@@ -22,6 +22,9 @@ import os
 import sys
 from pathlib import Path
 
+from quantreg import installed
+from quantreg.host import hardware_cpu_flags
+
 OPS = ("create_onednn_scaled_mm_handler", "onednn_scaled_mm", "dynamic_scaled_int8_quant")
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_int8_dense.so")
 """The kernel (a plain C library; kernel.LIBRARY)."""
@@ -53,29 +56,15 @@ def ops_available() -> tuple[bool, str]:
 
 def build_failure() -> str | None:
     """Why the build failed, as setup.py recorded it, or ``None`` (no record: built, or never tried)."""
-    try:
-        return BUILD_FAILED.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return installed.build_failure(BUILD_FAILED)
 
 
 def isa_path() -> str:
     """The path the kernel will take here, decided as :func:`quantreg_cpu_int8_dense.kernel.isa` does."""
-    wanted = os.environ.get(ISA_ENV, "").strip().lower()
-    if wanted == "avx2":
-        return f"avx2 (AVX2 sign trick, forced by {ISA_ENV})"
-    return "avx512 (AVX-512 VNNI)" if AVX512_FLAGS <= _cpu_flags() else "avx2 (AVX2 sign trick)"
+    forced = os.environ.get(ISA_ENV, "").strip().lower() == "avx2"
+    if forced or not AVX512_FLAGS <= hardware_cpu_flags():
+        return "avx2 (AVX2 sign trick" + (f", forced by {ISA_ENV})" if forced else ")")
+    return "avx512 (AVX-512 VNNI)"
 
 
 def library_problem() -> str | None:

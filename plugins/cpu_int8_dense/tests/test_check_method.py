@@ -9,10 +9,8 @@ flags (``quantreg.host.simulate("avx2")``)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -28,14 +26,8 @@ def vnni_here() -> bool:
 
 
 @pytest.mark.parametrize("kind", ["here", "avx2"])
-def test_check_method_small_shape_conforms_where_the_method_runs(kind: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
-    if kind == "avx2":
-        env.update(simulate("avx2"))
-    done = subprocess.run([str(Path(sys.executable).parent / "quantreg"), "check-method", "cpu_int8_dense"],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
+def test_check_method_small_shape_conforms_where_the_method_runs(kind: str, check_method: Callable[..., Any]) -> None:
+    done, lines = check_method("cpu_int8_dense", simulate("avx2") if kind == "avx2" else {})
     if kind == "here" and vnni_here():
         for layer in ("attention", "dense", "lm_head"):
             row = next(line for line in lines if f"forward_{layer}" in line)

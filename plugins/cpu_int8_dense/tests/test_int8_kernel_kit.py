@@ -7,10 +7,8 @@ available there, unlike ``cpu_int8_dense``)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -20,16 +18,11 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.mark.parametrize("setting", ["default", "avx2-forced", "avx2-host"])
-def test_the_kit_passes_on_each_isa_path(setting: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
-    if setting != "default":
-        env["QUANTREG_CPU_INT8_DENSE_ISA"] = "avx2"
+def test_the_kit_passes_on_each_isa_path(setting: str, check_method: Callable[..., Any]) -> None:
+    env = {} if setting == "default" else {"QUANTREG_CPU_INT8_DENSE_ISA": "avx2"}
     if setting == "avx2-host":
         env.update(simulate("avx2"))
-    done = subprocess.run([str(Path(sys.executable).parent / "quantreg"), "check-method", "cpu_int8_dense_kernel"],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
+    _, lines = check_method("cpu_int8_dense_kernel", env)
     assert lines[1].startswith("device cpu: available (kernel built: libquantreg_cpu_int8_dense.so, ISA path "), lines
     if setting != "default":
         assert "ISA path avx2 (AVX2 sign trick, forced by QUANTREG_CPU_INT8_DENSE_ISA)" in lines[1], lines[1]

@@ -31,9 +31,8 @@ QR_AVX512 void decode_tile_avx512(const uint8_t* blocks, const uint8_t* scales, 
   const __m512 table = _mm512_loadu_ps(kE2M1);
   const int64_t nb = k / 32;
   for (int64_t g = 0; g < rows; g += kRowGroup) {
-    const int64_t group = (row0 + g) / kRowGroup;
-    const uint8_t* w = blocks + group * kRowGroup * (k / 2);
-    const uint8_t* s = scales + group * kRowGroup * nb;
+    const RowGroup group = row_group(blocks, scales, k, row0 + g);
+    const uint8_t *w = group.w, *s = group.s;
     for (int64_t b = 0; b < nb; ++b) {
       const __m512 ws = _mm512_castsi512_ps(
           _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16 * b))), 23));
@@ -64,9 +63,8 @@ QR_AVX2 void decode_tile_avx2(const uint8_t* blocks, const uint8_t* scales, int6
   const __m256i sign = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
   const int64_t nb = k / 32;
   for (int64_t g = 0; g < rows; g += kRowGroup) {
-    const int64_t group = (row0 + g) / kRowGroup;
-    const uint8_t* w = blocks + group * kRowGroup * (k / 2);
-    const uint8_t* s = scales + group * kRowGroup * nb;
+    const RowGroup group = row_group(blocks, scales, k, row0 + g);
+    const uint8_t *w = group.w, *s = group.s;
     for (int64_t b = 0; b < nb; ++b) {
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {

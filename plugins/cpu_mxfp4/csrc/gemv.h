@@ -6,6 +6,7 @@
 // (ODR), putting AVX-512 instructions on the AVX2 path. Plain C-style code only.
 #pragma once
 #include <cstdint>
+#include <cstring>
 
 namespace quantreg_cpu_mxfp4 {
 
@@ -45,6 +46,31 @@ constexpr uint8_t kCodeTable[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 
 #define QR_AVX2 __attribute__((target("avx2,fma")))
 #define QR_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 #define QR_INLINE __attribute__((always_inline)) inline
+
+// The 16-row group holding `row` (a multiple of 16, inside the body) of one expert's weight: its
+// first block byte and first scale in the layout above. The GEMV kernels and the tile decode of
+// both ISA paths walk the body group by group with it.
+struct RowGroup {
+  const uint8_t* w;
+  const uint8_t* s;
+};
+QR_INLINE RowGroup row_group(const uint8_t* blocks, const uint8_t* scales, int64_t k, int64_t row) {
+  const int64_t group = row / kRowGroup;
+  return {blocks + group * kRowGroup * (k / 2), scales + group * kRowGroup * (k / 32)};
+}
+
+// 4 bytes of a Q8 block read at any alignment (memcpy: one plain load): an activation dword, which
+// the GEMV kernels broadcast to every lane, and the block's fp32 scale (bytes 36..39).
+QR_INLINE int32_t load_i32(const uint8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+QR_INLINE float load_f32(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 // Software prefetch distance, bytes ahead in the weight stream (16 blocks of 16 rows), both GEMV
 // paths. Measured at 1 token, 1 thread (AVX-512 path, interleaved): none 15-20 % slower than

@@ -9,18 +9,12 @@
 // fp32, times weight scale * activation scale, FMA. No horizontal sums (lanes are rows).
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "gemv.h"
 
 namespace quantreg_cpu_mxfp4 {
 namespace {
 
-QR_AVX2 QR_INLINE __m256i bcast32(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
+QR_AVX2 QR_INLINE __m256i bcast32(const uint8_t* p) { return _mm256_set1_epi32(load_i32(p)); }
 
 // One 16-row group times M (1 or 2) tokens -> out[m][row .. row + 15].
 template <int M>
@@ -68,8 +62,7 @@ QR_AVX2 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const ui
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s + 16 * b + 8 * h))), 23));
 #pragma GCC unroll 2
       for (int m = 0; m < M; ++m) {
-        float as;
-        std::memcpy(&as, a[m] + 36, 4);
+        const float as = load_f32(a[m] + 36);
         acc[h][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), _mm256_mul_ps(ws, _mm256_set1_ps(as)), acc[h][m]);
       }
     }
@@ -84,10 +77,9 @@ QR_AVX2 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const ui
 
 QR_AVX2 void gemv_avx2(const GemvJob& job) {
   const int64_t nb = job.k / 32;
-  const int64_t group_bytes = kRowGroup * job.k / 2, group_scales = kRowGroup * nb;
   for (int64_t row = job.row_begin; row < job.row_end; row += kRowGroup) {
-    const uint8_t* w = job.blocks + (row / kRowGroup) * group_bytes;
-    const uint8_t* s = job.scales + (row / kRowGroup) * group_scales;
+    const RowGroup group = row_group(job.blocks, job.scales, job.k, row);
+    const uint8_t *w = group.w, *s = group.s;
     int64_t t = 0;
     for (; t + 2 <= job.m; t += 2) group_tile<2>(w, s, nb, job.act + t, job.out + t, row);
     if (job.m - t == 1) group_tile<1>(w, s, nb, job.act + t, job.out + t, row);

@@ -12,18 +12,12 @@
 //   the 16 outputs. Weights are decoded once per block and reused for every token of the tile.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "gemv.h"
 
 namespace quantreg_cpu_mxfp4 {
 namespace {
 
-QR_AVX512 QR_INLINE __m512i bcast32(const uint8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
+QR_AVX512 QR_INLINE __m512i bcast32(const uint8_t* p) { return _mm512_set1_epi32(load_i32(p)); }
 
 // One 16-row group (its blocks and scales) times M tokens -> out[m][row .. row + 15].
 template <int M>
@@ -61,8 +55,7 @@ QR_AVX512 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const 
       d1 = _mm512_dpbusd_epi32(d1, hi[2], bcast32(a + 20));
       d0 = _mm512_dpbusd_epi32(d0, lo[3], bcast32(a + 24));
       d1 = _mm512_dpbusd_epi32(d1, hi[3], bcast32(a + 28));
-      float as;
-      std::memcpy(&as, a + 36, 4);
+      const float as = load_f32(a + 36);
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), _mm512_mul_ps(ws, _mm512_set1_ps(as)),
                                acc[m]);
     }
@@ -75,10 +68,9 @@ QR_AVX512 void group_tile(const uint8_t* w, const uint8_t* s, int64_t nb, const 
 
 QR_AVX512 void gemv_avx512(const GemvJob& job) {
   const int64_t nb = job.k / 32;
-  const int64_t group_bytes = kRowGroup * job.k / 2, group_scales = kRowGroup * nb;
   for (int64_t row = job.row_begin; row < job.row_end; row += kRowGroup) {
-    const uint8_t* w = job.blocks + (row / kRowGroup) * group_bytes;
-    const uint8_t* s = job.scales + (row / kRowGroup) * group_scales;
+    const RowGroup group = row_group(job.blocks, job.scales, job.k, row);
+    const uint8_t *w = group.w, *s = group.s;
     // Token tiles of up to 8 (8 accumulators + 8 decoded vectors fit the 32 registers; measured
     // at 16 tokens, one thread, interleaved: 8-15 % faster than tiles of 4 under q8x2, 2-10 %
     // under q8): the group's weights (16 x K/2 bytes, 23 KB at K=2880) come from L1/L2 again for

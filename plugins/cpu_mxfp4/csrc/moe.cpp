@@ -277,6 +277,16 @@ void quantize_q8x2(const float* x, int64_t k, uint8_t* dst_hi, uint8_t* dst_lo, 
   quantize_q8(scratch, k, dst_lo);
 }
 
+// One row of k floats (followed by k floats of scratch) -> its `per` Q8 parts at q, q + q_bytes:
+// q8x2 (per 2: the row, then its residual) or plain q8 (per 1). Stages 2 and 4 of the forward.
+void quantize_row(float* row, int64_t k, int64_t per, uint8_t* q, int64_t q_bytes) {
+  if (per == 2) {
+    quantize_q8x2(row, k, q, q + q_bytes, row + k);
+  } else {
+    quantize_q8(row, k, q);
+  }
+}
+
 // The rows of an expert past its last whole 16-row group (row-major, fewer than 16; gemv.h):
 // plain C, any ISA, the same integer arithmetic as the SIMD kernels.
 void gemv_tail(const GemvJob& job) {
@@ -481,11 +491,7 @@ const char* forward(const QrMoeArgs& a) {
   run_jobs(T, [&](int64_t t) {
     std::vector<float> row(static_cast<size_t>(2 * H));
     for (int64_t h = 0; h < H; ++h) row[static_cast<size_t>(h)] = load_float(xp, xdt, t * H + h);
-    if (per == 2) {
-      quantize_q8x2(row.data(), H, qx.data() + 2 * t * q1, qx.data() + (2 * t + 1) * q1, row.data() + H);
-    } else {
-      quantize_q8(row.data(), H, qx.data() + t * q1);
-    }
+    quantize_row(row.data(), H, per, qx.data() + per * t * q1, q1);
   });
 
   // 3. w13.
@@ -546,10 +552,8 @@ const char* forward(const QrMoeArgs& a) {
     }
     if (big_pair[static_cast<size_t>(r)]) {
       for (int64_t i = 0; i < I; ++i) store_float(ab.data(), gdt, r * I + i, act_row[static_cast<size_t>(i)]);
-    } else if (per == 2) {
-      quantize_q8x2(act_row.data(), I, qa.data() + 2 * r * q2, qa.data() + (2 * r + 1) * q2, act_row.data() + I);
     } else {
-      quantize_q8(act_row.data(), I, qa.data() + r * q2);
+      quantize_row(act_row.data(), I, per, qa.data() + per * r * q2, q2);
     }
   };
 

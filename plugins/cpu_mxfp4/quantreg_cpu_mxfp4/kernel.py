@@ -55,16 +55,8 @@ ISA choice: :func:`isa` reads ``QUANTREG_CPU_MXFP4_ISA`` on **every call** (so t
 paths in one process): ``avx2`` forces the baseline; ``avx512`` (or unset) asks for AVX-512
 (F/BW/VL/VNNI) and falls back to AVX2 where the CPU lacks it. AMX is never required.
 
-Weight layout: :class:`PackedExperts` repacks vLLM's layout (rows of packed nibbles
-``[E, N, K/2]`` and E8M0 bytes ``[E, N, K/32]``) once at load into a 16-row interleave of the
-same byte count (``csrc/gemv.h``: per group of 16 rows and 32-block, dword ``d`` of the 16 rows
-side by side, then their 16 scale bytes in a second stream), so a vector lane is one output row:
-a GEMV job reads one sequential stream, and every 32-block of 16 rows costs one scale conversion
-and no horizontal sum. Measured before the repack (1 token, 20B layer, one thread): the
-row-major kernel took 0.72 ms per expert with its 13 MB in the last-level cache, against 0.19 ms
-for a read pass over the same bytes -- instruction-bound, not memory-bound. The repack is a copy
-into new tensors (the caller drops vLLM's, as the method does: resident bytes = packed bytes,
-1.0x); rows past the last whole group of 16 stay row-major (a plain C loop computes them).
+Weight layout: :class:`PackedExperts` (:mod:`.packed`) repacks vLLM's row-major experts once at load
+into the 16-row interleave the kernel streams (``csrc/gemv.h``).
 
 Prefill: the int8 kernel is compute-bound at many tokens per expert (weights decoded once per
 16-row x 32-column block and reused over 8 (AVX-512) or 2 (AVX2) tokens). So an expert with at
@@ -90,15 +82,18 @@ import contextlib
 import ctypes
 import logging
 import os
-import signal
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# the prefill callback and the weight layout, each in its own module, named here as before
+from .callback import _GEMM_FN, _Gemm, _signals_held
+from .callback import GEMM_DONE as GEMM_DONE
+from .callback import HELD_SIGNALS as HELD_SIGNALS
+from .packed import BLOCK_SIZE as BLOCK_SIZE
+from .packed import PackedExperts as PackedExperts
 
 # the setting's and the ABI's one home: the probe (no torch) reads them too, and loads the library
 from .probe import ABI_VERSION as ABI_VERSION
@@ -109,7 +104,6 @@ log = logging.getLogger("vllm.quantreg.cpu_mxfp4")
 PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
 PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
-BLOCK_SIZE = 32
 # Tokens routed to one expert from which it takes the prefill path (decoded tiles + torch.mm)
 # instead of the Q8 GEMV, per activation precision. The int8 GEMV stays compute-efficient at many
 # tokens (weights decoded once per 16-row block and reused over a tile of tokens) and its dynamic
@@ -126,14 +120,6 @@ GEMM_MIN_TOKENS = {"q8x2": 128, "q8": 256}
 GEMM_ROWS = 512
 LIBRARY = "libquantreg_cpu_mxfp4.so"
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-GEMM_DONE = 0x51524F4B
-"""What the prefill callback returns once it has written its rows (``csrc/moe.cpp``'s ``kQrGemmDone``):
-any other value stops the forward, so a callback that never ran its body (below) cannot pass."""
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-"""Signals whose Python handlers wait while the C forward may call back into Python (:func:`_signals_held`)."""
-_GEMM_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32)
-_GEMM_DTYPES = {0: torch.float32, 1: torch.bfloat16}  # csrc/moe.cpp's QR_F32 / QR_BF16
 
 
 class _MoeArgs(ctypes.Structure):
@@ -234,185 +220,6 @@ def isa() -> str:
     if wanted == "avx2":
         return "avx2"
     return "avx512" if _supports("avx512") else "avx2"
-
-
-ROW_GROUP = 16
-
-
-def _body_rows(n: int) -> int:
-    """Rows stored in 16-row groups; the rest (``n % 16``) stay row-major after them."""
-    return n - n % ROW_GROUP
-
-
-def _interleave(blocks: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """vLLM's row-major ``[E, N, K/2]`` / ``[E, N, K/32]`` -> the 16-row interleave (new tensors, same shapes)."""
-    e, n, half = blocks.shape
-    nb, body = half // 16, _body_rows(n)
-    groups = body // ROW_GROUP
-    out_b = torch.empty_like(blocks, memory_format=torch.contiguous_format)
-    out_s = torch.empty_like(scales, memory_format=torch.contiguous_format)
-    flat_b, flat_s = out_b.view(e, n * half), out_s.view(e, n * nb)
-    # dwords as int32 elements: 4 bytes move together, [E, G, row, block, d] -> [E, G, block, d, row]
-    src = blocks[:, :body].contiguous().view(torch.int32).view(e, groups, ROW_GROUP, nb, 4)
-    flat_b[:, :body * half].view(torch.int32).view(e, groups, nb, 4, ROW_GROUP).copy_(src.permute(0, 1, 3, 4, 2))
-    flat_b[:, body * half:] = blocks[:, body:].reshape(e, -1)
-    flat_s[:, :body * nb].view(e, groups, nb, ROW_GROUP).copy_(
-        scales[:, :body].reshape(e, groups, ROW_GROUP, nb).permute(0, 1, 3, 2))
-    flat_s[:, body * nb:] = scales[:, body:].reshape(e, -1)
-    return out_b, out_s
-
-
-@dataclass(frozen=True)
-class PackedExperts:
-    """One MXFP4 weight stack (all experts of w13 or of w2) in the kernel's layout, made once at load.
-
-    ``blocks`` uint8 ``[E, N, K/2]`` and ``scales`` uint8 ``[E, N, K/32]`` (E8M0), contiguous,
-    the same shapes and byte count as vLLM's parameters but in the 16-row interleave the kernel
-    streams (module docstring; ``csrc/gemv.h``). :meth:`from_vllm` makes them from vLLM's
-    row-major parameters (a copy: the caller drops its own references afterwards, so resident
-    memory stays the packed bytes); :meth:`to_vllm` gives the row-major form back.
-    """
-
-    blocks: torch.Tensor
-    scales: torch.Tensor
-
-    @classmethod
-    def from_vllm(cls, blocks: torch.Tensor, scales: torch.Tensor) -> PackedExperts:
-        """Check vLLM's ``w*_weight`` / ``w*_weight_scale`` (row-major) and repack them for the kernel."""
-        if blocks.dim() != 3 or scales.dim() != 3:
-            raise ValueError(f"expected blocks [E, N, K/2] and scales [E, N, K/32], got {tuple(blocks.shape)} "
-                             f"and {tuple(scales.shape)}")
-        if blocks.device.type != "cpu" or scales.device.type != "cpu":
-            raise ValueError(f"MXFP4 weights must be on the CPU, got {blocks.device} / {scales.device}")
-        if blocks.dtype not in (torch.uint8, torch.int8) or scales.dtype not in (torch.uint8, torch.int8):
-            raise ValueError(f"blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
-        e, n, half = blocks.shape
-        k = 2 * half
-        if k == 0 or k % BLOCK_SIZE:
-            raise ValueError(f"K = {k} (2 x blocks' last dimension) must be a positive multiple of {BLOCK_SIZE}")
-        if tuple(scales.shape) != (e, n, k // BLOCK_SIZE):
-            raise ValueError(f"scales {tuple(scales.shape)} do not match blocks {tuple(blocks.shape)}: expected "
-                             f"{(e, n, k // BLOCK_SIZE)}")
-        with torch.no_grad():
-            return cls(*_interleave(blocks.detach().view(torch.uint8), scales.detach().view(torch.uint8)))
-
-    def to_vllm(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The row-major ``(blocks, scales)`` vLLM loaded (new tensors): the inverse of :meth:`from_vllm`."""
-        e, n, half = self.blocks.shape
-        nb, body = half // 16, _body_rows(n)
-        groups = body // ROW_GROUP
-        blocks = torch.empty_like(self.blocks)
-        scales = torch.empty_like(self.scales)
-        src_b, src_s = self.blocks.view(e, n * half), self.scales.view(e, n * nb)
-        blocks[:, :body].view(torch.int32).view(e, groups, ROW_GROUP, nb, 4).copy_(
-            src_b[:, :body * half].view(torch.int32).view(e, groups, nb, 4, ROW_GROUP).permute(0, 1, 4, 2, 3))
-        blocks[:, body:] = src_b[:, body * half:].view(e, n - body, half)
-        scales[:, :body].view(e, groups, ROW_GROUP, nb).copy_(
-            src_s[:, :body * nb].view(e, groups, nb, ROW_GROUP).permute(0, 1, 3, 2))
-        scales[:, body:] = src_s[:, body * nb:].view(e, n - body, nb)
-        return blocks, scales
-
-    @property
-    def num_experts(self) -> int:
-        return int(self.blocks.shape[0])
-
-    @property
-    def rows(self) -> int:
-        """N: output features per expert."""
-        return int(self.blocks.shape[1])
-
-    @property
-    def cols(self) -> int:
-        """K: input features per expert (elements, not bytes)."""
-        return int(self.blocks.shape[2]) * 2
-
-    @property
-    def nbytes(self) -> int:
-        """Resident bytes of the packed form (blocks + scales)."""
-        return int(self.blocks.numel() + self.scales.numel())
-
-
-def _wrap(address: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor over ``count`` elements of C-owned memory at ``address`` (no copy)."""
-    size = count * dtype.itemsize
-    return torch.frombuffer((ctypes.c_char * size).from_address(address), dtype=dtype, count=count)
-
-
-class _Gemm:
-    """The prefill path's matmul, called back by the C library: ``c[:m, :n] = a @ b``.
-
-    ``a`` ``[m, k]`` (the expert's tokens), ``b`` ``[k, n]`` (the K-major weight tile), both fp32 or
-    both bf16 (``dtype``; bf16 where the CPU has AVX-512 BF16, as ``csrc/moe.cpp`` decides); the
-    result goes to the fp32 rows ``c`` (row stride ``ldc``). An exception cannot cross the C
-    frames: it is kept, the callback returns 1 (the C side stops), and :func:`_forward` raises it.
-    One raised as the callback is entered, before its ``try`` (a signal handler's
-    ``KeyboardInterrupt`` runs at a function's first instruction), would be printed and swallowed
-    by ctypes: :func:`_forward` holds the handlers of :data:`HELD_SIGNALS` while the C call runs,
-    and the C side takes only :data:`GEMM_DONE` as success, never an uninitialised return slot.
-    """
-
-    def __init__(self) -> None:
-        self.error: BaseException | None = None
-        self.fn = _GEMM_FN(self)
-
-    def __call__(self, a: int, m: int, k: int, b: int, n: int, c: int, ldc: int, dtype: int) -> int:
-        try:
-            kind = _GEMM_DTYPES[dtype]
-            lhs = _wrap(a, m * k, kind).view(m, k)
-            rhs = _wrap(b, k * n, kind).view(k, n)
-            out = _wrap(c, (m - 1) * ldc + n, torch.float32).as_strided((m, n), (ldc, 1))
-            if kind == torch.float32 and ldc == n:
-                torch.mm(lhs, rhs, out=out)
-            else:
-                out.copy_(torch.mm(lhs, rhs))
-            return GEMM_DONE
-        except BaseException as exc:  # handed back to the caller, never lost
-            self.error = exc
-            return 1
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Python signal handlers (Ctrl-C's ``KeyboardInterrupt``, vLLM's SIGTERM shutdown) run after the block.
-
-    Why: while the C forward runs, a signal only sets CPython's flag; the next Python code to run
-    -- the prefill callback, from inside C -- would run the handler, and its exception would be lost
-    in ctypes (the forward failing as "the gemm callback failed", Ctrl-C ignored: seen in
-    ``quantreg tune`` under load). So for the block each Python handler of :data:`HELD_SIGNALS` is
-    replaced by one that notes the signal, and a noted signal is raised again once the real
-    handlers are back. Only the main thread runs Python handlers (elsewhere there is nothing to
-    hold); ``SIG_DFL`` / ``SIG_IGN`` act in C and are left alone. Two ``sigaction`` calls per
-    signal, on the prefill path only (a forward of milliseconds).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-    held: dict[signal.Signals, Any] = {}
-    try:  # set up inside the try: a handler that fires while the others are swapped is restored too
-        for sig in HELD_SIGNALS:
-            handler = signal.getsignal(sig)
-            if callable(handler):
-                held[sig] = handler
-                signal.signal(sig, lambda signum, _frame: noted.append(signum))
-        yield
-    finally:
-        caught: BaseException | None = None
-        for sig, handler in held.items():
-            restored = False
-            while not restored:  # a handler restored a moment ago may raise here (Ctrl-C): the rest still are
-                try:
-                    signal.signal(sig, handler)
-                    restored = True
-                except BaseException as exc:  # before or after the call did its work: calling again is harmless
-                    caught = caught or exc
-        for signum in dict.fromkeys(noted):
-            try:
-                signal.raise_signal(signum)  # the real handler runs now, in the caller's frame
-            except BaseException as exc:
-                caught = caught or exc
-        if caught is not None:
-            raise caught
 
 
 def _check(ok: bool, message: str) -> None:

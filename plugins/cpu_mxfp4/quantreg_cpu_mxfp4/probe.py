@@ -25,6 +25,9 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from quantreg import installed
+from quantreg.host import hardware_cpu_flags
+
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_mxfp4.so")
 """The kernel (a plain C library; kernel.LIBRARY)."""
 ABI_VERSION = 3
@@ -40,21 +43,7 @@ BUILD_FAILED = Path(__file__).with_name("BUILD_FAILED.txt")
 
 def build_failure() -> str | None:
     """Why the build failed, as setup.py recorded it, or ``None`` (no record: built, or never tried)."""
-    try:
-        return BUILD_FAILED.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return installed.build_failure(BUILD_FAILED)
 
 
 def isa_path() -> str:
@@ -63,7 +52,7 @@ def isa_path() -> str:
     wanted = os.environ.get(ISA_ENV, "").strip().lower()
     if wanted == "avx2":
         return f"avx2 (AVX2+FMA, forced by {ISA_ENV})"
-    return "avx512 (AVX-512 VNNI)" if AVX512_FLAGS <= _cpu_flags() else "avx2 (AVX2+FMA)"
+    return "avx512 (AVX-512 VNNI)" if AVX512_FLAGS <= hardware_cpu_flags() else "avx2 (AVX2+FMA)"
 
 
 def _torch_openmp() -> Path | None:
