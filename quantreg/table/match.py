@@ -102,13 +102,20 @@ class MatchChecker:
         return Match(values.get("quant_format"), values.get("model_type"), values.get("device"), values.get(LAYER),
                      tokens=tokens, more=tuple(sorted(more)))
 
+    def listed(self, v: Any, line: int, where: str, expected: str) -> list[Any] | None:
+        """A match value that may be one item or a non-empty list, as a list (``None`` after the located
+        fault for an empty list: it would match nothing, which no one writes on purpose)."""
+        if isinstance(v, list) and not v:
+            self.fail(line, where, f"empty list; {expected}")
+            return None
+        return v if isinstance(v, list) else [v]
+
     def declared_values(self, declared: keys.MatchKey, v: Any, line: int, where: str) -> tuple[str, ...] | None:
         """A :data:`quantreg.keys.MATCH_KEYS` key: one value or a non-empty list, each one of ``declared.values``
         (or any match value when it has none); no wildcard (leave the key out to match every value)."""
         expected = (f"one of {', '.join(declared.values)}" if declared.values is not None else "a name")
-        items = v if isinstance(v, list) else [v]
-        if isinstance(v, list) and not v:
-            self.fail(line, where, f"empty list; expected {expected} or a list of them")
+        items = self.listed(v, line, where, f"expected {expected} or a list of them")
+        if items is None:
             return None
         ok = True
         for x in items:
@@ -147,9 +154,8 @@ class MatchChecker:
     def layer_kinds(self, v: Any, line: int, where: str) -> tuple[str, ...] | None:
         """``layer``: one kind or a list of kinds (no wildcard: a rule deciding other layers names them)."""
         expected = f"expected one of {', '.join(LAYER_KINDS)} or a list of them"
-        items = v if isinstance(v, list) else [v]
-        if isinstance(v, list) and not v:
-            self.fail(line, where, f"empty list; {expected}")
+        items = self.listed(v, line, where, expected)
+        if items is None:
             return None
         ok = True
         for x in items:
