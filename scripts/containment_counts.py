@@ -25,6 +25,7 @@ CLASSES: dict[str, tuple[str, list[str]]] = {
     "3": ("the forward pass of a method under test never stops its caller",
           ["tests/e2e/test_verify_contained.py", "tests/test_tune.py::test_tune_refuses_each"]),
     "4": ("one caller for every hook and plugin callable", ["tests/test_hookcall.py",
+                                                            "tests/test_hookcall_plugin_faults.py",
                                                             "tests/test_tune.py::test_tune_refuses_each"]),
     "5": ("malformed data never kills a tool: one bounded JSON reader, declared shapes bounded",
           ["tests/test_jsonread.py::test_loads", "tests/test_jsonread.py::test_the_issue",

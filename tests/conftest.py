@@ -33,6 +33,7 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
+from cli_support import cli, tables
 from core_support import (
     SkipPolicy,
     broken_user,
@@ -56,7 +57,8 @@ from core_support import (
 # vLLM's defaults untouched.
 os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
 
-__all__ = ["broken_user", "clean_env", "host_kind", "module_dir", "plugin_site", "table", "vllm_not_loaded"]
+__all__ = ["broken_user", "clean_env", "cli", "host_kind", "module_dir", "plugin_site", "table", "tables",
+           "vllm_not_loaded"]
 
 
 class PhaseClock:
