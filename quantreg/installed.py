@@ -164,7 +164,7 @@ def build_failure(record: Path) -> str | None:
     failed still installs its Python part, and its probe then says why the kernel is missing.
     Never raises.
     """
-    try:
-        return record.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+    try:  # through quantreg.files like every read: a FIFO or a device named BUILD_FAILED.txt never blocks
+        return read_regular(record, _HEADER_BYTES, head=True).decode("utf-8", "replace").strip()
+    except ReadRefused:
         return None

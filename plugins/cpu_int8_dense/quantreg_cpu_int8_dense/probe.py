@@ -22,8 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-from quantreg import installed
 from quantreg.host import hardware_cpu_flags
+from quantreg.installed import build_failure as recorded_build_failure
 
 OPS = ("create_onednn_scaled_mm_handler", "onednn_scaled_mm", "dynamic_scaled_int8_quant")
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_int8_dense.so")
@@ -56,7 +56,7 @@ def ops_available() -> tuple[bool, str]:
 
 def build_failure() -> str | None:
     """Why the build failed, as setup.py recorded it, or ``None`` (no record: built, or never tried)."""
-    return installed.build_failure(BUILD_FAILED)
+    return recorded_build_failure(BUILD_FAILED)
 
 
 def isa_path() -> str:

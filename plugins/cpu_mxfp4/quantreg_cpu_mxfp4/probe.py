@@ -25,8 +25,8 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from quantreg import installed
 from quantreg.host import hardware_cpu_flags
+from quantreg.installed import build_failure as recorded_build_failure
 
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_mxfp4.so")
 """The kernel (a plain C library; kernel.LIBRARY)."""
@@ -43,7 +43,7 @@ BUILD_FAILED = Path(__file__).with_name("BUILD_FAILED.txt")
 
 def build_failure() -> str | None:
     """Why the build failed, as setup.py recorded it, or ``None`` (no record: built, or never tried)."""
-    return installed.build_failure(BUILD_FAILED)
+    return recorded_build_failure(BUILD_FAILED)
 
 
 def isa_path() -> str:

@@ -110,7 +110,7 @@ def test_the_example_table_is_the_two_sides_of_one_bound() -> None:
     small, large = rules
     assert (small["match"]["tokens"], large["match"]["tokens"]) == ("<=16", ">16")  # 64 slots / GPT-OSS's top-4
     assert small["method"][0] == "hpu_mxfp4_gathered" and large["method"][0] == "hpu_mxfp4"
-    assert small["verify"]["against"] == "hpu_mxfp4" and small["verify"]["layers"] == 40
+    assert small["verify"]["against"] == "hpu_mxfp4" and small["verify"]["decoders"] == 40
     for variable in ("VLLM_HPU_MOE_GATHER=1", "VLLM_HPU_MOE_GATHER_MAX_TP=64", "VLLM_HPU_MOE_GATHER_VERIFY=1",
                      "VLLM_HPU_MOE_GATHER_VERIFY_DIR", "VLLM_HPU_MOE_GATHER_VERIFY_LAYERS=40"):
         assert variable in EXAMPLE.read_text()
