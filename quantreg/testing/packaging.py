@@ -24,15 +24,18 @@ from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
-from ..plugins import ENTRY_POINT_GROUP
+from ..plugins import ENTRY_POINT_GROUP, group_entry_points
 
 NOT_BUILT = "compiled kernel NOT built ("
 """What a plugin's ``setup.py`` prints (after ``<distribution>: ``) when its kernel could not be compiled."""
 
 
 def installed_entry_point(name: str, module: ModuleType, distribution: str) -> metadata.EntryPoint:
-    """The one ``quantreg`` entry point called ``name``; it must load ``module`` and come from ``distribution``."""
-    found = [e for e in metadata.entry_points(group=ENTRY_POINT_GROUP) if e.name == name]
+    """The one ``quantreg`` entry point called ``name``; it must load ``module`` and come from ``distribution``.
+
+    Read by :func:`quantreg.plugins.group_entry_points`, the reader quantreg's own start-up uses: what
+    this passes is what the registry will find."""
+    found = [e for e in group_entry_points(ENTRY_POINT_GROUP) if e.name == name]
     assert len(found) == 1, f"expected one {ENTRY_POINT_GROUP!r} entry point named {name!r}, found {len(found)}"
     (ep,) = found
     assert ep.value == module.__name__, f"entry point {name!r} names {ep.value!r}, not {module.__name__!r}"
