@@ -29,7 +29,8 @@ each 32-block of 16 rows decoded once and reused over tiles of 8 (AVX-512) or 2 
 Numerics -- what activation quantisation costs, and why there is a residual. The MXFP4 weights
 are used exactly (the int8 table holds 2x every E2M1 value). The approximation is rounding
 activations to int8 per 32 values, twice (``x`` before w13, the activation before w2). Plain Q8
-(``QUANTREG_CPU_MXFP4_PRECISION=q8``) has a per-element error of up to ``max|block| / 254``; a
+(a rule's ``precision: q8``, or ``QUANTREG_CPU_MXFP4_PRECISION=q8`` as the process default) has a
+per-element error of up to ``max|block| / 254``; a
 block holding one large value (GPT-OSS's SwiGLU clamps produce them: ``(up + 1) * 7``) rounds
 every other element of the block coarsely. Measured against float64 on random GPT-OSS-like experts
 (``relative_error``: max abs error / max abs reference): 0.8-1.0 % per quantisation at H=I=2880,
@@ -92,6 +93,7 @@ import torch
 from .callback import _GEMM_FN, _Gemm, _signals_held
 from .callback import GEMM_DONE as GEMM_DONE
 from .callback import HELD_SIGNALS as HELD_SIGNALS
+from .options import PRECISIONS as PRECISIONS
 from .packed import BLOCK_SIZE as BLOCK_SIZE
 from .packed import PackedExperts as PackedExperts
 
@@ -102,7 +104,6 @@ from .probe import ISA_ENV, load_library
 log = logging.getLogger("vllm.quantreg.cpu_mxfp4")
 
 PRECISION_ENV = "QUANTREG_CPU_MXFP4_PRECISION"
-PRECISIONS = ("q8x2", "q8")
 ACTIVATIONS = ("swigluoai", "silu")
 # Tokens routed to one expert from which it takes the prefill path (decoded tiles + torch.mm)
 # instead of the Q8 GEMV, per activation precision. The int8 GEMV stays compute-efficient at many
@@ -192,7 +193,8 @@ def require() -> None:
 
 
 def precision() -> str:
-    """Activation quantisation, read per call from ``QUANTREG_CPU_MXFP4_PRECISION``: "q8x2" (default) or "q8"."""
+    """The process default activation quantisation, read per call from ``QUANTREG_CPU_MXFP4_PRECISION``:
+    "q8x2" (default) or "q8". A rule's ``precision`` option, passed down by the method, takes precedence."""
     wanted = os.environ.get(PRECISION_ENV, "").strip().lower() or PRECISIONS[0]
     if wanted not in PRECISIONS:
         _warn_once(f"{PRECISION_ENV}={wanted!r} is not one of {PRECISIONS}; using {PRECISIONS[0]}")
@@ -316,7 +318,7 @@ def _forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 def _moe_forward_impl(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                       w13_scale: torch.Tensor, w13_bias: torch.Tensor | None, w2: torch.Tensor,
                       w2_scale: torch.Tensor, w2_bias: torch.Tensor | None, activation: str, alpha: float,
-                      limit: float, gemm_min_tokens: int) -> torch.Tensor:
+                      limit: float, gemm_min_tokens: int, precision_name: str) -> torch.Tensor:
     """The whole forward as one opaque torch op: what a traced or compiled model records.
 
     Why everything happens in here: under ``torch.compile`` (vLLM's default mode traces the model
@@ -324,9 +326,9 @@ def _moe_forward_impl(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     ``stat``), the settings read from the environment or the prefill callback. Inside the op they
     run at every call, eagerly, so ``QUANTREG_CPU_MXFP4_ISA`` / ``_PRECISION`` are still read per
     forward (not frozen into a trace). ``gemm_min_tokens`` < 0: the precision's
-    :data:`GEMM_MIN_TOKENS`.
+    :data:`GEMM_MIN_TOKENS`; ``precision_name`` "": the process default (:func:`precision`).
     """
-    prec = precision()
+    prec = precision_name or precision()
     threshold = GEMM_MIN_TOKENS[prec] if gemm_min_tokens < 0 else gemm_min_tokens
     return _forward(x, topk_ids, topk_weights, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activation, alpha,
                     limit, isa(), prec, threshold)
@@ -356,6 +358,7 @@ def moe_forward(
     alpha: float = 1.702,
     limit: float = 7.0,
     gemm_min_tokens: int | None = None,
+    precision: str | None = None,
 ) -> torch.Tensor:
     """``sum_k topk_weights[t, k] * (W2_e act(W13_e x_t + b13_e) + b2_e)`` for ``e = topk_ids[t, k]``.
 
@@ -368,7 +371,10 @@ def moe_forward(
     ``[T, H]`` in ``x``'s dtype. Raises ``RuntimeError`` if the extension is not built.
     ``gemm_min_tokens``: experts with at least this many routed tokens take the prefill path
     (None: :data:`GEMM_MIN_TOKENS` for the precision; 0: none; tests and bench pin a path with it).
+    ``precision``: "q8x2" or "q8" (a rule's ``precision`` option); None: the process default.
     """
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     # Only tensor work and one op call here: this function is traced by Dynamo (vLLM's default
@@ -377,5 +383,5 @@ def moe_forward(
         x.contiguous(), topk_ids.contiguous(), topk_weights.contiguous(), w13.blocks, w13.scales,
         None if w13_bias is None else w13_bias.contiguous(), w2.blocks, w2.scales,
         None if w2_bias is None else w2_bias.contiguous(), activation, float(alpha), float(limit),
-        -1 if gemm_min_tokens is None else int(gemm_min_tokens))
+        -1 if gemm_min_tokens is None else int(gemm_min_tokens), precision or "")
     return out

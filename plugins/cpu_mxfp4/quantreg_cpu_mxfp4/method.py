@@ -145,4 +145,5 @@ class CpuMxfp4MoEMethod(InMethodRouting, _Base):  # type: ignore[misc]
         ids = local_expert_ids(layer, ids.reshape(-1, top_k))
         return kernel.moe_forward(x.to(torch.bfloat16), ids, weights.reshape(-1, top_k).float(),
                                   self.w13, self._w13_bias, self.w2, self._w2_bias, activation=self._activation,
-                                  alpha=self.method_options.alpha, limit=self.method_options.limit).to(x.dtype)
+                                  alpha=self.method_options.alpha, limit=self.method_options.limit,
+                                  precision=self.method_options.precision or None).to(x.dtype)

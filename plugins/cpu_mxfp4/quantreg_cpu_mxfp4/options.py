@@ -8,6 +8,12 @@
   :func:`.routing.unsupported_routing`) goes to vLLM's router. ``topk_softmax`` / ``softmax_topk``
   force one in-method order (refused on a layer whose routing they do not compute); ``vllm``
   always uses vLLM's router (the method then runs modular).
+* ``precision``: how the kernel quantises activations for its int8 GEMV. ``q8x2`` (Q8 plus a Q8
+  residual, ~0.3 % error) or ``q8`` (plain Q8 per 32 values, ggml's Q8_0: 1.1-1.9 % error, half
+  the dot products: the faster setting at every token count, see :mod:`.kernel`). Unset: the
+  process default, ``QUANTREG_CPU_MXFP4_PRECISION`` or ``q8x2``. Why a rule option: the trade of
+  accuracy for speed is the operator's, per key and token range (a ``tokens:`` rule pair can take
+  ``q8`` for decode only), and ``explain`` shows it; an environment variable said nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 from .plugin import OPTIONS
 
 ROUTINGS = ("auto", "topk_softmax", "softmax_topk", "vllm")
+#: The kernel's activation quantisations (the one list; :mod:`.kernel` reads it from here).
+PRECISIONS = ("q8x2", "q8")
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,7 @@ class MethodOptions:
     alpha: float = DEFAULT_ALPHA
     limit: float = DEFAULT_LIMIT
     routing: str = "auto"
+    precision: str = ""  # "": the process default (kernel.precision())
 
     @classmethod
     def parse(cls, method: str, options: Mapping[str, Any]) -> MethodOptions:
@@ -42,7 +51,10 @@ class MethodOptions:
         routing = options.get("routing", cls.routing)
         if routing not in ROUTINGS:
             raise ValueError(f"method '{method}': option routing={routing!r} is not one of {', '.join(ROUTINGS)}")
-        return cls(alpha, limit, routing)
+        precision = options.get("precision", cls.precision)
+        if precision != cls.precision and precision not in PRECISIONS:
+            raise ValueError(f"method '{method}': option precision={precision!r} is not one of {', '.join(PRECISIONS)}")
+        return cls(alpha, limit, routing, precision)
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(MethodOptions))

@@ -20,11 +20,18 @@ METHOD = "cpu_mxfp4"
 
 #: Rule options the method accepts: the one list (``options.MethodOptions`` has a field for each,
 #: which the plugin's tests check). Here so that registering imports nothing but this module.
-OPTIONS = ("alpha", "limit", "routing")
+OPTIONS = ("alpha", "limit", "routing", "precision")
 
 
 def rules_path() -> Path:
     return Path(str(resources.files(PACKAGE).joinpath("rules.yaml")))
+
+
+def q8_table_path() -> Path:
+    """The opt-in table ``q8.yaml`` (the plugin's chain with ``precision: q8``), NOT registered through
+    ``register_tables``: plain Q8 trades ~1.5 % of accuracy for speed, the operator's call
+    (``QUANTREG_CONFIG=$(python -m quantreg_cpu_mxfp4)``)."""
+    return Path(str(resources.files(PACKAGE).joinpath("q8.yaml")))
 
 
 @quantreg.hookimpl

@@ -27,18 +27,22 @@ def test_registering_and_resolving_import_neither_torch_nor_vllm() -> None:
             "bad = {'torch', 'vllm', 'quantreg_cpu_mxfp4.kernel'} & set(sys.modules); assert not bad, bad; "
             "print(m.devices, m.requires, m.options)")
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    assert done.stdout.strip() == "('cpu',) ('torch', 'vllm') ('alpha', 'limit', 'routing')"
+    assert done.stdout.strip() == "('cpu',) ('torch', 'vllm') ('alpha', 'limit', 'routing', 'precision')"
 
 
 def test_options_have_one_field_each_and_are_checked() -> None:
     assert options.FIELDS == plugin.OPTIONS
     assert options.MethodOptions.parse("cpu_mxfp4", {}) == options.MethodOptions()
-    with pytest.raises(TypeError, match=r"unknown option\(s\) 'alpah'; accepted: alpha, limit, routing"):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) 'alpah'; accepted: alpha, limit, routing, precision"):
         options.MethodOptions.parse("cpu_mxfp4", {"alpah": 1.0})
     with pytest.raises(ValueError, match=r"routing='grouped' is not one of auto, topk_softmax, softmax_topk, vllm"):
         options.MethodOptions.parse("cpu_mxfp4", {"routing": "grouped"})
     with pytest.raises(ValueError, match=r"limit=-1 must be a positive finite number"):
         options.MethodOptions.parse("cpu_mxfp4", {"limit": -1})
+    assert options.MethodOptions.parse("cpu_mxfp4", {"precision": "q8"}).precision == "q8"
+    assert options.MethodOptions.parse("cpu_mxfp4", {}).precision == ""  # the process default
+    with pytest.raises(ValueError, match=r"precision='q4' is not one of q8x2, q8"):
+        options.MethodOptions.parse("cpu_mxfp4", {"precision": "q4"})
 
 
 def test_probe_agrees_with_the_kernel_status() -> None:
@@ -99,6 +103,55 @@ def test_on_an_amx_host_the_plugin_rule_keeps_vllms_own_kernel() -> None:
 def test_on_a_host_without_amx_the_plugin_rule_picks_cpu_mxfp4() -> None:
     """Simulated AVX2-only host (both kinds' branch run here): vLLM refuses GPT-OSS MXFP4 there."""
     assert _decide("avx2") == "cpu_mxfp4"
+
+
+@pytest.mark.parametrize("kind", ["avx2", "amx"])
+def test_the_opt_in_q8_table_keeps_the_chain_and_sets_precision_q8(kind: str, tmp_path: Path) -> None:
+    """``python -m quantreg_cpu_mxfp4`` prints the packaged q8.yaml; as QUANTREG_CONFIG it decides what the
+    plugin's rule decides on every host kind (vLLM's kernel with AMX, cpu_mxfp4 without), and cpu_mxfp4
+    gets ``precision: q8``; installed alone the plugin's rule (no options) still decides."""
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    path = subprocess.run([sys.executable, "-m", "quantreg_cpu_mxfp4"], check=True, capture_output=True,
+                          text=True, env=env).stdout.strip()
+    assert path == str(plugin.q8_table_path()) and Path(path).is_file()
+    code = ("import json, quantreg; d = quantreg.Registry.build().resolve(" + repr(KEY) + "); "
+            "print(json.dumps([d.method, dict(d.rule.options), d.rule.path]))")
+    runs = {}
+    for name, extra in (("q8", {"QUANTREG_CONFIG": path}), ("plain", {})):
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                             env={**env, **simulate(kind), **extra}, cwd=tmp_path).stdout
+        runs[name] = json.loads(out)
+    assert runs["q8"][0] == runs["plain"][0] == (quantreg.VLLM_METHOD if kind == "amx" else "cpu_mxfp4")
+    assert runs["q8"][1:] == [{"precision": "q8"}, path]
+    assert runs["plain"][1:] == [{}, str(plugin.rules_path())]
+    validated = subprocess.run([sys.executable, "-m", "quantreg", "validate", path], capture_output=True, text=True,
+                               env=env)
+    assert validated.returncode == 0 and "ok: 1 table(s) valid" in validated.stdout, validated.stdout + validated.stderr
+
+
+def test_readme_opt_in_command_runs_as_written() -> None:
+    """plugins/cpu_mxfp4/README.md's one ``$`` command, run by bash as written: without AMX (real or
+    simulated) the q8 table's rule wins with ``precision: q8`` and cpu_mxfp4 serves; with AMX (simulated)
+    vLLM's own method keeps the key."""
+    import os
+    import re
+
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    commands = re.findall(r"^\$ (.+)$", readme.read_text(), re.MULTILINE)
+    assert commands == ["QUANTREG_CONFIG=$(python -m quantreg_cpu_mxfp4) quantreg explain gpt_oss_mxfp4 gpt_oss cpu"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for kind in ("avx2", "amx"):
+        done = subprocess.run(["bash", "-c", commands[0]], capture_output=True, text=True, timeout=300,
+                              env={**env, **simulate(kind)})
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[1] == f"method   {'vllm' if kind == 'amx' else 'cpu_mxfp4'}", done.stdout
+        assert lines[2].startswith("rule     ") and "q8.yaml:" in lines[2], done.stdout
+        assert "options  {'precision': 'q8'}" in lines, done.stdout
 
 
 def test_plan_counts_the_packed_expert_bytes_it_keeps(tmp_path: Path) -> None:

@@ -65,6 +65,27 @@ def test_plain_q8_within_tolerance(isa: str, tokens: int, monkeypatch: pytest.Mo
     assert err <= TOL_Q8, f"{isa}, q8, T={tokens}: relative error {err:.4f} > {TOL_Q8}"
 
 
+def test_a_rules_precision_takes_precedence_over_the_process_default(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``precision=`` (a rule's option, passed by the method) gives exactly the bytes the process default
+    gives for that precision, whatever the environment says; a value outside PRECISIONS is refused."""
+    ex = random_gpt_oss_mxfp4_experts(8, 96, 160, bias=True, seed=11)
+    x = random_hidden_states(3, 96, seed=12)
+    ids, weights = routing(3, 8, 4, seed=13, out_of_range=False)
+    w13, w2 = pack(ex)
+    by_env = {}
+    for prec in kernel.PRECISIONS:
+        monkeypatch.setenv(kernel.PRECISION_ENV, prec)
+        by_env[prec] = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias)
+    assert not torch.equal(by_env["q8"], by_env["q8x2"])  # the two settings differ on these inputs
+    for prec in kernel.PRECISIONS:
+        other = next(p for p in kernel.PRECISIONS if p != prec)
+        monkeypatch.setenv(kernel.PRECISION_ENV, other)
+        out = kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias, precision=prec)
+        assert torch.equal(out, by_env[prec]), prec
+    with pytest.raises(ValueError, match="precision must be one of"):
+        kernel.moe_forward(x, ids, weights, w13, ex.w13_bias, w2, ex.w2_bias, precision="q4")
+
+
 # The prefill path: exact bf16 weights, bf16 activations and GEMM outputs -- the error of a torch
 # bf16 MoE on the dequantised weights (mxfp4_reference's scheme). Measured on the cases below:
 # swigluoai 0.47 %, silu 0.68 % (a torch bf16 loop on the same inputs: 0.68 % as well).
