@@ -64,9 +64,10 @@ __all__ = ["broken_user", "clean_env", "cli", "host_kind", "module_dir", "plugin
 class PhaseClock:
     """Sums setup + call + teardown seconds per test into ``unit`` and ``e2e`` (marker ``vllm``).
 
-    Registered as a plugin (not a conftest hook) so it also sees plugins/*/tests. Tests run one
-    after another, so the sums are wall time (a test waiting on a background vLLM run is charged
-    the wait).
+    Registered as a plugin (not a conftest hook) so it also sees plugins/*/tests. Under pytest-xdist
+    (scripts/test.sh runs two worker processes) the controller sees every worker's reports, so the
+    sums are test-seconds over all workers, more than the wall time ``phase pytest`` prints; within
+    one worker a test waiting on a background vLLM run is charged the wait.
     """
 
     def __init__(self) -> None:

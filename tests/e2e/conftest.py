@@ -71,6 +71,9 @@ def reference_table(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmRuns]:
     """The session's :class:`VllmRuns`."""
-    runs = VllmRuns(tmp_path_factory, int(os.environ.get("QUANTREG_E2E_JOBS", "3")))
+    # Under pytest-xdist two workers each hold a pool: 2 runs per worker keeps the tiny-model vLLM
+    # processes (three per run, ~1 GB each) within a 24 GB host.
+    default = "2" if os.environ.get("PYTEST_XDIST_WORKER") else "3"
+    runs = VllmRuns(tmp_path_factory, int(os.environ.get("QUANTREG_E2E_JOBS", default)))
     yield runs
     runs.close()

@@ -31,7 +31,7 @@ class VllmRuns:
     so a module can start every run it needs at once: vLLM start-up is mostly single-threaded
     imports (8-10 s per process, three processes with multiprocessing), so overlapping runs
     roughly halves the wall time even on two cores. ``QUANTREG_E2E_JOBS`` caps the overlap
-    (default 3; 1 = strictly one after another). Prompts default to ``DEMO_PROMPTS``; keyword
+    (default 3, 2 per pytest-xdist worker; 1 = strictly one after another). Prompts default to ``DEMO_PROMPTS``; keyword
     arguments must be JSON-serialisable (they form the cache key).
     """
 
