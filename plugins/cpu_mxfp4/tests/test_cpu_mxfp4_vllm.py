@@ -121,6 +121,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[
     futures["real_cpu"] = start("real_cpu", real, REAL_PROMPTS, env=env(tables["cpu"]), worker_checks=[MEMORY],
                                 **real_kwargs)
     futures["real_ref"] = start("real_ref", real, REAL_PROMPTS, env=env(tables["ref"]), **real_kwargs)
+    # the plugin's opt-in q8.yaml as shipped (precision: q8), vLLM's default mode
+    from quantreg_cpu_mxfp4.plugin import q8_table_path
+
+    futures["real_q8"] = start("real_q8", real, REAL_PROMPTS, env=env(q8_table_path()),
+                               llm_kwargs={"enforce_eager": False}, **real_kwargs)
     if HAS_AMX:
         futures["real_vllm"] = start("real_vllm", real, REAL_PROMPTS, env=env(tables["vllm"]), **real_kwargs)
     try:
@@ -229,6 +234,23 @@ def test_real_size_layer_matches_mxfp4_reference_and_stays_packed(runs: dict[str
     print(f"20B layer: resident {layer['resident'] / 2**20:.1f} MiB for {layer['checkpoint'] / 2**20:.1f} MiB packed "
           f"(x{layer['ratio']:.3f}); max logprob diff {diff:.4f}, MoE rel diff {moe:.2e}")
     assert layer["ratio"] <= 1.1 and layer["checkpoint"] > 400 << 20
+    assert diff <= LOGPROB_TOL and moe <= MOE_TOL
+
+
+def test_real_size_layer_served_through_the_opt_in_q8_table(runs: dict[str, Future[RunResult]]) -> None:
+    """The shipped q8.yaml in vLLM's default mode at the 20B layer: where its chain reaches cpu_mxfp4
+    (no AMX) the rule's ``precision: q8`` reaches the kernel in the Worker (MoE outputs differ from the
+    q8x2 run's, and stay within MOE_TOL of mxfp4_reference); with AMX vLLM's own method serves."""
+    q8, q8x2, ref = ok(runs["real_q8"].result()), ok(runs["real_cpu"].result()), ok(runs["real_ref"].result())
+    assert "q8.yaml" in q8.log and "enforce_eager=False" in q8.log
+    if HAS_AMX:
+        assert methods(q8) == {VLLM_OWN}
+        return
+    assert methods(q8) == {CPU_MXFP4}
+    diff, moe, vs_q8x2 = max_logprob_diff(q8, ref), moe_diff(q8, ref), moe_diff(q8, q8x2)
+    print(f"20B layer, q8.yaml: max logprob diff {diff:.4f}, MoE rel diff {moe:.2e} vs reference, "
+          f"{vs_q8x2:.2e} vs q8x2")
+    assert vs_q8x2 > 0.0  # the option changed the kernel's rounding: it reached the Worker's method
     assert diff <= LOGPROB_TOL and moe <= MOE_TOL
 
 
