@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from quantreg_cpu_mxfp4 import options, plugin, probe
@@ -88,12 +92,26 @@ def test_plugin_table_routes_both_keys_through_vllm_then_cpu_mxfp4(key: tuple[st
     assert decision.rule.tier == quantreg.Tier.PLUGIN and decision.rule.methods == ("vllm", "cpu_mxfp4")
 
 
-def _decide(kind: str) -> str:
-    code = f"import quantreg; print(quantreg.Registry.build().resolve({KEY!r}).method)"
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("QUANTREG_")}
+def _env() -> dict[str, str]:
+    """This process's environment without any QUANTREG_ setting: a child sees only the installed tables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+
+
+def _decision(kind: str, **extra: str) -> list[Any]:
+    """A fresh interpreter's decision for KEY on a simulated host ``kind``, with ``extra`` in its
+    environment: ``[method, the winning rule's options, its path]``. Run from this directory, so the
+    child imports the installed quantreg, never the source tree at the repository's root."""
+    code = (f"import json, quantreg; d = quantreg.Registry.build().resolve({KEY!r}); "
+            "print(json.dumps([d.method, dict(d.rule.options), d.rule.path]))")
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                          env={**env, **simulate(kind)})
-    return done.stdout.strip()
+                          env={**_env(), **simulate(kind), **extra}, cwd=Path(__file__).resolve().parent)
+    decision: list[Any] = json.loads(done.stdout)
+    return decision
+
+
+def _decide(kind: str) -> str:
+    method: str = _decision(kind)[0]
+    return method
 
 
 def test_on_an_amx_host_the_plugin_rule_keeps_vllms_own_kernel() -> None:
@@ -106,24 +124,15 @@ def test_on_a_host_without_amx_the_plugin_rule_picks_cpu_mxfp4() -> None:
 
 
 @pytest.mark.parametrize("kind", ["avx2", "amx"])
-def test_the_opt_in_q8_table_keeps_the_chain_and_sets_precision_q8(kind: str, tmp_path: Path) -> None:
+def test_the_opt_in_q8_table_keeps_the_chain_and_sets_precision_q8(kind: str) -> None:
     """``python -m quantreg_cpu_mxfp4`` prints the packaged q8.yaml; as QUANTREG_CONFIG it decides what the
     plugin's rule decides on every host kind (vLLM's kernel with AMX, cpu_mxfp4 without), and cpu_mxfp4
     gets ``precision: q8``; installed alone the plugin's rule (no options) still decides."""
-    import json
-    import os
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env = _env()
     path = subprocess.run([sys.executable, "-m", "quantreg_cpu_mxfp4"], check=True, capture_output=True,
                           text=True, env=env).stdout.strip()
     assert path == str(plugin.q8_table_path()) and Path(path).is_file()
-    code = ("import json, quantreg; d = quantreg.Registry.build().resolve(" + repr(KEY) + "); "
-            "print(json.dumps([d.method, dict(d.rule.options), d.rule.path]))")
-    runs = {}
-    for name, extra in (("q8", {"QUANTREG_CONFIG": path}), ("plain", {})):
-        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                             env={**env, **simulate(kind), **extra}, cwd=tmp_path).stdout
-        runs[name] = json.loads(out)
+    runs = {"q8": _decision(kind, QUANTREG_CONFIG=path), "plain": _decision(kind)}
     assert runs["q8"][0] == runs["plain"][0] == (quantreg.VLLM_METHOD if kind == "amx" else "cpu_mxfp4")
     assert runs["q8"][1:] == [{"precision": "q8"}, path]
     assert runs["plain"][1:] == [{}, str(plugin.rules_path())]
@@ -136,13 +145,10 @@ def test_readme_opt_in_command_runs_as_written() -> None:
     """plugins/cpu_mxfp4/README.md's one ``$`` command, run by bash as written: without AMX (real or
     simulated) the q8 table's rule wins with ``precision: q8`` and cpu_mxfp4 serves; with AMX (simulated)
     vLLM's own method keeps the key."""
-    import os
-    import re
-
     readme = Path(__file__).resolve().parent.parent / "README.md"
     commands = re.findall(r"^\$ (.+)$", readme.read_text(), re.MULTILINE)
     assert commands == ["QUANTREG_CONFIG=$(python -m quantreg_cpu_mxfp4) quantreg explain gpt_oss_mxfp4 gpt_oss cpu"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env = _env()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     for kind in ("avx2", "amx"):
         done = subprocess.run(["bash", "-c", commands[0]], capture_output=True, text=True, timeout=300,
@@ -157,14 +163,12 @@ def test_readme_opt_in_command_runs_as_written() -> None:
 def test_plan_counts_the_packed_expert_bytes_it_keeps(tmp_path: Path) -> None:
     """The method keeps experts packed (PackedExperts shares vLLM's storage), so it declares
     ``expert_layout="packed"``: before, ``quantreg plan`` said "expert_bytes unknown" where it chose it."""
-    import json
-
     from quantreg.models.gpt_oss import tiny_gpt_oss_config
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(tiny_gpt_oss_config()))
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("QUANTREG_")}
+    env = _env()
     code = ("import json, quantreg; from quantreg.plan import plan; r = quantreg.Registry.build(); "
             f"print(json.dumps(plan({str(model)!r}, ['cpu'], r, use_vllm=False)))")
     done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
