@@ -3,13 +3,23 @@
 # environment, outside the repository: llama.cpp is the engine quantreg is compared against, not a
 # dependency, and its build (cmake + g++ of the vendored llama.cpp, ~10-30 min on 2 cores) must not
 # touch quantreg's .venv or CI.
-#   QUANTREG_LLAMA_ENV   directory of that environment (default ~/.cache/quantreg-bench/llama-venv)
+#   QUANTREG_LLAMA_ISA   native (default: the host's ISA) or avx2: the generic x86-64 build with
+#                        AVX2/FMA/F16C and no AVX-512 (-DGGML_NATIVE=OFF), what an AVX2-only host
+#                        runs; on an AVX-512 host it stands in for that host kind's llama.cpp beside
+#                        quantreg's kernels forced to AVX2 (docs/benchmarks.md)
+#   QUANTREG_LLAMA_ENV   directory of that environment (default ~/.cache/quantreg-bench/llama-venv,
+#                        llama-venv-avx2 for QUANTREG_LLAMA_ISA=avx2)
 # It holds: the virtualenv (llama-cpp-python 0.3.36 built with -DGGML_NATIVE=ON, gguf 0.19.0, and
 # what llama.cpp's converter imports) and src/ = the unpacked llama-cpp-python sdist, whose
 # vendor/llama.cpp/convert_hf_to_gguf.py is the converter the bench runs (never committed here).
 # Idempotent: a finished environment is left as it is (marker file .ready).
 set -euo pipefail
-ENV_DIR=${QUANTREG_LLAMA_ENV:-$HOME/.cache/quantreg-bench/llama-venv}
+ISA=${QUANTREG_LLAMA_ISA:-native}
+case "$ISA" in
+  native) ENV_DIR=${QUANTREG_LLAMA_ENV:-$HOME/.cache/quantreg-bench/llama-venv} ;;
+  avx2) ENV_DIR=${QUANTREG_LLAMA_ENV:-$HOME/.cache/quantreg-bench/llama-venv-avx2} ;;
+  *) echo "llama_setup: QUANTREG_LLAMA_ISA must be native or avx2, got '$ISA'" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 LLAMA_VERSION=0.3.36
 GGUF_VERSION=0.19.0
@@ -20,7 +30,10 @@ GGUF_VERSION=0.19.0
 # runs its AVX-512-VNNI repacked kernels, as on AVX-512 hosts without AMX; the bench's JSON keeps
 # llama.cpp's own system line, which says AMX_INT8 = 0.
 CMAKE_ARGS_WANTED="-DGGML_NATIVE=ON"
-if grep -q 'amx_tile' /proc/cpuinfo 2>/dev/null; then
+if [ "$ISA" = avx2 ]; then
+  # ggml's own defaults without GGML_NATIVE: SSE4.2, AVX, AVX2, BMI2, FMA, F16C on, AVX-512 off.
+  CMAKE_ARGS_WANTED="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF"
+elif grep -q 'amx_tile' /proc/cpuinfo 2>/dev/null; then
   NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   CMAKE_ARGS_WANTED="$CMAKE_ARGS_WANTED -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
 fi
@@ -47,7 +60,7 @@ $PIP install -q "gguf==$GGUF_VERSION" numpy safetensors sentencepiece protobuf "
 # --no-deps below (so pip never swaps torch or numpy), so they are named here; without them
 # `import llama_cpp` fails after the whole build ("No module named 'diskcache'", measured).
 $PIP install -q "typing-extensions>=4.5.0" "numpy>=1.20.0" "diskcache>=5.6.1" "jinja2>=2.11.3"
-# The engine itself, native ISA (AVX-512 where the host has it).
+# The engine itself, at the ISA chosen above (native: AVX-512 where the host has it).
 CMAKE_ARGS="$CMAKE_ARGS_WANTED" $PIP install -q --no-build-isolation --force-reinstall --no-deps "$SDIST"
 "$ENV_DIR/bin/python" -c "import llama_cpp, gguf; print('llama_setup: llama_cpp', llama_cpp.__version__, 'gguf ok'); print(llama_cpp.llama_print_system_info().decode())"
 echo "$CMAKE_ARGS_WANTED" > "$ENV_DIR/.ready"  # a change of build flags rebuilds

@@ -23,9 +23,19 @@ What it does, in one process tree of the repository's ``.venv``:
 
 ``--vllm-table LABEL=TABLE.yaml`` (repeatable) adds a vLLM variant served with that quantreg table
 (``QUANTREG_CONFIG``), e.g. ``--vllm-table "vLLM + quantreg + dense int8=dense.yaml"`` once a table
-with ``layer:`` rules exists; ``--no-default-vllm`` drops the table-less variant. Engines stay alive
-together (memory: about the checkpoint per vLLM variant plus each GGUF); ``--one-at-a-time`` runs
-them one after another instead (for sizes where they do not fit together; no interleaving then).
+with ``layer:`` rules exists; ``--no-default-vllm`` drops the table-less variant. ``--vllm-env
+LABEL=KEY=VALUE`` (repeatable) gives one variant an environment variable, e.g. the ISA-forcing ones
+(``QUANTREG_CPU_MXFP4_ISA=avx2``, ``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``) for the
+AVX2 host kind on an AVX-512 host; the child reports the ISA it ran at. ``--llama-build
+NAME=ENV_DIR`` (repeatable) adds another llama.cpp build on the same GGUF (``QUANTREG_LLAMA_ISA=avx2
+bench/llama_setup.sh`` makes the AVX2 one).
+
+Engines stay alive together (memory: about the checkpoint per vLLM variant plus each GGUF);
+``--one-at-a-time`` runs them one after another instead (for sizes where they do not fit together),
+all rounds of one engine then the next; ``--alternate`` also runs them one at a time but restarted
+every round, in the rotated order (A B C, B C A, ...): the host's drift (on a shared VM llama.cpp's
+own decode moved 8.7-10.1 tok/s between runs) then falls on every engine alike, and the JSON keeps
+each round's ratio to every llama.cpp build (engines measured minutes apart, not tens of minutes).
 
 Results: a table on stdout and JSON (``--json``, default ``bench/results/wholemodel-L{N}.json``);
 ``bench/wholemodel_report.py`` turns several of them into docs/benchmarks.md's table and plot.
@@ -175,14 +185,32 @@ EAGER_SUFFIX = " [eager]"
 
 
 def vllm_engine(label: str, table: Path | None, model: Path, threads: int, max_len: int,
-                mode: str = "default") -> Engine:
+                mode: str = "default", extra_env: dict[str, str] | None = None) -> Engine:
     env = python_env(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=cpu_binding(threads),
                      VLLM_CPU_KVCACHE_SPACE="1", PYTHONHASHSEED="0", OMP_NUM_THREADS=str(threads))
     env.pop("QUANTREG_CONFIG", None)
     if table is not None:
         env["QUANTREG_CONFIG"] = str(table.resolve())
+    env.update(extra_env or {})
+    detail: dict[str, Any] = {"table": None if table is None else str(table), "mode": mode}
+    if extra_env:
+        detail["env"] = dict(extra_env)
     return Engine(label, "vllm", [sys.executable, "-m", "bench.wholemodel_vllm_child", str(model), str(max_len), mode],
-                  env, detail={"table": None if table is None else str(table), "mode": mode})
+                  env, detail=detail)
+
+
+def variant_env(items: list[str], labels: list[str]) -> dict[str, dict[str, str]]:
+    """``--vllm-env LABEL=KEY=VALUE`` items -> {label: {KEY: VALUE}}, each label one of the variants."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        label, sep, assignment = item.partition("=")
+        key, sep2, value = assignment.partition("=")
+        if not (sep and sep2 and label and key.isidentifier()):
+            raise SystemExit(f"--vllm-env expects LABEL=KEY=VALUE, got {item!r}")
+        if label not in labels:
+            raise SystemExit(f"--vllm-env {item!r}: no vLLM variant labelled {label!r} (variants: {', '.join(labels)})")
+        out.setdefault(label, {})[key] = value
+    return out
 
 
 def vllm_modes(text: str) -> list[str]:
@@ -194,14 +222,45 @@ def vllm_modes(text: str) -> list[str]:
     return [m for m in VLLM_MODES if m in modes]
 
 
-def llama_engine(dense: str, gguf: Path, llama_env: Path, threads: int, max_len: int) -> Engine:
+def llama_engine(dense: str, gguf: Path, llama_env: Path, threads: int, max_len: int, build: str = "") -> Engine:
     python = llama_python(llama_env)
     assert python is not None
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    return Engine(f"llama.cpp, dense {dense}", "llama",
+    name = f"llama.cpp {build}" if build else "llama.cpp"
+    return Engine(f"{name}, dense {dense}", "llama",
                   [str(python), str(ROOT / "bench" / "wholemodel_llama_child.py"), str(gguf), str(threads),
-                   str(max_len)], env, detail={"gguf": str(gguf), "dense": dense})
+                   str(max_len)], env, detail={"gguf": str(gguf), "dense": dense, "env": str(llama_env)})
+
+
+def llama_builds(items: list[str]) -> list[tuple[str, Path]]:
+    """``--llama-build NAME=ENV_DIR`` items -> [(name, env)], each env a finished llama_setup.sh environment."""
+    out = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not (sep and name and path):
+            raise SystemExit(f"--llama-build expects NAME=ENV_DIR, got {item!r}")
+        if llama_python(Path(path)) is None:
+            raise SystemExit(f"--llama-build {name}: {path} is not a finished bench/llama_setup.sh environment "
+                             "(QUANTREG_LLAMA_ISA=avx2 QUANTREG_LLAMA_ENV=DIR bench/llama_setup.sh makes one)")
+        out.append((name, Path(path)))
+    return out
+
+
+def sessions(labels: list[str], rounds: int, layout: str) -> list[tuple[list[str], list[int]]]:
+    """Which engines live together and which rounds each such session runs, in order.
+
+    ``together``: one session of every engine for every round; ``one-at-a-time``: one engine's every
+    round, then the next's; ``alternate``: one engine for one round, rotated (A B C, B C A, ...),
+    so neighbouring measurements of different engines are minutes apart whatever the run's length."""
+    if layout == "together":
+        return [(list(labels), list(range(rounds)))]
+    if layout == "one-at-a-time":
+        return [([label], list(range(rounds))) for label in labels]
+    if layout == "alternate":
+        n = len(labels)
+        return [([labels[(r + i) % n]], [r]) for r in range(rounds) for i in range(n)]
+    raise ValueError(f"unknown layout {layout!r}")
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -277,7 +336,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not Path(path).is_file():
             raise SystemExit(f"--vllm-table {label}: {path} is not a file")
         variants.append((label, Path(path)))
-    engines = [vllm_engine(label + (EAGER_SUFFIX if mode == "eager" else ""), table, model, args.threads, max_len, mode)
+    envs = variant_env(args.vllm_env, [label for label, _ in variants])
+    builds = llama_builds(args.llama_build)
+    engines = [vllm_engine(label + (EAGER_SUFFIX if mode == "eager" else ""), table, model, args.threads, max_len, mode,
+                           envs.get(label))
                for label, table in variants for mode in vllm_modes(args.vllm_modes)]
     skipped: dict[str, str] = {}
     dense_types = [d for d in args.llama_dense.split(",") if d and d != "none"]
@@ -287,25 +349,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                 "(bench/llama_setup.sh builds it, ~10-30 min)")
         dense_types = []
     for dense in dense_types:
-        engines.append(llama_engine(dense, ensure_gguf(model, dense, args.llama_env), args.llama_env, args.threads,
-                                    max_len))
+        gguf = ensure_gguf(model, dense, args.llama_env)
+        engines.append(llama_engine(dense, gguf, args.llama_env, args.threads, max_len))
+        engines.extend(llama_engine(dense, gguf, env, args.threads, max_len, name) for name, env in builds)
     need = sum(checkpoint_bytes(model) if e.kind == "vllm" else Path(e.detail["gguf"]).stat().st_size
                for e in engines) + len(engines) * (1 << 30)
     available = mem_available()
-    together = not args.one_at_a_time
+    layout = "alternate" if args.alternate else "one-at-a-time" if args.one_at_a_time else "together"
+    together = layout == "together"
     if together and need > available:
         raise SystemExit(f"the engines need ~{need / 1e9:.1f} GB together, {available / 1e9:.1f} GB available: "
-                         "pass --one-at-a-time or fewer layers")
+                         "pass --one-at-a-time, --alternate or fewer layers")
     info = machine()
     results: dict[str, Any] = {e.label: {"kind": e.kind, **e.detail, "rounds": []} for e in engines}
     bandwidth: list[float] = []
     loads: list[Any] = [load_average()]
     started = time.time()
 
-    def measure(group: list[Engine]) -> None:
+    by_label = {e.label: e for e in engines}
+    plan = sessions(list(by_label), args.rounds, layout)
+    last_session = {label: i for i, (group, _) in enumerate(plan) for label in group}
+
+    def measure(index: int, group: list[Engine], rounds: list[int]) -> None:
         for e in group:
             print(f"[wholemodel] starting {e.label}", file=sys.stderr, flush=True)
             e.start()
+            results[e.label].setdefault("startups_s", []).append(e.startup_s)
+            if "startup_s" in results[e.label]:  # a restart (--alternate): the first start-up stays the one reported
+                continue
             results[e.label]["startup_s"] = e.startup_s
             results[e.label]["startup_split"] = {k: v for k, v in e.ready.items()
                                                  if k not in ("tensors", "hooked", "ready")}
@@ -315,7 +386,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 held = bytes_per_token_gguf(e.ready["tensors"], top_k, experts)
             results[e.label]["held_bytes"] = held
             results[e.label]["bytes_per_token"] = per_token(held, top_k, experts, vocab)
-        for r in range(args.rounds):
+        for r in rounds:
             bandwidth.append(read_bandwidth())
             order = group[r % len(group):] + group[:r % len(group)]
             for e in order:
@@ -323,21 +394,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results[e.label]["rounds"].append(measure_round(e, 1000 + r, args.decode_tokens, args.prefill_tokens))
             loads.append(load_average())
         for e in group:
-            if e.kind == "vllm" and e.detail.get("mode") == "eager":  # module hooks do not fire in a compiled graph
+            last = last_session[e.label] == index
+            if last and e.kind == "vllm" and e.detail.get("mode") == "eager":  # hooks do not fire in a compiled graph
                 results[e.label]["split"] = split_step(e, args.decode_tokens, 99)
             e.finish()
-            results[e.label]["peak_rss_bytes"] = e.final.get("peak_rss_bytes")
+            results[e.label]["peak_rss_bytes"] = max(results[e.label].get("peak_rss_bytes") or 0,
+                                                     e.final.get("peak_rss_bytes") or 0)
             if e.kind == "vllm":
                 results[e.label]["moe_methods"] = e.final.get("moe_methods")
                 results[e.label]["experts_cls"] = e.final.get("experts_cls")
+                results[e.label]["isa"] = e.final.get("isa")
 
     try:
         if together:
-            measure(engines)
+            measure(0, engines, list(range(args.rounds)))
         else:  # one engine failing (a crash, an OOM kill) costs its row, not the others' measurements
-            for e in engines:
+            for index, (labels, rounds) in enumerate(plan):
+                e = by_label[labels[0]]
+                if e.label in skipped:
+                    continue
                 try:
-                    measure([e])
+                    measure(index, [e], rounds)
                 except RuntimeError as exc:
                     results.pop(e.label, None)
                     skipped[e.label] = "failed: " + " | ".join(str(exc).strip().splitlines()[-3:])
@@ -361,16 +438,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         for other, o in results.items():
             if o["kind"] == "llama":
-                ratios[f"{label} / {other}"] = {"decode": r["decode_tok_s"] / o["decode_tok_s"],
-                                                "prefill": r["prefill_tok_s"] / o["prefill_tok_s"],
-                                                "ttft": r["ttft_s"] / o["ttft_s"]}
+                ratios[f"{label} / {other}"] = ratio = {"decode": r["decode_tok_s"] / o["decode_tok_s"],
+                                                        "prefill": r["prefill_tok_s"] / o["prefill_tok_s"],
+                                                        "ttft": r["ttft_s"] / o["ttft_s"]}
+                if layout != "one-at-a-time":  # round r of both engines was measured close together
+                    for key in ("decode", "prefill"):
+                        per_round = [a[f"{key}_tok_s"] / b[f"{key}_tok_s"] for a, b in zip(r["rounds"], o["rounds"])]
+                        ratio[f"{key}_rounds"] = per_round
+                        ratio[f"{key}_round_median"] = median(per_round)
     info["load_averages"] = loads
     return {"model": str(model), "layers": int(config["num_hidden_layers"]),
             "shape": "20b" if int(config["hidden_size"]) == 2880 else "tiny", "config": {
                 "hidden": config["hidden_size"], "experts": experts, "top_k": top_k, "vocab": vocab,
                 "checkpoint_bytes": checkpoint_bytes(model)},
             "settings": {"threads": args.threads, "rounds": args.rounds, "decode_tokens": args.decode_tokens,
-                         "prefill_tokens": args.prefill_tokens, "interleaved": together},
+                         "prefill_tokens": args.prefill_tokens, "interleaved": together,
+                         "layout": layout},
             "read_bandwidth_gb_s": bw / 1e9, "read_bandwidth_samples_gb_s": [b / 1e9 for b in bandwidth],
             "engines": results, "ratios": ratios, "baseline": baseline, "skipped": skipped, "machine": info,
             "duration_s": round(time.time() - started, 1),
@@ -394,7 +477,11 @@ def table(result: dict[str, Any]) -> str:
                 flag = f" ROUNDS DISAGREE (>x{DISAGREE_FACTOR}): the median stands for neither" * sp["disagree"]
                 lines.append(f"{label} {name} over {len(r['rounds'])} rounds: {sp['min']:.2f}-{sp['max']:.2f}{flag}")
     for name, ratio in result["ratios"].items():
-        lines.append(f"{name}: decode x{ratio['decode']:.2f}, prefill x{ratio['prefill']:.2f}")
+        line = f"{name}: decode x{ratio['decode']:.2f}, prefill x{ratio['prefill']:.2f}"
+        if "decode_rounds" in ratio:
+            line += "; round by round: decode " + ", ".join(f"x{v:.2f}" for v in ratio["decode_rounds"]) + \
+                ", prefill " + ", ".join(f"x{v:.2f}" for v in ratio["prefill_rounds"])
+        lines.append(line)
     for label, r in result["engines"].items():
         if "split" in r:
             s = r["split"]
@@ -424,6 +511,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-table", action="append", default=[], metavar="LABEL=TABLE.yaml",
                    help="add a vLLM variant served with this quantreg table (repeatable)")
     p.add_argument("--no-default-vllm", action="store_true", help="drop the table-less vLLM variant")
+    p.add_argument("--vllm-env", action="append", default=[], metavar="LABEL=KEY=VALUE",
+                   help="an environment variable for one vLLM variant (repeatable; e.g. an ISA-forcing one)")
+    p.add_argument("--llama-build", action="append", default=[], metavar="NAME=ENV_DIR",
+                   help="another llama.cpp build on the same GGUF (repeatable; QUANTREG_LLAMA_ISA=avx2 "
+                        "bench/llama_setup.sh makes the AVX2 one)")
     p.add_argument("--vllm-modes", default="default,eager",
                    help="vLLM's modes to measure each variant in: default (compiled, as `vllm serve`), eager")
     p.add_argument("--threads", type=int, default=2)
@@ -431,6 +523,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--one-at-a-time", action="store_true", help="engines one after another, not alive together")
+    p.add_argument("--alternate", action="store_true",
+                   help="engines one at a time, restarted every round in rotated order (drift falls on all alike)")
     p.add_argument("--json", type=Path, help="where to write the result (default bench/results/wholemodel-L{N}.json)")
     return p.parse_args(argv)
 

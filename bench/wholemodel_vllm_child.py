@@ -16,7 +16,8 @@ warm-up, prints ``READY`` with its start-up split, then obeys one JSON command p
   MoE blocks (router + experts), in the rest of the model's forward (attention, dense linears,
   norms, embedding), in the lm_head (vLLM's logits processor) and outside the model (scheduler,
   sampling, Python) -- see ``_Clock.decode_split``;
-* ``{"op": "finish"}``: peak RSS and what vLLM built for the MoE layers; then the child exits.
+* ``{"op": "finish"}``: peak RSS, what vLLM built for the MoE layers and the ISA it ran at (torch's
+  CPU capability and the ISA-forcing variables it was given); then the child exits.
 
 Replies are single lines prefixed with ``QRB `` (vLLM logs to the same streams). Why in-process
 hooks rather than torch.profiler: the profiler's per-op records at 24 layers x 128 steps cost more
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import resource
 import sys
 import time
@@ -193,6 +195,18 @@ def _moe_repack_timer() -> dict[str, float]:
     return spent
 
 
+#: Variables that force an ISA below the host's (``--vllm-env``): torch's ATen kernels, oneDNN,
+#: and any plugin kernel's ``..._ISA`` switch. The child reports what it ran with, so a forced
+#: variant's result proves the forcing reached the process that measured it.
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+def isa_report(torch_capability: str) -> dict[str, Any]:
+    """torch's CPU capability as it runs here, and every ISA-forcing variable of this process."""
+    forced = {k: v for k, v in sorted(os.environ.items()) if k in ISA_VARIABLES or k.endswith("_ISA")}
+    return {"torch_cpu_capability": torch_capability, "forced": forced}
+
+
 def main() -> None:
     model_dir = sys.argv[1]
     max_model_len = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
@@ -239,9 +253,12 @@ def main() -> None:
     from quantreg.testing.vllm_probes import inspect_moe_layers
 
     layers = [layer for worker in llm.apply_model(inspect_moe_layers) for layer in worker["layers"]]
+    import torch
+
     reply({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
            "moe_methods": sorted({layer["quant_method"] for layer in layers}),
-           "experts_cls": sorted({str(layer["experts_cls"]) for layer in layers})})
+           "experts_cls": sorted({str(layer["experts_cls"]) for layer in layers}),
+           "isa": isa_report(torch.backends.cpu.get_cpu_capability())})
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +36,8 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp / "result.json"
     proc = subprocess.run([sys.executable, "-m", "bench.wholemodel_bench", "--shape", "tiny", "--layers", "2",
                            "--rounds", "1", "--decode-tokens", "6", "--prefill-tokens", "24", "--work-dir", str(tmp),
-                           "--llama-dense", "q8_0", "--vllm-table", f"reference={table}", "--json", str(out)],
+                           "--llama-dense", "q8_0", "--vllm-table", f"reference={table}",
+                           "--vllm-env", "reference=ATEN_CPU_CAPABILITY=avx2", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "decode step" in proc.stdout
@@ -69,6 +71,56 @@ def test_both_vllm_variants_measured_with_their_methods(result: dict[str, object
         assert engine["startup_split"]["weights_processing_s"] > 0
         assert engine["peak_rss_bytes"] > 0 and engine["bandwidth_fraction"] > 0
     assert default["startup_split"]["moe_repack_layers"] == 2
+
+
+def test_a_variants_environment_reaches_the_process_that_measured_it(result: dict[str, object]) -> None:
+    """``--vllm-env reference=ATEN_CPU_CAPABILITY=avx2``: the child reports torch running at AVX2 (the
+    way the bench stands in for the AVX2 host kind on a wider CPU), and only in that variant."""
+    engines = result["engines"]
+    assert isinstance(engines, dict)
+    for mode in ("", " [eager]"):
+        forced = engines[f"reference{mode}"]
+        assert forced["env"] == {"ATEN_CPU_CAPABILITY": "avx2"}
+        assert forced["isa"]["torch_cpu_capability"] == "AVX2"
+        assert forced["isa"]["forced"]["ATEN_CPU_CAPABILITY"] == "avx2"
+        default = engines[f"vLLM-CPU + quantreg (registry's choice){mode}"]
+        assert "env" not in default and "ATEN_CPU_CAPABILITY" not in default["isa"]["forced"]
+        assert default["isa"]["torch_cpu_capability"] in ("AVX2", "AVX512")
+
+
+def _bench() -> object:
+    sys.path.insert(0, str(ROOT))
+    import bench.wholemodel_bench as bench
+
+    return bench
+
+
+def test_sessions_keep_engines_apart_or_together_as_asked() -> None:
+    """--alternate restarts each engine every round in rotated order, so two engines' round r are
+    minutes apart; --one-at-a-time runs every round of one engine before the next."""
+    bench = _bench()
+    labels = ["A", "B", "C"]
+    assert bench.sessions(labels, 2, "together") == [(["A", "B", "C"], [0, 1])]
+    assert bench.sessions(labels, 2, "one-at-a-time") == [(["A"], [0, 1]), (["B"], [0, 1]), (["C"], [0, 1])]
+    assert bench.sessions(labels, 3, "alternate") == [
+        (["A"], [0]), (["B"], [0]), (["C"], [0]),
+        (["B"], [1]), (["C"], [1]), (["A"], [1]),
+        (["C"], [2]), (["A"], [2]), (["B"], [2])]
+    with pytest.raises(ValueError, match="unknown layout"):
+        bench.sessions(labels, 1, "sideways")
+
+
+def test_bad_variant_options_stop_before_any_engine_starts(tmp_path: Path) -> None:
+    bench = _bench()
+    assert bench.variant_env(["x=A_ISA=avx2", "x=B=1"], ["x", "y"]) == {"x": {"A_ISA": "avx2", "B": "1"}}
+    for item, message in (("x=A", "expects LABEL=KEY=VALUE"), ("x=not a name=1", "expects LABEL=KEY=VALUE"),
+                          ("z=A=1", "no vLLM variant labelled 'z' (variants: x, y)")):
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            bench.variant_env([item], ["x", "y"])
+    with pytest.raises(SystemExit, match="expects NAME=ENV_DIR"):
+        bench.llama_builds(["avx2"])
+    with pytest.raises(SystemExit, match=re.escape("is not a finished bench/llama_setup.sh environment")):
+        bench.llama_builds([f"avx2={tmp_path}"])
 
 
 def test_llama_half_ran_or_was_skipped_by_name(result: dict[str, object]) -> None:
