@@ -17,7 +17,9 @@ What it does, in one process tree of the repository's ``.venv``:
    read bandwidth (a 1 GiB sum), then per engine time-to-first-token (16-token prompt, 1 token),
    decode (same prompt, ``--decode-tokens`` tokens; tokens/s = (N - 1) / (t_N - t_1), prefill
    subtracted) and prefill (``--prefill-tokens`` prompt, 1 token);
-5. vLLM's decode step split (MoE, attention + dense, lm_head, the rest) from a separate hooked call;
+5. vLLM's decode step split (MoE, attention + dense, lm_head, the rest) from a separate hooked call,
+   eager variants only; ``--split-sequences 16`` also splits the step of 16 sequences decoding
+   together (what a server's step is under 16 streaming clients, issue 45);
 6. bytes read per decoded token from the weights each engine holds (experts x top_k / E, one
    embedding row, every other weight whole) and that x tokens/s as a fraction of the bandwidth.
 
@@ -309,10 +311,13 @@ def per_token(held: dict[str, float], top_k: int, experts: int, vocab: int) -> f
     return held["dense"] + held["experts"] * top_k / experts + held["embedding"] / vocab
 
 
-def split_step(engine: Engine, decode_tokens: int, seed: int) -> dict[str, Any]:
-    """vLLM's decode step split from one hooked generate (``_Clock.decode_split`` in the child), in ms."""
+def split_step(engine: Engine, decode_tokens: int, seed: int, sequences: int = 1) -> dict[str, Any]:
+    """vLLM's decode step split from one hooked generate (``_Clock.decode_split`` in the child), in ms;
+    with ``sequences`` > 1 that many prompts decode together, every step serving all of them (the
+    step a server runs under that many streaming clients)."""
     rng = random.Random(seed)
-    split = engine.ask(op="split", prompt=prompt(rng, SHORT_PROMPT), max_tokens=decode_tokens)["split"]
+    prompts = [prompt(rng, SHORT_PROMPT) for _ in range(sequences)]
+    split = engine.ask(op="split", prompts=prompts, max_tokens=decode_tokens)["split"]
     if not split.get("steps"):
         raise RuntimeError(f"{engine.label}: no decode step was timed ({split})")
     out = {key.replace("_s", "_ms"): value * 1e3 for key, value in split.items() if key.endswith("_s")}
@@ -397,6 +402,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             last = last_session[e.label] == index
             if last and e.kind == "vllm" and e.detail.get("mode") == "eager":  # hooks do not fire in a compiled graph
                 results[e.label]["split"] = split_step(e, args.decode_tokens, 99)
+                for n in args.split_sequences:
+                    results[e.label].setdefault("split_by_sequences", {})[str(n)] = split_step(
+                        e, args.decode_tokens, 99, n)
             e.finish()
             results[e.label]["peak_rss_bytes"] = max(results[e.label].get("peak_rss_bytes") or 0,
                                                      e.final.get("peak_rss_bytes") or 0)
@@ -460,6 +468,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "command": command_line("bench.wholemodel_bench")}
 
 
+def split_line(s: dict[str, Any]) -> str:
+    return (f"{s['step_ms']:.1f} ms = MoE {s['moe_ms']:.1f} + attention/dense {s['attention_dense_ms']:.1f} + "
+            f"lm_head {s['lm_head_ms']:.1f} + rest {s['rest_ms']:.1f}")
+
+
 def table(result: dict[str, Any]) -> str:
     lines = table_head(f"GPT-OSS ({result['shape']} shape), {result['layers']} layers, "
                        f"{result['settings']['threads']} threads, host kind {result['machine']['host_kind']}, "
@@ -484,9 +497,10 @@ def table(result: dict[str, Any]) -> str:
         lines.append(line)
     for label, r in result["engines"].items():
         if "split" in r:
-            s = r["split"]
-            lines.append(f"{label} decode step {s['step_ms']:.1f} ms = MoE {s['moe_ms']:.1f} + attention/dense "
-                         f"{s['attention_dense_ms']:.1f} + lm_head {s['lm_head_ms']:.1f} + rest {s['rest_ms']:.1f}")
+            lines.append(f"{label} decode step {split_line(r['split'])}")
+        for n, s in r.get("split_by_sequences", {}).items():
+            lines.append(f"{label} decode step at {n} sequences ({int(n) * 1e3 / s['step_ms']:.1f} tok/s) "
+                         + split_line(s))
     return "\n".join(lines + skipped_lines(result))
 
 
@@ -505,6 +519,17 @@ def model_parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def sequence_counts(text: str) -> list[int]:
+    """``--split-sequences``: comma-separated counts above 1 (one sequence is always split)."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 2:
+        raise argparse.ArgumentTypeError(f"expected comma-separated sequence counts >= 2, got {text!r}")
+    return counts
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = model_parser(__doc__)
     p.add_argument("--llama-dense", default="q8_0,bf16", help="GGUF dense types, comma-separated, or 'none'")
@@ -519,6 +544,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--vllm-modes", default="default,eager",
                    help="vLLM's modes to measure each variant in: default (compiled, as `vllm serve`), eager")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--split-sequences", type=sequence_counts, default=[], metavar="N,N,...",
+                   help="also split eager variants' decode step with N sequences decoding together (a server's "
+                        "step under N clients)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--prefill-tokens", type=int, default=512)

@@ -12,7 +12,9 @@ warm-up, prints ``READY`` with its start-up split, then obeys one JSON command p
 * ``{"op": "generate", "prompt": [ids], "max_tokens": N}``: one timed greedy generate; replies its
   wall seconds and the generated ids;
 * ``{"op": "split", "prompt": [ids], "max_tokens": N}``: the same generate with timing hooks on the
-  model's modules: per decode step (mean over the steps after the prompt's), the seconds in the
+  model's modules (``"prompts": [[ids], ...]`` instead: that many sequences in one generate, so
+  every decode step serves all of them at once, as a server under that many clients does): per
+  decode step (mean over the steps after the prompt's), the seconds in the
   MoE blocks (router + experts), in the rest of the model's forward (attention, dense linears,
   norms, embedding), in the lm_head (vLLM's logits processor) and outside the model (scheduler,
   sampling, Python) -- see ``_Clock.decode_split``;
@@ -241,7 +243,8 @@ def main() -> None:
             reply({"error": f"unknown op {op!r}"})
             continue
         params = SamplingParams(max_tokens=int(command["max_tokens"]), temperature=0.0, ignore_eos=True, seed=0)
-        prompt = [TokensPrompt(prompt_token_ids=[int(t) for t in command["prompt"]])]
+        ids = command["prompts"] if "prompts" in command else [command["prompt"]]
+        prompt = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in ids]
         CLOCK.spans.clear()
         CLOCK.enabled = op == "split"
         t0 = time.perf_counter()

@@ -37,10 +37,11 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     proc = subprocess.run([sys.executable, "-m", "bench.wholemodel_bench", "--shape", "tiny", "--layers", "2",
                            "--rounds", "1", "--decode-tokens", "6", "--prefill-tokens", "24", "--work-dir", str(tmp),
                            "--llama-dense", "q8_0", "--vllm-table", f"reference={table}",
-                           "--vllm-env", "reference=ATEN_CPU_CAPABILITY=avx2", "--json", str(out)],
+                           "--vllm-env", "reference=ATEN_CPU_CAPABILITY=avx2", "--split-sequences", "4",
+                           "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "decode step" in proc.stdout
+    assert "decode step" in proc.stdout and "decode step at 4 sequences" in proc.stdout
     data: dict[str, object] = json.loads(out.read_text())
     return data
 
@@ -68,6 +69,11 @@ def test_both_vllm_variants_measured_with_their_methods(result: dict[str, object
         assert split["steps"] == 4 and split["moe_calls_per_step"] == 2  # 6 tokens: 6 forwards, 4 whole decode periods
         for key in ("moe_ms", "attention_dense_ms", "lm_head_ms", "step_ms"):
             assert split[key] > 0, (key, split)
+        # --split-sequences 4: four sequences decode together, every step one forward for all four
+        # (a server's step under four clients): the same layers per step, and four tokens per step
+        together = engine["split_by_sequences"]["4"]
+        assert together["steps"] == 4 and together["moe_calls_per_step"] == 2, together
+        assert together["step_ms"] > 0 and together["moe_ms"] > 0
         assert engine["startup_split"]["weights_processing_s"] > 0
         assert engine["peak_rss_bytes"] > 0 and engine["bandwidth_fraction"] > 0
     assert default["startup_split"]["moe_repack_layers"] == 2
