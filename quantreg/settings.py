@@ -42,6 +42,7 @@ RUN_FINGERPRINT = "QUANTREG_RUN_FINGERPRINT"
 TABLES = "QUANTREG_TABLES"
 SERVE_TIMEOUT = "QUANTREG_SERVE_TIMEOUT"
 HIDE_AMX = "QUANTREG_HIDE_AMX"
+SPLIT_MEMORY_RESERVE = "QUANTREG_SPLIT_MEMORY_RESERVE"
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("", "0", "false", "no", "off")
@@ -112,6 +113,20 @@ def parse_seconds(raw: str, default: Any) -> Parsed:
     return min(max(seconds, MIN_TIMEOUT), TIMEOUT_MAX), None
 
 
+def parse_gib(raw: str, default: Any) -> Parsed:
+    """A non-negative number of GiB (``0`` turns the check it bounds off)."""
+    if not raw.strip():
+        return default, None
+    try:
+        gib = float(raw)
+    except ValueError:
+        gib = math.nan
+    if math.isnan(gib) or gib < 0:
+        return default, (f"{shown(raw)} is not a non-negative number of GiB (e.g. 4, 0.5, 0); "
+                         f"using the default {default:g}")
+    return gib, None
+
+
 def parse_compile(raw: str, default: Any) -> Parsed:
     word = raw.strip().lower() or "auto"
     if word in MXFP4_COMPILE_MODES:
@@ -152,6 +167,9 @@ SETTINGS: tuple[Setting, ...] = (
                                                         "plugin is dropped with a warning."),
     Setting(MXFP4_COMPILE, parse_compile, "auto", "auto/0/1: whether the MXFP4 reference method uses its "
                                                   "torch.compile'd kernel (auto: where it pays off)."),
+    Setting(SPLIT_MEMORY_RESERVE, parse_gib, 4.0, "GiB of memory (MemAvailable) a tokens: split must leave free "
+            "after keeping or copying a layer's weights for its other side; below it that layer's split is dropped "
+            "(lenient: WARNING, the first side serves every token count; strict: refused). 0: no check."),
     Setting(HOST_CPU_FLAGS, parse_flags, None, "Test seam: replace (a list) or edit (+flag/-flag) the CPU flags "
                                               "quantreg reads from /proc/cpuinfo."),
     Setting(FINGERPRINT, parse_text, None, "Set by the first vLLM process: its table fingerprint, which later "

@@ -26,11 +26,16 @@ except at these points:
   forward of each side per layer writes one ``event: split_forward`` trail line naming the method,
   the range and the forward's token count; every later forward costs the bisect and one list read.
 
-Contained like every decision: a side that cannot be built, whose layout differs, or whose
-``process_weights_after_loading`` raises is dropped with one WARNING and the remaining side serves
-its token counts (lenient); strict refuses the start with one ``quantreg (strict):`` line. A side
-that raises on a live forward is turned off the same way (lenient: that forward and the later ones
-of its range go to the first side; strict: an ERROR line, never a raise mid-request, as ``verify:``).
+Contained like every decision: a side that cannot be built, whose layout differs, whose
+``process_weights_after_loading`` raises, or whose weights for this layer (copied, or loaded weights
+kept alive) would leave less memory available than ``QUANTREG_SPLIT_MEMORY_RESERVE`` (4 GiB by
+default: a split costs its bytes once per MoE layer, and a whole GPT-OSS-20B split between a plugin
+that repacks and one that reads the loaded form kept 0.4 GiB alive per layer, 9.5 GiB in all, and
+was killed by the kernel's OOM killer on a 24 GB host) is dropped with one WARNING and the
+remaining side serves its token counts (lenient); strict refuses the start with one
+``quantreg (strict):`` line. A side that raises on a live forward is turned off the same way
+(lenient: that forward and the later ones of its range go to the first side; strict: an ERROR line,
+never a raise mid-request, as ``verify:``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 
+from .. import settings
 from ..decision import Decision
 from ..keys import Key, TokenRange
 from ..problems import QuantregError, printable, quantreg_logger, strict_error
@@ -189,18 +195,27 @@ class TokenSplitMethod(Proxy, FusedMoEMethodBase, forwards=FusedMoEMethodBase): 
                 self._drop(i, f"raised in process_weights_after_loading ({type(fault).__name__}: {fault})", "load")
                 continue
             shadow, own = loaded[0]
+            side_copied = sum(_nbytes(shadow._parameters[n]) for n in own)
+            side_kept = sum(_nbytes(originals[n]) for n in side.reads
+                            if n in originals and n not in own and layer._parameters.get(n) is not originals[n])
+            short = _memory_short(side_copied + side_kept)
+            if short is not None:
+                del shadow, loaded[:]  # the side's weights go with it (the drop below serves its range)
+                self._drop(i, short, "load")
+                continue
             side.layer = shadow
-            copied += sum(_nbytes(shadow._parameters[n]) for n in own)
-            kept += sum(_nbytes(originals[n]) for n in side.reads
-                        if n in originals and n not in own and layer._parameters.get(n) is not originals[n])
+            copied += side_copied
+            kept += side_kept
         pristine.clear()
         self._quantreg_sides[0].layer = layer
         self._quantreg_monolithic = None
         report = self._quantreg_report
         how = ("own copy of the loaded weights" if copied else "shares the loaded weights")
         shown = ", ".join(f"{s.name} for tokens{s.tokens}" for s in self._quantreg_sides)
-        logger.info("quantreg: %s %s: split %s; the other side %s: %.2f MiB copied, %.2f MiB kept alive for it",
-                    report.prefix, report.key, shown, how, copied / 2**20, kept / 2**20)
+        available = mem_available()
+        logger.info("quantreg: %s %s: split %s; the other side %s: %.2f MiB copied, %.2f MiB kept alive for it "
+                    "(%s GiB of memory available after)", report.prefix, report.key, shown, how, copied / 2**20,
+                    kept / 2**20, "?" if available is None else f"{available / 2**30:.1f}")
         if _trail_on():
             _trail({"event": "split_load", "prefix": report.prefix, "key": report.key.as_json(),
                     "sides": [{"tokens": str(s.tokens), "method": s.name} for s in self._quantreg_sides],
@@ -304,6 +319,31 @@ class TokenSplitMethod(Proxy, FusedMoEMethodBase, forwards=FusedMoEMethodBase): 
 def _same(param: Any, pristine: torch.Tensor) -> bool:
     data = param.data
     return bool(data.shape == pristine.shape and data.dtype == pristine.dtype and torch.equal(data, pristine))
+
+
+def mem_available() -> int | None:
+    """The kernel's estimate of memory available without swapping (``MemAvailable``), bytes; None off Linux."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _memory_short(cost: int) -> str | None:
+    """Why holding ``cost`` more bytes for a side is refused (available memory under the reserve), or None."""
+    reserve = float(settings.value(settings.SPLIT_MEMORY_RESERVE))
+    if not cost or reserve <= 0:
+        return None
+    available = mem_available()
+    if available is None or available >= reserve * 2**30:
+        return None
+    return (f"is not kept: its {cost / 2**20:.0f} MiB of weights for this layer would leave "
+            f"{available / 2**30:.1f} GiB of memory available, under {settings.SPLIT_MEMORY_RESERVE}="
+            f"{reserve:g} GiB (a split holds its weights once per MoE layer)")
 
 
 def _nbytes(param: Any) -> int:

@@ -19,6 +19,7 @@ how the weights were handled (shared, or copied for the side that needs the load
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -252,3 +253,46 @@ def test_strict_refuses_a_side_that_cannot_share_the_layer(harness: Any) -> None
     with pytest.raises(QuantregError, match=r"quantreg \(strict\): model.layers.0.mlp.experts .*'wider' for "
                                             r"tokens>4 cannot share this layer's weights"):
         harness.ready(build, EXPERTS, top_k=2)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lenient", "strict"])
+def test_a_side_whose_weights_would_leave_too_little_memory_is_not_kept(
+        harness: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, strict: bool) -> None:
+    """cpu_mxfp4 repacks and drops the loaded weights; mxfp4_reference reads them, so the split keeps them
+    alive for it, once per layer. With less memory available than QUANTREG_SPLIT_MEMORY_RESERVE after
+    that (a reserve above this host's memory here), the side is dropped before it can take the process
+    down with the OOM killer: lenient, one WARNING naming the bytes and the setting, the first side
+    serving every token count; strict, the start refused."""
+    from quantreg.problems import QuantregError
+    from quantreg.vllm.token_split import mem_available
+
+    available = mem_available()
+    assert available is not None and available > 0  # Linux: /proc/meminfo
+    monkeypatch.setenv("QUANTREG_SPLIT_MEMORY_RESERVE", str(2 * available / 2**30))
+    made: list[TokenSplitMethod] = []
+
+    def build(moe_config: Any) -> Any:
+        sides = [Side(TokenRange(1, BOUND), Decision(KEY, "cpu_mxfp4", None, {}, (), ()),
+                      CpuMxfp4MoEMethod(moe_config)),
+                 Side(TokenRange(BOUND + 1, None), Decision(KEY, "mxfp4_reference", None, {}, (), ()),
+                      Mxfp4ReferenceMoEMethod(moe_config))]
+        made.append(TokenSplitMethod(sides, _Report("model.layers.0.mlp.experts", KEY, strict)))
+        return made[-1]
+
+    expected = (r"model.layers.0.mlp.experts .*'mxfp4_reference' for tokens>4 is not kept: its \d+ MiB of weights "
+                r"for this layer would leave [\d.]+ GiB of memory available, under QUANTREG_SPLIT_MEMORY_RESERVE=")
+    if strict:
+        with pytest.raises(QuantregError, match=r"quantreg \(strict\): " + expected):
+            harness.ready(build, EXPERTS, top_k=2)
+        return
+    with caplog.at_level(logging.INFO, logger="vllm.quantreg.split"):
+        layer = harness.ready(build, EXPERTS, top_k=2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(re.search(expected, w) and "'cpu_mxfp4' serves those forwards" in w for w in warnings), warnings
+    assert made[0].quantreg_split == ((">=1", "cpu_mxfp4"),)
+    loads = [r.getMessage() for r in caplog.records if ": split " in r.getMessage()]
+    assert loads and "0.00 MiB kept alive" in loads[0]  # nothing held for the dropped side
+    alone = harness.ready(CpuMxfp4MoEMethod, EXPERTS, top_k=2)
+    for tokens in SIZES:
+        x, logits = inputs(tokens)
+        assert torch.equal(layer.forward(x, logits), alone.forward(x, logits))
