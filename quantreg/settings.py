@@ -99,14 +99,17 @@ def parse_strict(raw: str, default: Any) -> Parsed:
                   "counted as strict")
 
 
+def _number(raw: str) -> float:
+    """``raw`` as a float, NaN when it is not one (the number parsers refuse NaN with their own message)."""
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan
+
+
 def parse_seconds(raw: str, default: Any) -> Parsed:
     """A positive number of seconds; huge values (``inf``) are clamped to what ``threading`` accepts."""
-    if not raw.strip():
-        return default, None
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
+    seconds = _number(raw) if raw.strip() else default
     if math.isnan(seconds) or seconds <= 0:
         return default, (f"{shown(raw)} is not a positive number of seconds (e.g. 10, 0.5, inf); "
                          f"using the default {default:g}")
@@ -114,14 +117,9 @@ def parse_seconds(raw: str, default: Any) -> Parsed:
 
 
 def parse_gib(raw: str, default: Any) -> Parsed:
-    """A non-negative number of GiB (``0`` turns the check it bounds off)."""
-    if not raw.strip():
-        return default, None
-    try:
-        gib = float(raw)
-    except ValueError:
-        gib = math.nan
-    if math.isnan(gib) or gib < 0:
+    """A non-negative, finite number of GiB (``0`` turns the check it bounds off)."""
+    gib = _number(raw) if raw.strip() else default
+    if not math.isfinite(gib) or gib < 0:
         return default, (f"{shown(raw)} is not a non-negative number of GiB (e.g. 4, 0.5, 0); "
                          f"using the default {default:g}")
     return gib, None

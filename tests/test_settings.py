@@ -200,6 +200,21 @@ def test_unreadable_timeouts_are_located_problems(raw: str) -> None:
 
 
 @pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("raw,gib", [("", 4.0), ("0", 0.0), (" 2.5 ", 2.5), ("12", 12.0)])
+def test_the_split_memory_reserve_is_gib_and_zero_turns_it_off(raw: str, gib: float) -> None:
+    assert settings.parsed(settings.SPLIT_MEMORY_RESERVE, {"QUANTREG_SPLIT_MEMORY_RESERVE": raw}) == (gib, None)
+
+
+@pytest.mark.usefixtures("clean_env")
+@pytest.mark.parametrize("raw", ["-1", "abc", "nan", "inf", "4GB"])
+def test_an_unreadable_split_memory_reserve_is_a_located_problem(raw: str) -> None:
+    [problem] = setting_problems({"QUANTREG_SPLIT_MEMORY_RESERVE": raw})
+    assert settings.value(settings.SPLIT_MEMORY_RESERVE, {"QUANTREG_SPLIT_MEMORY_RESERVE": raw}) == 4.0
+    assert str(problem) == (f"environment: QUANTREG_SPLIT_MEMORY_RESERVE: {raw!r} is not a non-negative number "
+                            "of GiB (e.g. 4, 0.5, 0); using the default 4")
+
+
+@pytest.mark.usefixtures("clean_env")
 def test_mxfp4_compile_setting_is_checked_at_load() -> None:
     registry = Registry.build(env={"QUANTREG_MXFP4_COMPILE": "fast"}, entry_points=False)
     assert [str(p) for p in registry.problems] == [
