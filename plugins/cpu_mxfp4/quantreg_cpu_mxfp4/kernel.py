@@ -44,7 +44,7 @@ the 2 % tolerance and ``q8x2`` to 1 %. Cost (shared 2-core AVX-512 host, 16-row 
 over ``q8`` at 1 token (2.4-2.9 ms against 2.1-2.3 ms, interleaved: ``q8`` is then at the read
 floor, ``q8x2`` is bound by its doubled dot products), more at several tokens per expert
 (compute-bound), which is why ``q8x2`` hands experts to the GEMM prefill path from 128 tokens and
-``q8`` only from 256 (:data:`GEMM_MIN_TOKENS`); ``q8`` stays the faster setting for long prompts on
+``q8`` only from 1024 (:data:`GEMM_MIN_TOKENS`); ``q8`` stays the faster setting for long prompts on
 hosts without AMX. (Measured 2026-12-06 with fp32 outputs: ``q8x2``'s own error is ~4e-5
 ``relative_error``; what the tests see is the bf16 rounding of the output.)
 
@@ -115,7 +115,14 @@ ACTIVATIONS = ("swigluoai", "silu")
 # GEMV 1.94 s / 4.3 s against 1.95-3.8 s / 3.7-3.9 s: the crossover is near 128 tokens under
 # q8x2 on both routes, and later under q8 (half the dot products). (The earlier bf16 row-major
 # decode measured a crossover of 48 on this host: the GEMV has since become cheaper.)
-GEMM_MIN_TOKENS = {"q8x2": 128, "q8": 256}
+# q8 re-measured on a quiet host (2026-12-06, same kind, both threads, wall clock, whole layer, q8's
+# GEMV against the GEMM path): at 256 tokens per expert 913 against 1,382 ms (avx512) and 2.0 against
+# 2.6 s (avx2 forced); at 512, 2.0 against 3.6 s (avx512). No crossover by 512, so q8 keeps the GEMV
+# to 1024 (a vLLM server's prefill chunk of 2,048-8,192 tokens routes 256-1,024 to each expert; at
+# 256 the GEMM path had cost its 16-client prefill ~1.5x). q8x2 is at its crossover there (1.75 against
+# 1.88 s at 256, 3.6 against 3.8 s at 512: the GEMM path a little faster) and keeps 128. AMX hosts
+# (oneDNN's bf16 GEMM on AMX tiles) are not re-measured: there the chain serves vLLM's kernel first.
+GEMM_MIN_TOKENS = {"q8x2": 128, "q8": 1024}
 # Rows of one expert decoded per prefill GEMM call: 512 x 2880 is 2.9 MiB in bf16, 5.9 MiB in fp32
 # (stays in the LLC between its decode and the matmul that reads it), 12 / 6 calls per GPT-OSS expert.
 GEMM_ROWS = 512
