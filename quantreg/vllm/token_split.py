@@ -52,6 +52,7 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 
 from .. import settings
 from ..decision import Decision
+from ..host import memory_available
 from ..keys import Key, TokenRange
 from ..problems import QuantregError, printable, quantreg_logger, strict_error
 from .proxy import Proxy
@@ -212,7 +213,7 @@ class TokenSplitMethod(Proxy, FusedMoEMethodBase, forwards=FusedMoEMethodBase): 
         report = self._quantreg_report
         how = ("own copy of the loaded weights" if copied else "shares the loaded weights")
         shown = ", ".join(f"{s.name} for tokens{s.tokens}" for s in self._quantreg_sides)
-        available = mem_available()
+        available = memory_available()
         logger.info("quantreg: %s %s: split %s; the other side %s: %.2f MiB copied, %.2f MiB kept alive for it "
                     "(%s GiB of memory available after)", report.prefix, report.key, shown, how, copied / 2**20,
                     kept / 2**20, "?" if available is None else f"{available / 2**30:.1f}")
@@ -321,24 +322,12 @@ def _same(param: Any, pristine: torch.Tensor) -> bool:
     return bool(data.shape == pristine.shape and data.dtype == pristine.dtype and torch.equal(data, pristine))
 
 
-def mem_available() -> int | None:
-    """The kernel's estimate of memory available without swapping (``MemAvailable``), bytes; None off Linux."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _memory_short(cost: int) -> str | None:
     """Why holding ``cost`` more bytes for a side is refused (available memory under the reserve), or None."""
     reserve = float(settings.value(settings.SPLIT_MEMORY_RESERVE))
     if not cost or reserve <= 0:
         return None
-    available = mem_available()
+    available = memory_available()
     if available is None or available >= reserve * 2**30:
         return None
     return (f"is not kept: its {cost / 2**20:.0f} MiB of weights for this layer would leave "

@@ -263,10 +263,10 @@ def test_a_side_whose_weights_would_leave_too_little_memory_is_not_kept(
     that (a reserve above this host's memory here), the side is dropped before it can take the process
     down with the OOM killer: lenient, one WARNING naming the bytes and the setting, the first side
     serving every token count; strict, the start refused."""
+    from quantreg.host import memory_available
     from quantreg.problems import QuantregError
-    from quantreg.vllm.token_split import mem_available
 
-    available = mem_available()
+    available = memory_available()
     assert available is not None and available > 0  # Linux: /proc/meminfo
     monkeypatch.setenv("QUANTREG_SPLIT_MEMORY_RESERVE", str(2 * available / 2**30))
     made: list[TokenSplitMethod] = []
