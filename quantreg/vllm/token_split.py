@@ -208,6 +208,7 @@ class TokenSplitMethod(Proxy, FusedMoEMethodBase, forwards=FusedMoEMethodBase): 
             copied += side_copied
             kept += side_kept
         pristine.clear()
+        originals.clear()  # a dropped side's weights are freed now, before the line below reports memory
         self._quantreg_sides[0].layer = layer
         self._quantreg_monolithic = None
         report = self._quantreg_report

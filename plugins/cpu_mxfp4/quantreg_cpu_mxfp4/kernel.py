@@ -118,8 +118,8 @@ ACTIVATIONS = ("swigluoai", "silu")
 # q8 re-measured on a quiet host (2026-12-06, same kind, both threads, wall clock, whole layer, q8's
 # GEMV against the GEMM path): at 256 tokens per expert 913 against 1,382 ms (avx512) and 2.0 against
 # 2.6 s (avx2 forced); at 512, 2.0 against 3.6 s (avx512). No crossover by 512, so q8 keeps the GEMV
-# to 1024 (a vLLM server's prefill chunk of 2,048-8,192 tokens routes 256-1,024 to each expert; at
-# 256 the GEMM path had cost its 16-client prefill ~1.5x). q8x2 is at its crossover there (1.75 against
+# to 1024 (a vLLM server's prefill chunk of 2,048-8,192 tokens routes 256-1,024 to each expert; served
+# at 16 clients the change moved TTFT only 112 -> 107 s, one run each). q8x2 is at its crossover there (1.75 against
 # 1.88 s at 256, 3.6 against 3.8 s at 512: the GEMM path a little faster) and keeps 128. AMX hosts
 # (oneDNN's bf16 GEMM on AMX tiles) are not re-measured: there the chain serves vLLM's kernel first.
 GEMM_MIN_TOKENS = {"q8x2": 128, "q8": 1024}
