@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 NOT_TRIED = "not tried"
 """How a chain step after the chosen one starts its reason."""
 
+OUT_OF_RANGE = "its range tokens"
+"""How a candidate rule whose ``tokens:`` range does not cover the decision's counts starts its reason."""
+
 
 @dataclass(frozen=True)
 class ChainStep:

@@ -117,6 +117,8 @@ def _plain_method(method: Method, plugin: str) -> Method:
             return str.__str__(value)
         if isinstance(value, (list, tuple)):
             return tuple(plain(v) for v in value)
+        if isinstance(value, Mapping):  # option_values: a dict of this process's own, values as tuples
+            return {plain(k): plain(v) for k, v in value.items()}
         return value
 
     return remade(Method, method, plain, plugin=plugin)
@@ -232,6 +234,28 @@ def method_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Pro
                         table.path, rule.options_line or rule.line, f"rules[{i}].options.{option}",
                         f"method '{name}' does not accept option '{option}'"
                         f"{did_you_mean(option, method.options)} (accepted: {accepted})"))
+    return problems
+
+
+def option_value_problems(table: TableFile, methods: Mapping[str, Method]) -> list[Problem]:
+    """A rule's option values each method of its chain declares it cannot take (:attr:`Method.option_values`).
+
+    Why ``validate`` alone reads these, not the load loop: a start-up that left the whole file out for
+    them would also drop the file's other rules; there the method is refused at construction
+    instead and the layer continues down the chain (:mod:`quantreg.vllm.route`), with one WARNING
+    lenient and one line strict, the same refusal this check gives before any start-up.
+    """
+    problems = []
+    for i, rule in enumerate(table.rules):
+        for name in rule.methods:
+            method = methods.get(name)
+            if method is None or method.keeps_vllm:
+                continue
+            for option, value in rule.options.items():
+                refused = method.refused_option({option: value})
+                if refused is not None:
+                    problems.append(Problem(table.path, rule.options_line or rule.line,
+                                            f"rules[{i}].options.{option}", refused))
     return problems
 
 

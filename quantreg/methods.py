@@ -81,6 +81,10 @@ class Method:
     one, returning ``(ok, reason)``. ``requires`` lists importable modules checked with
     ``find_spec`` (no import). ``vllm_version`` is a specifier such as ``">=0.30,<0.40"``.
     ``options`` names the options a rule may pass (``None``: the method accepts any).
+    ``option_values`` says, for an option whose values are a fixed set, which values the method
+    accepts (``{"precision": ("q8x2", "q8")}``): ``quantreg validate`` refuses a rule giving
+    another value (FILE:LINE and key), and the seam refuses to build the method with one
+    (:meth:`refused_option`), so a refusal is the registration's, not each constructor's.
     ``expert_layout`` says how the method holds the expert weights, for ``quantreg plan``'s
     memory estimate: one of :data:`EXPERT_LAYOUTS` (``None``: not declared, bytes unknown).
     ``host`` lists what the method needs of the host, as ``"cpu:FLAG"`` entries (a
@@ -101,6 +105,9 @@ class Method:
     options: tuple[str, ...] | None = None
     expert_layout: str | None = None
     host: tuple[str, ...] = ()
+    option_values: Mapping[str, tuple[Any, ...]] | None = field(default=None, compare=False)
+    """Per option, the values the method accepts (options not named take any value). Not compared
+    (a mapping is not hashable): two registrations differing only here are one method."""
     plugin: str = field(default="", compare=False)
     layers: tuple[str, ...] = (EXPERTS,)
     """The layer kinds the method can decide (:data:`quantreg.keys.LAYER_KINDS`): a MoE method
@@ -160,12 +167,32 @@ class Method:
             )
         return obj
 
+    def refused_option(self, options: Mapping[str, Any]) -> str | None:
+        """Why this method cannot take ``options`` by its declared :attr:`option_values`, or ``None``."""
+        for name, accepted in (self.option_values or {}).items():
+            if name in options and not any(_same_value(options[name], a) for a in accepted):
+                return (f"method '{self.name}' does not accept option {name}={_shown(options[name])} "
+                        f"(accepted: {', '.join(map(_shown, accepted))})")
+        return None
+
     def build(self, moe_config: Any, context: BuildContext, *, base: type[Any] | None = None) -> Any:
         """Load the target (checked against ``base``, see :meth:`load`) and construct it the
-        documented way (see :func:`construct`).
+        documented way (see :func:`construct`); what construction returns must be an instance of it.
 
-        For a dense layer kind ``moe_config`` is the method vLLM chose for the layer."""
-        return construct(self.load(base=base), moe_config, context)
+        For a dense layer kind ``moe_config`` is the method vLLM chose for the layer. Why the
+        instance check: a class whose ``__new__`` returns ``None``, ``42`` or another method's object
+        would otherwise be handed to vLLM (or taken for "no method") while the decision line, the
+        trail and ``explain`` name this method; it is this method's fault, raised here as a ``TypeError``.
+        """
+        refused = self.refused_option(context.options)
+        if refused is not None:
+            raise ValueError(refused)
+        cls = self.load(base=base)
+        built = construct(cls, moe_config, context)
+        if not isinstance(built, cls):
+            raise TypeError(f"method '{self.name}' (plugin '{self.plugin or 'quantreg'}'): constructing {self.target} "
+                            f"returned {_shown_object(built)}, not an instance of {cls.__name__}")
+        return built
 
 
 def check_method(method: Any) -> str | None:
@@ -188,7 +215,7 @@ def check_method(method: Any) -> str | None:
                else _names_problem(method.options, "options", "option names", ("chunk",), None)))
     if bad:
         return f"method '{name}': {bad}"
-    bad = host_requirements_problem(method.host)
+    bad = host_requirements_problem(method.host) or option_values_problem(method.option_values, method.options)
     if bad:
         return f"method '{name}': {bad}"
     if (not isinstance(method.layers, tuple) or not method.layers
@@ -212,6 +239,36 @@ def check_method(method: Any) -> str | None:
         return (f"method '{name}': expert_layout must be one of {', '.join(EXPERT_LAYOUTS)} or None, "
                 f"got {_shown(method.expert_layout)}")
     return None
+
+
+def option_values_problem(value: Any, options: tuple[str, ...] | None) -> str | None:
+    """``None`` if ``value`` is ``None`` or a mapping of declared option names to non-empty tuples
+    (or lists) of plain values (str, int, float, bool, None), else what is wrong."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        return f"option_values must be a mapping such as {{'precision': ('q8x2', 'q8')}}, got {_shown(value)}"
+    for name, accepted in value.items():
+        if not valid_name(name) or (options is not None and name not in options):
+            return f"option_values names {_shown(name)}, which is not one of its options"
+        if (isinstance(accepted, str) or not isinstance(accepted, (tuple, list)) or not accepted
+                or any(not isinstance(v, (str, int, float, bool, type(None))) for v in accepted)):
+            return (f"option_values[{name!r}] must be a non-empty tuple of plain values (str, int, float, bool), "
+                    f"got {_shown(accepted)}")
+    return None
+
+
+def _same_value(given: Any, accepted: Any) -> bool:
+    """``given`` equals ``accepted`` as YAML reads it: ``True`` is not ``1``, ``1`` is ``1.0``."""
+    return isinstance(given, bool) == isinstance(accepted, bool) and given == accepted
+
+
+def _shown_object(value: Any) -> str:
+    """What a constructor returned, for a message: ``None``, ``int 42``, ``another class Name``."""
+    if value is None:
+        return "None"
+    return f"{type(value).__module__}.{type(value).__qualname__} object" if not isinstance(
+        value, (int, float, str, bytes)) else f"{type(value).__name__} {_shown(value)}"
 
 
 # -- what a method needs of the host ----------------------------------------------------------

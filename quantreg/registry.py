@@ -246,10 +246,10 @@ class Registry:
         ``elsewhere`` are the key's rules whose token range does not cover ``tokens``: listed as
         candidates that lost for that reason, so ``explain`` names every rule of the key.
         """
-        from .decision import NOT_TRIED, Candidate, ChainStep, Decision, why_lost, why_won
+        from .decision import NOT_TRIED, OUT_OF_RANGE, Candidate, ChainStep, Decision, why_lost, why_won
         from .host import host_facts
 
-        outside = tuple(Candidate(r, False, f"its range tokens{r.match.tokens} does not cover tokens{tokens}")
+        outside = tuple(Candidate(r, False, f"{OUT_OF_RANGE}{r.match.tokens} does not cover tokens{tokens}")
                         for r in elsewhere)
         if not matched:
             return Decision(key, VLLM_METHOD, None, {}, outside, (), None)

@@ -34,6 +34,35 @@ class Strict(Base):
     def __init__(self, first, **options):
         raise strict_error("verify: refusing to start")
 
+class Raises(Base):
+    def __init__(self, first, **options):
+        raise RuntimeError("cannot build here")
+
+class RaisesQuantregError(Base):
+    def __init__(self, first, **options):
+        from quantreg import QuantregError
+        raise QuantregError("the public error class")
+
+class Boom(BaseException):
+    pass
+
+class RaisesBase(Base):
+    def __init__(self, first, **options):
+        raise Boom("a BaseException of its own")
+
+class RefusesOption(Base):
+    def __init__(self, first, precision="q8"):
+        if precision != "q8":
+            raise ValueError(f"option precision={precision!r} is not one of q8")
+
+class ReturnsNone(Base):
+    def __new__(cls, *args, **kwargs):
+        return None
+
+class Returns42(Base):
+    def __new__(cls, *args, **kwargs):
+        return 42
+
 class Plain:
     def __init__(self, first, **options):
         pass
@@ -41,6 +70,10 @@ class Plain:
 class Good(Base):
     def __init__(self, first, quantreg_context=None, **options):
         self.first, self.context, self.options = first, quantreg_context, options
+
+class ReturnsOther(Base):
+    def __new__(cls, first, quantreg_context=None, **options):
+        return Good(first, quantreg_context)
 '''
 
 
@@ -81,31 +114,130 @@ def test_a_strict_line_from_plugin_code_passes_unchanged(methods: Any) -> None:
     assert str(raised.value) == "quantreg (strict): verify: refusing to start"  # never a second prefix
 
 
+#: Every way constructing a plugin method can fail or return (issue 53, classes 2 and 4): the class
+#: in ``FAILURES`` below, and the one-line text its WARNING / strict line must carry.
+FAILURE_KINDS = {
+    "raises": ("qrt_route_methods:Raises", "RuntimeError: cannot build here"),
+    "quantreg_error": ("qrt_route_methods:RaisesQuantregError", "QuantregError: the public error class"),
+    "system_exit": ("qrt_route_methods:Exiting", "SystemExit: 3"),
+    "base_exception": ("qrt_route_methods:RaisesBase", "Boom: a BaseException of its own"),
+    "option_refused": ("qrt_route_methods:RefusesOption", "ValueError: option precision='q4' is not one of q8"),
+    "declared_value": ("qrt_route_methods:Good", "ValueError: method 'declared_value' does not accept option "
+                                                 "precision='q4' (accepted: 'q8')"),
+    "import": ("qrt_route_methods:Nope", "ImportError: module 'qrt_route_methods' has no attribute 'Nope' "
+                                          "(target qrt_route_methods:Nope)"),
+    "returns_none": ("qrt_route_methods:ReturnsNone", "TypeError: method 'returns_none' (plugin 'route_test'): "
+                     "constructing qrt_route_methods:ReturnsNone returned None, not an instance of ReturnsNone"),
+    "returns_42": ("qrt_route_methods:Returns42", "TypeError: method 'returns_42' (plugin 'route_test'): "
+                   "constructing qrt_route_methods:Returns42 returned int 42, not an instance of Returns42"),
+    "returns_other_method": ("qrt_route_methods:ReturnsOther", "TypeError: method 'returns_other_method' (plugin "
+                             "'route_test'): constructing qrt_route_methods:ReturnsOther returned "
+                             "qrt_route_methods.Good object, not an instance of ReturnsOther"),
+}
+LAYERS = ("experts", "dense")
+
+
 class _Plugin:
     @quantreg.hookimpl
     def register_methods(self, register: Any) -> None:
-        register(quantreg.Method(name="exiting", target="qrt_route_methods:Exiting"))
+        for name, (target, _) in FAILURE_KINDS.items():
+            register(quantreg.Method(name=name, target=target, options=("precision",), layers=LAYERS,
+                                     option_values={"precision": ("q8",)} if name == "declared_value" else None))
+        register(quantreg.Method(name="good", target="qrt_route_methods:Good", layers=LAYERS))
+        register(quantreg.Method(name="gaudi_only", target="qrt_route_methods:Good", devices=("hpu",), layers=LAYERS))
 
 
+def _registry(tmp_path: Path, rules: str) -> tuple[Registry, Path]:
+    table, empty = tmp_path / "t.yaml", tmp_path / "default.yaml"
+    table.write_text("version: 1\nrules:\n" + rules)
+    empty.write_text("version: 1\nrules: []\n")  # no shipped catch-all rule: the walk sees only these rules
+    registry = Registry.build(config=[table], env={}, entry_points=False, plugins=[("route_test", _Plugin())],
+                              default_table=empty)
+    assert not registry.faults, registry.faults
+    return registry, table
+
+
+#: Where the walk goes after the failed method: the rest of its rule's chain, the next rule's chain (a
+#: method that cannot run here, ``gaudi_only``, passed over as ``explain`` passes it), or, with nothing
+#: left, vLLM's own method.
+ROUTES = {
+    "chain": ("  - match: {{quant_format: fmt, layer: {layer}}}\n    method: [{bad}, gaudi_only, good]\n"
+              "    options: {{precision: q4}}\n", "good", 3),
+    "next_rule": ("  - match: {{quant_format: fmt, model_type: model, layer: {layer}}}\n    method: [{bad}, gaudi_only]\n"
+                  "    options: {{precision: q4}}\n  - match: {{quant_format: fmt, layer: {layer}}}\n    method: [gaudi_only, good]\n",
+                  "good", 6),
+    "nothing_left": ("  - match: {{quant_format: fmt, layer: {layer}}}\n    method: [{bad}, gaudi_only]\n    options: {{precision: q4}}\n",
+                     "vllm", None),
+}
+
+
+@pytest.mark.parametrize("layer", LAYERS)
 @pytest.mark.parametrize("strict", [False, True])
-def test_a_method_that_cannot_be_built_leaves_vllms_own_or_refuses(
-        methods: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, strict: bool) -> None:
-    table = tmp_path / "t.yaml"
-    table.write_text("version: 1\nrules:\n  - match: {quant_format: fmt}\n    method: exiting\n")
-    registry = Registry.build(config=[table], env={}, entry_points=False, plugins=[("route_test", _Plugin())])
-    decision = registry.resolve(Key("fmt", "model", "cpu"))
-    assert decision.method == "exiting", decision
-    message = f"method 'exiting' for (fmt, model, cpu) [{table}:3] could not be built for lm_head: SystemExit: 3"
+@pytest.mark.parametrize("route_kind", sorted(ROUTES))
+@pytest.mark.parametrize("kind", sorted(FAILURE_KINDS))
+def test_a_method_that_cannot_be_built_continues_down_the_chain_or_refuses(
+        methods: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str, route_kind: str, strict: bool,
+        layer: str) -> None:
+    """Every way construction fails × where the walk goes × lenient/strict × the MoE and dense layer kinds.
+
+    Lenient: exactly one WARNING naming the method, its plugin and the fault, and the method that serves
+    instead (the next one known to run, vLLM's own only when none is left); what is returned is that
+    method's object and the decision naming it. Strict: one ``quantreg (strict):`` line, nothing built.
+    """
+    rules, serving, line = ROUTES[route_kind]
+    registry, table = _registry(tmp_path, rules.format(bad=kind, layer=layer))
+    key = Key("fmt", "model", "cpu", layer)
+    decision = registry.resolve(key)
+    assert decision.method == kind, decision
+    fault = FAILURE_KINDS[kind][1]
+    message = (f"method '{kind}' (plugin 'route_test') for {key} [{table}:3] could not be built for x: {fault}")
     route = Route()
-    if strict:
-        with pytest.raises(QuantregError) as raised:
-            route.method_or_none(decision, registry, None, "lm_head", None, methods.Base, True, " for lm_head")
-        assert str(raised.value) == f"quantreg (strict): {message}"
-        return
+    with caplog.at_level(logging.INFO, logger="vllm.quantreg"):
+        if strict:
+            with pytest.raises(QuantregError) as raised:
+                route.method_or_none(decision, registry, "first", "x", None, methods.Base, True, " for x")
+            text = str(raised.value)
+            assert "\n" not in text and text.startswith("quantreg (strict): ")
+            assert text == f"quantreg (strict): {message}"  # plugin code's QuantregError too, named as its fault
+            assert not caplog.records
+            return
+        served, built = route.method_or_none(decision, registry, "first", "x", None, methods.Base, False, " for x")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert served.method == serving
+    if serving == "vllm":
+        assert built is None
+        assert warnings == [f"quantreg: {message}; using vLLM's own method (no other method of the matching rules "
+                            "is known to run here)"]
+    else:
+        assert isinstance(built, methods.Good) and built.context.method == "good"  # the object the decision names
+        assert served.source == f"{table}:{line}" and built.context.rule == served.source
+        assert warnings == [f"quantreg: {message}; using 'good' [{table}:{line}], the next method known to run here"]
+
+
+def test_a_chain_whose_next_available_method_is_vllm_hands_the_layer_to_vllm(
+        methods: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``vllm`` in the chain, known to run here, ends the walk: vLLM's own method, not a later plugin's."""
+    registry, table = _registry(tmp_path, "  - match: {quant_format: fmt}\n    method: [raises, vllm, good]\n")
+    decision = registry.resolve(Key("fmt", "model", "cpu"))
     with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
-        got = route.method_or_none(decision, registry, None, "lm_head", None, methods.Base, False, " for lm_head")
-    assert got is None
-    assert f"quantreg: {message}; using vLLM's own method" in [r.getMessage() for r in caplog.records]
+        served, built = Route().method_or_none(decision, registry, None, "x", None, methods.Base, False)
+    assert (served.method, built) == ("vllm", None)
+    assert [r.getMessage().rsplit("; ", 1)[1] for r in caplog.records] == ["using vLLM's own method"]
+
+
+def test_every_failing_choice_is_named_once_then_vllms_own(methods: Any, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Two methods fail in turn: one WARNING each, each naming what it hands on to."""
+    registry, table = _registry(tmp_path, "  - match: {quant_format: fmt}\n    method: [raises, returns_none]\n")
+    decision = registry.resolve(Key("fmt", "model", "cpu"))
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+        served, built = Route().method_or_none(decision, registry, None, "x", None, methods.Base, False)
+    assert (served.method, built) == ("vllm", None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "method 'raises'" in lines[0] and lines[0].endswith(f"using 'returns_none' [{table}:3], the next "
+                                                               "method known to run here")
+    assert "method 'returns_none'" in lines[1] and "using vLLM's own method (no other method" in lines[1]
 
 
 def test_both_seams_share_the_processs_one_route() -> None:

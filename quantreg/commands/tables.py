@@ -16,7 +16,7 @@ from typing import Any
 from .. import host, keys, settings
 from ..envelope import envelope
 from ..keys import Key
-from ..loading import config_paths, load_tables
+from ..loading import config_paths, load_tables, option_value_problems
 from ..output import emit, plugin_output_to_stderr, registry_for, respond, warn_faults
 from ..problems import printable
 from ..registry import Registry
@@ -147,6 +147,8 @@ def _validate(args: argparse.Namespace) -> int:
         headers = list(registry.headers)
         problems = list(registry.faults)
         checked = [t.path for t in registry.tables]
+    known = {**registry.methods, **{m.name: m for t in tables for m in t.methods}}
+    problems += [p for t in tables for p in option_value_problems(t, known)]  # refused at construction otherwise
     deprecations = [str(p) for h in headers for p in h.deprecations]
     faults = [str(p) for p in problems]
     warnings = _match_warnings(registry, tables)

@@ -151,9 +151,10 @@ class DenseSeam:
         layer.__dict__[LAYER_MARK] = _Mark(key, vllms, decision.method)
         if decision.keeps_vllm:
             return
-        method = self.run.method_or_none(decision, registry, vllms, prefix, layer, quantize_method_base(),
-                                         mode.strict, where=f" for {printable(prefix)}")
-        if method is None:
+        decision, method = self.run.method_or_none(decision, registry, vllms, prefix, layer, quantize_method_base(),
+                                                   mode.strict, where=f" for {printable(prefix)}")
+        if method is None:  # vLLM's own method serves (what was decided could not be built)
+            layer.__dict__[LAYER_MARK] = _Mark(key, vllms, decision.method)
             return
         self._contain_loading(method, vllms, layer, decision, mode.strict)
         from .dense_verify import maybe_verify_dense

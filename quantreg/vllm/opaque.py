@@ -181,7 +181,8 @@ def make_moe_opaque(method: Any, layer: Any, prefix: str) -> Any:
 
 def make_linear_opaque(method: Any, layer: Any, prefix: str) -> Any:
     """Give a dense method (what the dense seam puts in ``layer.quant_method``) an ``apply`` that compiles
-    to one ``quantreg::linear`` call; the fake's width is the layer's output size. Returns ``method``."""
+    to one ``quantreg::linear`` call; the fake's width is the layer's output size (:func:`_out_features`).
+    Returns ``method``."""
     with _lock:
         handle = _handle(prefix)
         entry = method.apply
@@ -199,13 +200,27 @@ def make_linear_opaque(method: Any, layer: Any, prefix: str) -> Any:
 
 
 def _out_features(layer: Any) -> int | None:
-    """The layer's output width as vLLM built it: ``output_size_per_partition`` (linear layers), else
-    the rows of a vocab shard (lm_head: ``num_embeddings_per_partition``)."""
-    for name in ("output_size_per_partition", "num_embeddings_per_partition"):
-        value = getattr(layer, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    """The layer's output width on this rank, as vLLM built it, for every layer class the dense seam is handed.
+
+    ``output_size_per_partition`` where vLLM sets it (column- and row-parallel linear layers, the
+    lm_head's vocab shard), else the sum of ``output_partition_sizes`` (``ReplicatedLinear`` and its
+    subclasses: GPT-OSS's router is a ``GateLinear``; a merged replicated layer lists its parts),
+    else ``output_size``, else the vocab shard's rows (``num_embeddings_per_partition``). Why not
+    one attribute: ``ReplicatedLinear`` never sets ``output_size_per_partition``, and the compiled
+    graph of a dense rule on a router then failed to trace (issue 53, class 1).
+    """
+    width = _positive(getattr(layer, "output_size_per_partition", None))
+    if width is None:
+        parts = getattr(layer, "output_partition_sizes", None)
+        if isinstance(parts, (list, tuple)) and parts and all(_positive(p) for p in parts):
+            width = sum(parts)
+    for name in ("output_size", "num_embeddings_per_partition"):
+        width = width if width is not None else _positive(getattr(layer, name, None))
+    return width
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _note_in_compile_key(handle: str, op: str, method: Any) -> None:

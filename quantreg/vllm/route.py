@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import settings
 from ..hookcall import call
 from ..keys import Key
-from ..methods import BuildContext, Method
+from ..methods import VLLM_METHOD, BuildContext, Method, keeps_vllm
 from ..mode import Mode
 from ..plugins import PluginFailure
-from ..problems import Problem, QuantregError, describe, printable, quantreg_logger, strict_error
+from ..problems import STRICT_PREFIX, Problem, QuantregError, describe, printable, quantreg_logger, strict_error
 from ..registry import Registry, get_registry
 from . import startup
 from .context import RunSettings, report_problems, run_settings
@@ -193,20 +194,52 @@ class Route:
         return build(registry.methods[decision.method], first, context, base)
 
     def method_or_none(self, decision: Decision, registry: Registry, first: Any, prefix: str, layer: Any,
-                       base: type[Any] | None, strict: bool, where: str = "") -> Any:
-        """:meth:`build`, or ``None`` when it fails leniently (one WARNING: vLLM's own method stays);
-        strict, one ``quantreg (strict):`` line. ``where`` follows "could not be built" in the line."""
-        try:
-            return self.build(decision, registry, first, prefix, layer, base)
-        except QuantregError:  # already one strict line: passed on, never wrapped in a second prefix
-            raise
-        except Exception as exc:
-            message = (f"quantreg: method '{decision.method}' for {decision.key} [{decision.source}] could not be "
-                       f"built{where}: {failure_text(exc)}")
+                       base: type[Any] | None, strict: bool, where: str = "") -> tuple[Decision, Any]:
+        """:meth:`build`, continuing down the rule's chain and then the next rules' when construction fails.
+
+        Returns the decision that serves the layer and its built method (``None``: vLLM's own method
+        serves). A failed construction (whatever plugin code raised, ``QuantregError`` included, or
+        an object that is not the method's: :meth:`quantreg.methods.Method.build`) is, lenient, one
+        WARNING naming the method, its plugin and what serves instead: the next method known to run
+        here (:func:`alternatives`: the registry's availability, as ``explain`` reads it), vLLM's own
+        only when none is left. Strict: one ``quantreg (strict):`` line. ``where`` follows "could not
+        be built" in the line. Why not straight to vLLM's own method: on a host where it cannot run
+        (GPT-OSS MXFP4 on a CPU without AMX) that took EngineCore down while a rule offered a method
+        that runs.
+        """
+        choices = [decision, *alternatives(decision, registry)]
+        tried: set[tuple[str, str]] = set()
+        for i, current in enumerate(choices):
+            if current.keeps_vllm:
+                return current, None
+            mark = (current.method, repr(sorted(current.options.items())))
+            if mark in tried:
+                continue
+            tried.add(mark)
+            try:
+                return current, self.build(current, registry, first, prefix, layer, base)
+            except QuantregError as exc:
+                if strict and str(exc).startswith(STRICT_PREFIX):  # one strict line already: never a second prefix
+                    raise
+                error: Exception = exc
+            except Exception as exc:
+                error = exc
+            message = (f"quantreg: method '{current.method}' ({owner_of(registry, current.method)}) for "
+                       f"{current.key} [{current.source}] could not be built{where}: {failure_text(error)}")
             if strict:
-                raise strict_error(message) from exc
-            logger.warning("%s; using vLLM's own method", message)
-            return None
+                raise strict_error(message) from error
+            following = next((c for c in choices[i + 1:]
+                              if c.keeps_vllm or (c.method, repr(sorted(c.options.items()))) not in tried), None)
+            serving = following if following is not None else replace(decision, method=VLLM_METHOD, options={})
+            instead = (f"using '{serving.method}' [{serving.source}], the next method known to run here"
+                       if following is not None and not following.keeps_vllm else
+                       "using vLLM's own method" + ("" if following is not None else
+                                                    last_resort(registry, decision.key)))
+            logger.warning("%s; %s", printable(message), instead)
+            record_failed(current, serving, failure_text(error))
+            if following is None:
+                return serving, None
+        return replace(decision, method=VLLM_METHOD, options={}), None  # every choice was tried already
 
     # -- the boundary -----------------------------------------------------------------------
     @staticmethod
@@ -216,21 +249,76 @@ class Route:
 
         Lenient, anything unexpected in quantreg's part (whatever its class) is a WARNING and
         ``fallback()`` (vLLM's own method) answers; strict, it is one ``QuantregError`` line. What
-        ``passes`` names (vLLM's own method raising) goes through untouched, as do a
-        ``QuantregError`` (already one line) and ``KeyboardInterrupt``.
+        ``passes`` names (vLLM's own method raising) goes through untouched, as does
+        ``KeyboardInterrupt``; a ``QuantregError`` (already one line) passes when strict, and is
+        contained like the rest when lenient (plugin code may raise the public class too).
         """
         try:
             return work()
-        except (KeyboardInterrupt, QuantregError):
+        except KeyboardInterrupt:
             raise
         except BaseException as exc:
-            if passes(exc):
+            if passes(exc) or (isinstance(exc, QuantregError) and startup.strict_now()):
                 raise
             message = f"quantreg: routing {printable(prefix)} failed unexpectedly: {printable(describe(exc))}"
             if startup.strict_now():
                 raise strict_error(message) from None
             logger.warning("%s; using vLLM's own method", message)
         return fallback()
+
+
+def alternatives(decision: Decision, registry: Registry) -> list[Decision]:
+    """What serves ``decision``'s key if its method cannot be built: every method known to run here
+    (:meth:`~quantreg.registry.Registry.availability_for`, ``explain``'s reading) in the rest of the
+    winning rule's chain, then in each losing rule's chain, in precedence order, each with its own
+    rule's options; an available ``vllm`` among them ends the walk (vLLM's own method runs here).
+    """
+    if decision.rule is None:
+        return []
+    from ..decision import OUT_OF_RANGE
+
+    names = list(decision.rule.methods)
+    rest = names[names.index(decision.method) + 1:] if decision.method in names else []
+    rules = [(decision.rule, rest)] + [(c.rule, list(c.rule.methods)) for c in decision.candidates
+                                       if not c.won and not c.reason.startswith(OUT_OF_RANGE)]
+    found: list[Decision] = []
+    for rule, methods in rules:
+        for name in methods:
+            if registry.availability_for(name, decision.key).ok:
+                found.append(replace(decision, method=name, rule=rule, options={} if keeps_vllm(name) else rule.options,
+                                     fallback=None, stale=(), split=()))
+    return found
+
+
+def owner_of(registry: Registry, method: str) -> str:
+    """``plugin 'x' (distribution d)`` / ``table PATH`` / ``quantreg``: whose code a method is, for a fault line."""
+    found = registry.methods.get(method)
+    plugin = found.plugin if found is not None else ""
+    if not plugin:
+        return "quantreg"
+    if plugin.startswith("table "):
+        return printable(plugin)
+    dist = next((i.distribution for i in registry.plugin_infos if i.name == plugin), "")
+    return f"plugin '{printable(plugin)}'" + (f", distribution {printable(dist)}" if dist and dist != "?" else "")
+
+
+def last_resort(registry: Registry, key: Key) -> str:
+    """What the WARNING adds when vLLM's own method takes a layer no other method could: whether it runs here."""
+    here = registry.availability_for(VLLM_METHOD, key)
+    return " (no other method of the matching rules is known to run here" + (
+        ")" if here.ok else f"; and {here.reason})")
+
+
+def record_failed(failed: Decision, serving: Decision, error: str) -> None:
+    """One ``build_failed`` event in the ``QUANTREG_DECISIONS`` trail: the decision it recorded names a method
+    that does not serve; this line names the one that does (never raises, like every trail write)."""
+    if not startup._trail_asked_for():
+        return
+    from ..audit import append_record, utc_time
+
+    append_record({"event": "build_failed", "time": utc_time(), "key": failed.key.as_json(),
+                   "method": failed.method, "rule": failed.source, "error": error,
+                   "serving": serving.method, "serving_rule": serving.source})
 
 
 def report_faults(registry: Registry, strict: bool) -> None:

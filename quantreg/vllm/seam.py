@@ -162,11 +162,11 @@ class Seam:
             return _opaque(split, layer, prefix)
         if decision.keeps_vllm:
             return vllms()
-        method = self.run.method_or_none(decision, registry, moe_config, prefix, layer, fused_moe_method_base(),
-                                         mode.strict)
+        serving, method = self.run.method_or_none(decision, registry, moe_config, prefix, layer,
+                                                  fused_moe_method_base(), mode.strict)
         if method is None:
             return vllms()
-        return _opaque(_verified(method, decision, prefix, layer, moe_config, mode, registry), layer, prefix)
+        return _opaque(_verified(method, serving, prefix, layer, moe_config, mode, registry), layer, prefix)
 
 
 def _verified(method: Any, decision: Decision, prefix: str, layer: Any, moe_config: Any, mode: Mode,

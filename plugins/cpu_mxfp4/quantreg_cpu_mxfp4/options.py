@@ -25,11 +25,9 @@ from typing import Any
 
 from quantreg.models.gpt_oss import DEFAULT_ALPHA, DEFAULT_LIMIT
 
-from .plugin import OPTIONS
+from .plugin import OPTIONS, PRECISIONS, ROUTINGS
 
-ROUTINGS = ("auto", "topk_softmax", "softmax_topk", "vllm")
-#: The kernel's activation quantisations (the one list; :mod:`.kernel` reads it from here).
-PRECISIONS = ("q8x2", "q8")
+__all__ = ["FIELDS", "PRECISIONS", "ROUTINGS", "MethodOptions"]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ METHOD = "cpu_mxfp4"
 #: Rule options the method accepts: the one list (``options.MethodOptions`` has a field for each,
 #: which the plugin's tests check). Here so that registering imports nothing but this module.
 OPTIONS = ("alpha", "limit", "routing", "precision")
+#: The values ``routing`` and ``precision`` take (the one list of each; :mod:`.options` and :mod:`.kernel`
+#: read them from here), declared in the registration so ``quantreg validate`` refuses another value.
+ROUTINGS = ("auto", "topk_softmax", "softmax_topk", "vllm")
+PRECISIONS = ("q8x2", "q8")
 
 
 def rules_path() -> Path:
@@ -44,6 +48,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         host=("cpu:avx2", "cpu:fma"),  # the kernel's baseline ISA: decided from host facts, before the probe
         probe=f"{PACKAGE}.probe:kernel_available",
         options=OPTIONS,
+        option_values={"routing": ROUTINGS, "precision": PRECISIONS},
         expert_layout="packed",  # PackedExperts shares vLLM's packed storage: `quantreg plan` counts those bytes
         description="MXFP4 experts kept packed, fused dequant + GEMV/GEMM kernel (AVX2+FMA or AVX-512), any x86-64 CPU",
     ))
