@@ -19,7 +19,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from core_support import DENSE_CHILD_HEAD, child_env

@@ -161,13 +161,17 @@ def _registry(tmp_path: Path, rules: str) -> tuple[Registry, Path]:
 #: method that cannot run here, ``gaudi_only``, passed over as ``explain`` passes it), or, with nothing
 #: left, vLLM's own method.
 ROUTES = {
-    "chain": ("  - match: {{quant_format: fmt, layer: {layer}}}\n    method: [{bad}, gaudi_only, good]\n"
+    "chain": ("  - match: {{quant_format: fmt, layer: {layer}}}\n"
+              "    method: [{bad}, gaudi_only, good]\n"
               "    options: {{precision: q4}}\n", "good", 3),
-    "next_rule": ("  - match: {{quant_format: fmt, model_type: model, layer: {layer}}}\n    method: [{bad}, gaudi_only]\n"
-                  "    options: {{precision: q4}}\n  - match: {{quant_format: fmt, layer: {layer}}}\n    method: [gaudi_only, good]\n",
-                  "good", 6),
-    "nothing_left": ("  - match: {{quant_format: fmt, layer: {layer}}}\n    method: [{bad}, gaudi_only]\n    options: {{precision: q4}}\n",
-                     "vllm", None),
+    "next_rule": ("  - match: {{quant_format: fmt, model_type: model, layer: {layer}}}\n"
+                  "    method: [{bad}, gaudi_only]\n"
+                  "    options: {{precision: q4}}\n"
+                  "  - match: {{quant_format: fmt, layer: {layer}}}\n"
+                  "    method: [gaudi_only, good]\n", "good", 6),
+    "nothing_left": ("  - match: {{quant_format: fmt, layer: {layer}}}\n"
+                     "    method: [{bad}, gaudi_only]\n"
+                     "    options: {{precision: q4}}\n", "vllm", None),
 }
 
 
@@ -217,7 +221,7 @@ def test_a_method_that_cannot_be_built_continues_down_the_chain_or_refuses(
 def test_a_chain_whose_next_available_method_is_vllm_hands_the_layer_to_vllm(
         methods: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """``vllm`` in the chain, known to run here, ends the walk: vLLM's own method, not a later plugin's."""
-    registry, table = _registry(tmp_path, "  - match: {quant_format: fmt}\n    method: [raises, vllm, good]\n")
+    registry, _ = _registry(tmp_path, "  - match: {quant_format: fmt}\n    method: [raises, vllm, good]\n")
     decision = registry.resolve(Key("fmt", "model", "cpu"))
     with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
         served, built = Route().method_or_none(decision, registry, None, "x", None, methods.Base, False)
@@ -249,3 +253,17 @@ def test_both_seams_share_the_processs_one_route() -> None:
     route = Route()
     assert Seam(route).run is route and DenseSeam(route).run is route
     assert Seam().run is not DenseSeam().run  # made alone (tests), each gets its own
+
+
+def test_every_layer_of_a_key_walks_alike_and_the_warning_is_said_once(methods: Any, tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A model has many layers of one key (GPT-OSS 20B: 24 MoE layers): each is built down the same walk,
+    and the operator reads one WARNING for the key, as for its decision line."""
+    registry, table = _registry(tmp_path, "  - match: {quant_format: fmt}\n    method: [raises, good]\n")
+    decision = registry.resolve(Key("fmt", "model", "cpu"))
+    route = Route()
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+        built = [route.method_or_none(decision, registry, i, f"model.layers.{i}.mlp.experts", None, methods.Base,
+                                      False)[1] for i in range(3)]
+    assert [b.first for b in built] == [0, 1, 2] and all(isinstance(b, methods.Good) for b in built)
+    assert len(caplog.records) == 1 and f"using 'good' [{table}:3]" in caplog.records[0].getMessage()

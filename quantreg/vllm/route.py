@@ -89,6 +89,7 @@ class Route:
         self.lock = threading.RLock()
         self.logged: set[Key] = set()
         self.stale_logged: set[tuple[Key, str]] = set()
+        self.build_failed: set[tuple[Key, str, str, str, str]] = set()
         self.settings: RunSettings | None = None
 
     def forget(self) -> None:
@@ -96,6 +97,7 @@ class Route:
         with self.lock:
             self.logged.clear()
             self.stale_logged.clear()
+            self.build_failed.clear()
             self.settings = None
 
     # -- the run ---------------------------------------------------------------------------
@@ -235,8 +237,13 @@ class Route:
                        if following is not None and not following.keeps_vllm else
                        "using vLLM's own method" + ("" if following is not None else
                                                     last_resort(registry, decision.key)))
-            logger.warning("%s; %s", printable(message), instead)
-            record_failed(current, serving, failure_text(error))
+            once = (current.key, current.method, current.source, serving.method, serving.source)
+            if once not in self.build_failed:  # one line per key (every layer of it fails alike), as decisions
+                self.build_failed.add(once)
+                logger.warning("%s; %s", printable(message), instead)
+                record_failed(current, serving, failure_text(error))
+            else:
+                logger.debug("%s; %s", printable(message), instead)
             if following is None:
                 return serving, None
         return replace(decision, method=VLLM_METHOD, options={}), None  # every choice was tried already

@@ -25,6 +25,7 @@ OPTIONS = ("alpha", "limit", "routing", "precision")
 #: read them from here), declared in the registration so ``quantreg validate`` refuses another value.
 ROUTINGS = ("auto", "topk_softmax", "softmax_topk", "vllm")
 PRECISIONS = ("q8x2", "q8")
+OPTION_VALUES = {"routing": ROUTINGS, "precision": PRECISIONS}
 
 
 def rules_path() -> Path:
@@ -48,7 +49,7 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         host=("cpu:avx2", "cpu:fma"),  # the kernel's baseline ISA: decided from host facts, before the probe
         probe=f"{PACKAGE}.probe:kernel_available",
         options=OPTIONS,
-        option_values={"routing": ROUTINGS, "precision": PRECISIONS},
+        option_values=OPTION_VALUES,
         expert_layout="packed",  # PackedExperts shares vLLM's packed storage: `quantreg plan` counts those bytes
         description="MXFP4 experts kept packed, fused dequant + GEMV/GEMM kernel (AVX2+FMA or AVX-512), any x86-64 CPU",
     ))

@@ -179,3 +179,28 @@ def test_plan_counts_the_packed_expert_bytes_it_keeps(tmp_path: Path) -> None:
     assert cpu["expert_bytes"] == data["experts"]["bytes_per_layer"]["packed"] * data["moe_layers"] > 0
     assert not [w for w in cpu["warnings"] if "expert_layout" in w], cpu["warnings"]
     assert quantreg.Registry.build(env={}).methods["cpu_mxfp4"].expert_layout == "packed"
+
+
+@pytest.mark.parametrize("option", sorted(plugin.OPTION_VALUES))
+def test_validate_refuses_every_option_value_the_registration_declares_it_cannot_take(
+        tmp_path: Path, option: str) -> None:
+    """Issue 53, class 2: the registration declares each fixed set of values (``option_values``), and the
+    real ``quantreg validate`` refuses any other at FILE:LINE and key, before a start-up builds the method.
+    The declaration and the constructor's own check agree on every declared value and on the refused one."""
+    accepted = plugin.OPTION_VALUES[option]
+    for value in accepted:  # the constructor takes every declared value
+        options.MethodOptions.parse("cpu_mxfp4", {option: value})
+    with pytest.raises(ValueError, match=rf"{option}='q4' is not one of"):
+        options.MethodOptions.parse("cpu_mxfp4", {option: "q4"})
+    for value, ok in ((accepted[-1], True), ("q4", False)):
+        table = tmp_path / f"{option}-{value}.yaml"
+        table.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss}\n"
+                         f"    method: cpu_mxfp4\n    options: {{{option}: {value}}}\n", encoding="utf-8")
+        done = subprocess.run([sys.executable, "-m", "quantreg", "validate", str(table)], capture_output=True,
+                              text=True, timeout=120)
+        assert (done.returncode == 0) is ok, done.stdout + done.stderr
+        if not ok:
+            shown = ", ".join(repr(v) for v in accepted)
+            assert done.stdout.strip() == (f"{table}:5: rules[0].options.{option}: method 'cpu_mxfp4' does not accept "
+                                           f"option {option}='q4' (accepted: {shown})"), done.stdout
+            assert "Traceback" not in done.stderr
