@@ -107,6 +107,7 @@ for name, make in BUILD.items():
         case["has_output_size_per_partition"] = hasattr(layer, "output_size_per_partition")
         for param in layer.parameters():
             param.data.normal_(0, 0.05)
+        layer.quant_method.process_weights_after_loading(layer)  # as vLLM's loader does (the CPU's dispatch)
         head = name == "ParallelLMHead"
         width_in = 32 if name == "RowParallelLinear" else H
         forward = (lambda x, l=layer: l.quant_method.apply(l, x, bias=None)) if head else (lambda x, l=layer: l(x))

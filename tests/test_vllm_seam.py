@@ -168,14 +168,16 @@ def test_bad_user_table_lenient_keeps_defaults_strict_names_file_line(table: obj
         report_faults(Registry.build(env={"QUANTREG_CONFIG": str(bad), "QUANTREG_STRICT": "1"}), strict=True)
 
 
+OWNER = "(plugin 'faulty', distribution qrt-faulty)"  # whose code failed: the plugin and its distribution
 SEAM_FAULTS = {
-    "missing_target": "method 'missing_target' for (missing_target, unknown, cpu) [{table}:3] could not be built: "
-                      "ImportError: module 'qrt_faulty' has no attribute 'Nope'",
-    "not_a_class": "method 'not_a_class' for (not_a_class, unknown, cpu) [{table}:5] could not be built: "
-                   "TypeError: method 'not_a_class' target qrt_faulty:function is a function, not a class",
-    "not_moe_method": "method 'not_moe_method' for (not_moe_method, unknown, cpu) [{table}:7] could not be built: "
-                      "TypeError: method 'not_moe_method' target qrt_faulty:Plain does not subclass vLLM's "
-                      "FusedMoEMethodBase",
+    "missing_target": f"method 'missing_target' {OWNER} for (missing_target, unknown, cpu) [{{table}}:3] "
+                      "could not be built: ImportError: module 'qrt_faulty' has no attribute 'Nope'",
+    "not_a_class": f"method 'not_a_class' {OWNER} for (not_a_class, unknown, cpu) [{{table}}:5] "
+                   "could not be built: TypeError: method 'not_a_class' target qrt_faulty:function is a function, "
+                   "not a class",
+    "not_moe_method": f"method 'not_moe_method' {OWNER} for (not_moe_method, unknown, cpu) [{{table}}:7] "
+                      "could not be built: TypeError: method 'not_moe_method' target qrt_faulty:Plain does not "
+                      "subclass vLLM's FusedMoEMethodBase",
     # the decision line (quantreg.answer): key -> method [rule]; the fallback; the chain
     "hanging_probe": "(hanging_probe, unknown, cpu) -> vllm [{table}:9]; fallback: no method in the chain is "
                      "available here; vLLM keeps its own method; chain: hanging_probe: passed over: ",

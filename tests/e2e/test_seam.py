@@ -190,7 +190,8 @@ def test_method_constructor_raising_at_layer_build(vllm_run: VllmRuns, tiny_mode
                                                    tables: dict[str, Path], e2e_plugin: Path, strict: bool) -> None:
     env = env_with(e2e_plugin, QUANTREG_CONFIG=str(tables["e2e_broken"]), QUANTREG_STRICT="1" if strict else "0")
     result: RunResult = vllm_run(tiny_model_bf16, multiprocessing=False, env=env)
-    message = ("quantreg: method 'e2e_broken' for (unquantized, gpt_oss, cpu) "
+    message = ("quantreg: method 'e2e_broken' (plugin 'e2e', distribution quantreg-e2e-plugin) for (unquantized, "
+               "gpt_oss, cpu) "
                f"[{tables['e2e_broken']}:3] could not be built: RuntimeError: e2e: kernel library failed to initialise")
     if strict:
         assert not result.ok
