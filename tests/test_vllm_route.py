@@ -267,3 +267,30 @@ def test_every_layer_of_a_key_walks_alike_and_the_warning_is_said_once(methods: 
                                       False)[1] for i in range(3)]
     assert [b.first for b in built] == [0, 1, 2] and all(isinstance(b, methods.Good) for b in built)
     assert len(caplog.records) == 1 and f"using 'good' [{table}:3]" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_boundary_contains_plugin_codes_quantreg_error_when_lenient(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, strict: bool) -> None:
+    """The public ``QuantregError`` raised anywhere under a seam (plugin code may raise it too): lenient, one
+    WARNING and vLLM's own method; strict, passed on as the one line it already is."""
+    from quantreg.registry import set_registry
+
+    monkeypatch.setenv("QUANTREG_STRICT", "1" if strict else "0")
+    set_registry(None)
+
+    def work() -> str:
+        raise QuantregError("a plugin's own refusal")
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+            if strict:
+                with pytest.raises(QuantregError, match=r"^a plugin's own refusal$"):
+                    Route.contained("model.layers.0.mlp.experts", work, lambda: "vllm's")
+                return
+            assert Route.contained("model.layers.0.mlp.experts", work, lambda: "vllm's") == "vllm's"
+    finally:
+        set_registry(None)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("vllm.quantreg")] == [
+        "quantreg: routing model.layers.0.mlp.experts failed unexpectedly: QuantregError: a plugin's own refusal; "
+        "using vLLM's own method"]
