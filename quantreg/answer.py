@@ -77,6 +77,23 @@ def chain_notes(decision: Decision) -> list[str]:
     return [f"fallback: {decision.fallback}", chain] if decision.fallback else [chain]
 
 
+def refused_notes(registry: Registry, decision: Decision) -> list[str]:
+    """When the chosen method declares it cannot take the rule's option values (``Method.option_values``):
+    a start-up cannot build it, and names what serves instead (the seams' walk, the same
+    :meth:`~quantreg.registry.Registry.next_choices`), so ``explain`` names the method that will serve."""
+    method = None if decision.keeps_vllm else registry.methods.get(decision.method)
+    refused = None if method is None else method.refused_option(decision.options)
+    if refused is None:
+        return []
+    for choice in registry.next_choices(decision):
+        other = registry.methods.get(choice.method)
+        if choice.keeps_vllm or other is None or other.refused_option(choice.options) is None:
+            then = "vLLM's own method" if choice.keeps_vllm else f"'{choice.method}' [{choice.source}]"
+            return [f"{refused}: it cannot be built, and the layer goes to {then}, the next method known to run here"]
+    return [f"{refused}: it cannot be built, and no other method of the matching rules is known to run here: "
+            "the layer goes to vLLM's own method"]
+
+
 def _step(step: ChainStep) -> str:
     if step.available:
         return "available"
@@ -97,6 +114,7 @@ def answer(registry: Registry, key: Key | tuple[str, str, str], findings: Sequen
         notes = [f"tokens{s.tokens}: {n}" for s in decision.split for n in chain_notes(s.decision)]
     else:
         notes = chain_notes(decision)
+    notes += [n for s in decision.sides for n in refused_notes(registry, s.decision)]
     limitation: str | None = None
     problems: tuple[str, ...] = ()
     if any(s.decision.keeps_vllm for s in decision.sides):

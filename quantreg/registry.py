@@ -277,6 +277,25 @@ class Registry:
         return Decision(key, chosen, winner, options, (*candidates, *outside), tuple(chain), fallback,
                         host=host_facts().as_json(), stale=tuple(s.text() for s in self.stale_evidence(winner)))
 
+    def next_choices(self, decision: Decision) -> list[Decision]:
+        """What serves ``decision``'s key when its method cannot be built (the seams' walk, ``explain``'s note):
+        each method known to run here (:meth:`availability_for`) in the rest of the winning rule's chain,
+        then in each losing rule's chain, in precedence order, with its own rule's options; an
+        available ``vllm`` among them ends the walk where it stands."""
+        from dataclasses import replace
+
+        from .decision import OUT_OF_RANGE
+
+        if decision.rule is None:
+            return []
+        names = list(decision.rule.methods)
+        rest = names[names.index(decision.method) + 1:] if decision.method in names else []
+        rules = [(decision.rule, rest)] + [(c.rule, list(c.rule.methods)) for c in decision.candidates
+                                           if not c.won and not c.reason.startswith(OUT_OF_RANGE)]
+        return [replace(decision, method=name, rule=rule, options={} if keeps_vllm(name) else rule.options,
+                        fallback=None, stale=(), split=())
+                for rule, methods in rules for name in methods if self.availability_for(name, decision.key).ok]
+
     def stale_evidence(self, rule: Rule, shape: Mapping[str, Any] | None = None) -> list[Any]:
         """The :class:`quantreg.pins.Stale` fields of ``rule``'s ``tuned.pins`` here (none without pins)."""
         pins = rule.tuned.raw.get("pins") if rule.tuned is not None else None

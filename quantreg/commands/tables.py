@@ -68,7 +68,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..answer import answer  # the one computation every tool answers a key from
+    from ..answer import answer, refused_notes  # the one computation every tool answers a key from
 
     registry = registry_for(args)
     warn_faults(registry)
@@ -81,6 +81,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     lines = [decision.render(), *(f"{f.level:<8} {f}" for f in ans.findings)]
     deprecations = [str(p) for h in registry.headers for p in h.deprecations]
     lines += [f"deprecated {printable(d)}" for d in deprecations]  # old spellings the tables still use
+    # a chosen method that declares it cannot take the rule's options: name what serves instead (issue 53)
+    lines += [f"warning  {n}" for s in decision.sides for n in refused_notes(registry, s.decision)]
     if ans.vllm_limitation:  # "vLLM's own method will fail for this key here": last, where the eye lands
         said = [n for n in ans.notes if n.startswith("vLLM's own method will fail")]  # each reason once
         lines.append(f"warning  {said[-1] if said else ans.vllm_limitation}")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import settings
 from ..hookcall import call
 from ..keys import Key
-from ..methods import VLLM_METHOD, BuildContext, Method, keeps_vllm
+from ..methods import VLLM_METHOD, BuildContext, Method
 from ..mode import Mode
 from ..plugins import PluginFailure
 from ..problems import STRICT_PREFIX, Problem, QuantregError, describe, printable, quantreg_logger, strict_error
@@ -203,13 +203,13 @@ class Route:
         serves). A failed construction (whatever plugin code raised, ``QuantregError`` included, or
         an object that is not the method's: :meth:`quantreg.methods.Method.build`) is, lenient, one
         WARNING naming the method, its plugin and what serves instead: the next method known to run
-        here (:func:`alternatives`: the registry's availability, as ``explain`` reads it), vLLM's own
+        here (:meth:`~quantreg.registry.Registry.next_choices`, as ``explain`` reads it), vLLM's own
         only when none is left. Strict: one ``quantreg (strict):`` line. ``where`` follows "could not
         be built" in the line. Why not straight to vLLM's own method: on a host where it cannot run
         (GPT-OSS MXFP4 on a CPU without AMX) that took EngineCore down while a rule offered a method
         that runs.
         """
-        choices = [decision, *alternatives(decision, registry)]
+        choices = [decision, *registry.next_choices(decision)]
         tried: set[tuple[str, str]] = set()
         for i, current in enumerate(choices):
             if current.keeps_vllm:
@@ -272,29 +272,6 @@ class Route:
                 raise strict_error(message) from None
             logger.warning("%s; using vLLM's own method", message)
         return fallback()
-
-
-def alternatives(decision: Decision, registry: Registry) -> list[Decision]:
-    """What serves ``decision``'s key if its method cannot be built: every method known to run here
-    (:meth:`~quantreg.registry.Registry.availability_for`, ``explain``'s reading) in the rest of the
-    winning rule's chain, then in each losing rule's chain, in precedence order, each with its own
-    rule's options; an available ``vllm`` among them ends the walk (vLLM's own method runs here).
-    """
-    if decision.rule is None:
-        return []
-    from ..decision import OUT_OF_RANGE
-
-    names = list(decision.rule.methods)
-    rest = names[names.index(decision.method) + 1:] if decision.method in names else []
-    rules = [(decision.rule, rest)] + [(c.rule, list(c.rule.methods)) for c in decision.candidates
-                                       if not c.won and not c.reason.startswith(OUT_OF_RANGE)]
-    found: list[Decision] = []
-    for rule, methods in rules:
-        for name in methods:
-            if registry.availability_for(name, decision.key).ok:
-                found.append(replace(decision, method=name, rule=rule, options={} if keeps_vllm(name) else rule.options,
-                                     fallback=None, stale=(), split=()))
-    return found
 
 
 def owner_of(registry: Registry, method: str) -> str:

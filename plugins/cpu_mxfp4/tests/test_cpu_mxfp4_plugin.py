@@ -204,3 +204,19 @@ def test_validate_refuses_every_option_value_the_registration_declares_it_cannot
             assert done.stdout.strip() == (f"{table}:5: rules[0].options.{option}: method 'cpu_mxfp4' does not accept "
                                            f"option {option}='q4' (accepted: {shown})"), done.stdout
             assert "Traceback" not in done.stderr
+
+
+def test_explain_names_the_method_that_serves_when_a_declared_value_is_refused(tmp_path: Path) -> None:
+    """The object a start-up hands vLLM is the one ``explain`` names (issue 53, class 4): the winning rule's
+    ``cpu_mxfp4`` cannot be built with ``precision: q4``, so explain says the layer goes to the next
+    rule's ``mxfp4_reference``, as the seams' walk does (tests/e2e/test_seams_round6.py serves it)."""
+    table = tmp_path / "refused.yaml"
+    table.write_text("version: 1\nrules:\n  - match: {quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}\n"
+                     "    method: cpu_mxfp4\n    options: {precision: q4}\n"
+                     "  - match: {quant_format: gpt_oss_mxfp4}\n    method: mxfp4_reference\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "quantreg", "explain", *KEY, "--config", str(table)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ("warning  method 'cpu_mxfp4' does not accept option precision='q4' (accepted: 'q8x2', 'q8'): it cannot be "
+            f"built, and the layer goes to 'mxfp4_reference' [{table}:6], the next method known to run here"
+            ) in done.stdout.splitlines(), done.stdout
