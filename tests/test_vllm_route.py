@@ -294,3 +294,23 @@ def test_the_boundary_contains_plugin_codes_quantreg_error_when_lenient(
     assert [r.getMessage() for r in caplog.records if r.name.startswith("vllm.quantreg")] == [
         "quantreg: routing model.layers.0.mlp.experts failed unexpectedly: QuantregError: a plugin's own refusal; "
         "using vLLM's own method"]
+
+
+def test_the_trail_names_the_method_that_serves(methods: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision recorded in ``QUANTREG_DECISIONS`` names the method that failed; one ``build_failed``
+    event (once per key) names the method that serves instead, so the trail holds what vLLM was handed."""
+    import json
+
+    trail = tmp_path / "trail.jsonl"
+    monkeypatch.setenv("QUANTREG_DECISIONS", str(trail))
+    registry, table = _registry(tmp_path, "  - match: {quant_format: fmt}\n    method: [returns_42, good]\n")
+    decision = registry.resolve(Key("fmt", "model", "cpu"))
+    route = Route()
+    for i in range(2):
+        served, built = route.method_or_none(decision, registry, i, "x", None, methods.Base, False)
+        assert served.method == "good" and isinstance(built, methods.Good)
+    (event,) = [json.loads(line) for line in trail.read_text().splitlines()]
+    assert {k: event[k] for k in ("event", "method", "rule", "serving", "serving_rule")} == {
+        "event": "build_failed", "method": "returns_42", "rule": f"{table}:3", "serving": "good",
+        "serving_rule": f"{table}:3"}
+    assert event["error"].startswith("TypeError: method 'returns_42' (plugin 'route_test'): constructing ")
