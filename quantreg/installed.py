@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .files import ReadRefused, read_regular
+from .records import text as record_text
 
 _HEADER_BYTES = 64 << 10
 """Read of a METADATA file's start: its Name and Version headers come first."""
@@ -165,6 +166,7 @@ def build_failure(record: Path) -> str | None:
     Never raises.
     """
     try:  # through quantreg.files like every read: a FIFO or a device named BUILD_FAILED.txt never blocks
-        return read_regular(record, _HEADER_BYTES, head=True).decode("utf-8", "replace").strip()
+        said = read_regular(record, _HEADER_BYTES, head=True).decode("utf-8", "replace").strip()
     except ReadRefused:
         return None
+    return record_text(said, 500)  # another run wrote it: one escaped, bounded line (quantreg.records)
