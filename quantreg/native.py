@@ -6,8 +6,9 @@ thread of the caller -- the probe-timeout thread of :func:`quantreg.methods.run_
 and one that calls ``abort()``, dereferences a bad pointer or calls ``_exit()`` ends the caller,
 be it ``quantreg explain`` or vLLM's EngineCore. No thread, signal handler or ``try`` in the same
 process can survive those three; a child process can. So :func:`check` loads the library in a
-fresh ``python -I -S`` child, bounded by ``QUANTREG_PROBE_TIMEOUT`` (the child and anything it
-started are killed past it), and reports what it found: it loaded, it exports the entry points,
+fresh ``python -I -S`` child, bounded by ``QUANTREG_PROBE_TIMEOUT`` (four fifths of it: the child
+and anything it started are killed past that, so the verdict names the library before the probe's
+own caller gives up), and reports what it found: it loaded, it exports the entry points,
 its ABI function returns the expected version. Only when the child says so does :func:`load`
 load it here.
 
@@ -67,6 +68,8 @@ if spec["abi"] is not None and spec["abi"] not in missing:
 say({"missing": missing, "abi": abi})
 """
 
+CHILD_SHARE = 0.8
+"""The share of the probe timeout the child may take to load the library."""
 _VERDICT_BYTES = 64 << 10
 _STDERR_TAIL = 400
 _lock = threading.Lock()
@@ -90,13 +93,13 @@ def check(path: Path | str, *, symbols: Sequence[str] = (), abi: tuple[str, int]
         stat = where.stat()
     except OSError as exc:
         return printable(f"{where.name} unreadable ({type(exc).__name__}: {exc.strerror or exc})")
-    seconds = probe_timeout() if timeout is None else timeout
+    limit = probe_timeout() if timeout is None else timeout
     key = (str(where.resolve()), stat.st_size, stat.st_mtime_ns, tuple(symbols), abi,
            tuple(str(p) for p in preload))
     with _lock:
         if key in _verdicts:
             return _verdicts[key]
-        verdict = _in_child(where, symbols, abi, preload, seconds)
+        verdict = _in_child(where, symbols, abi, preload, limit)
         _verdicts[key] = verdict
         return verdict
 
@@ -126,11 +129,14 @@ def _in_child(path: Path, symbols: Sequence[str], abi: tuple[str, int] | None, p
                                      stdout=subprocess.PIPE, stderr=errors, start_new_session=True)
         except OSError as exc:
             return printable(f"{name} not checked: no child process ({type(exc).__name__}: {exc})")
+        # four fifths of the limit: the child's own verdict (naming the blocking library) is back before a
+        # probe's caller, bounded by the same setting, gives up on the probe as a whole
+        seconds = min(max(timeout * CHILD_SHARE, 0.1), 1e6)  # QUANTREG_PROBE_TIMEOUT=inf: no float overflow
         try:
-            out, _ = child.communicate(timeout=max(timeout, 0.1))
+            out, _ = child.communicate(timeout=seconds)
         except subprocess.TimeoutExpired:
             _kill(child)
-            return (f"{name} did not finish loading within {timeout:g}s ({settings.PROBE_TIMEOUT}): "
+            return (f"{name} did not finish loading within {seconds:.1f}s ({settings.PROBE_TIMEOUT} {timeout:g}s): "
                     "a constructor that blocks; not loaded")
         errors.seek(0)
         said = errors.read()[-_STDERR_TAIL:].decode("utf-8", "replace").strip()
