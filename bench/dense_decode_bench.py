@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file (the docstring) or with -m
 
-from bench.cli_args import Parser, whole  # noqa: E402
+from bench.cli_args import Parser, whole
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ and after are in the JSON (a quiet re-run is the one to quote).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os

@@ -339,7 +339,8 @@ DECISION_FIELDS = (
     records.Field("key", (dict, str)), records.Field("role", (str,), required=False),
     records.Field("rule", (str, type(None)), required=False, limit=1000),
     records.Field("fingerprint", (str,), required=False, limit=200), records.Field("layers", (int,), required=False),
-    records.Field("strict", (bool,), required=False), records.Field("time", (str, int, float), required=False, limit=80),
+    records.Field("strict", (bool,), required=False),
+    records.Field("time", (str, int, float), required=False, limit=80),
 )
 """A decision line's fields as :func:`line_for` writes them, checked before any is shown (:mod:`quantreg.records`)."""
 

@@ -35,9 +35,11 @@ def numeric_arguments() -> list[tuple[str, str, str, int, int]]:
             option = str(node.args[0].value)
             kind = next((k.value for k in node.keywords if k.arg == "type"), None)
             if isinstance(kind, ast.Name):
-                assert kind.id not in ("int", "float"), f"{path.name} {option}: type={kind.id}; use bench.cli_args.whole"
-            if isinstance(kind, ast.Call) and isinstance(kind.func, ast.Name) and kind.func.id in ("whole", "whole_list"):
-                low, high = (eval(compile(ast.Expression(a), "<bound>", "eval"), {"__builtins__": {}}) for a in kind.args)
+                assert kind.id not in ("int", "float"), f"{path.name} {option}: type={kind.id}; use cli_args.whole"
+            if (isinstance(kind, ast.Call) and isinstance(kind.func, ast.Name)
+                    and kind.func.id in ("whole", "whole_list")):
+                low, high = (eval(compile(ast.Expression(a), "<bound>", "eval"), {"__builtins__": {}})
+                             for a in kind.args)
                 found.append((path.stem, option, kind.func.id, low, high))
     return found
 

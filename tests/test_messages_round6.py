@@ -22,7 +22,8 @@ MATCH = "{quant_format: gpt_oss_mxfp4, model_type: gpt_oss, device: cpu}"
 
 #: case -> (the rule's extra lines, the key path in the message, what the message must say after it)
 TABLE_CASES: dict[str, tuple[str, str, str]] = {
-    "priority huge": (f"    priority: {HUGE}\n", "rules[0]", "integer too large (5,000 digits); tables hold small numbers"),
+    "priority huge": (f"    priority: {HUGE}\n", "rules[0]",
+                      "integer too large (5,000 digits); tables hold small numbers"),
     "priority huge negative": (f"    priority: -{HUGE}\n", "rules[0]",
                                "integer too large (5,000 digits); tables hold small numbers"),
     "verify every huge": (f"    verify: {{against: float64, every: {HUGE}}}\n", "rules[0]",
@@ -39,7 +40,8 @@ TABLE_CASES: dict[str, tuple[str, str, str]] = {
 
 
 @pytest.mark.parametrize("case", sorted(TABLE_CASES))
-def test_a_table_value_is_refused_in_its_own_words(case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_table_value_is_refused_in_its_own_words(case: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     extra, where, expected = TABLE_CASES[case]
     path = tmp_path / "t.yaml"
     path.write_text(f"version: 1\nrules:\n  - match: {MATCH}\n    method: vllm\n{extra}")

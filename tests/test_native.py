@@ -34,8 +34,8 @@ TIMEOUT = 3.0
 #: case -> (C source or None for a non-ELF file, what check() must say: None = loads cleanly, else a fragment)
 CASES: dict[str, tuple[str | None, str | None]] = {
     "blocks": (HEADERS + CTOR % "for (;;) pause();" + ENTRY + ABI % 1,
-               f"did not finish loading within {TIMEOUT * 0.8:.1f}s (QUANTREG_PROBE_TIMEOUT {TIMEOUT:g}s): a constructor "
-               "that blocks"),
+               f"did not finish loading within {TIMEOUT * 0.8:.1f}s (QUANTREG_PROBE_TIMEOUT {TIMEOUT:g}s): "
+               "a constructor that blocks"),
     "aborts": (HEADERS + CTOR % "abort();" + ENTRY + ABI % 1,
                "kills the process that loads it (SIGABRT while loading)"),
     "segfaults": (HEADERS + CTOR % "*(volatile int*)0 = 1;" + ENTRY + ABI % 1,

@@ -45,7 +45,7 @@ def test_a_new_build_is_not_checked(method: Method, tmp_path: Path) -> None:
 
 def test_garbage_is_an_unreadable_record_and_no_cache_is_not_checked(method: Method, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Garbage is not a verdict and not silence either: a located fault (tests/test_records_untrusted.py walks the rest)."""
+    """Garbage is not a verdict and not silence either: a located fault (test_records_untrusted.py walks the rest)."""
     record(method, "PASS", "equals eager")
     (tmp_path / "cache" / "compiled" / "qrt_compiled.json").write_text("{not json", encoding="utf-8")
     seen = recorded(method)

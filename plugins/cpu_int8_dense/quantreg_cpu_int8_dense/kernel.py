@@ -43,6 +43,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+
 from quantreg import native
 
 from .probe import ABI_VERSION, ISA_ENV, LIBRARY, build_failure

@@ -62,7 +62,8 @@ CASES = {
     "wrong-abi": f"extension does not load ({LIBRARY} has ABI version 1, this package expects {ABI_VERSION}",
     "not-a-library": f"extension does not load ({LIBRARY} does not load (",
     "blocks-at-load": f"extension does not load ({LIBRARY} did not finish loading within "
-                      f"{PROBE_TIMEOUT * 0.8:.1f}s (QUANTREG_PROBE_TIMEOUT {PROBE_TIMEOUT:g}s): a constructor that blocks",
+                      f"{PROBE_TIMEOUT * 0.8:.1f}s (QUANTREG_PROBE_TIMEOUT {PROBE_TIMEOUT:g}s): "
+                      "a constructor that blocks",
     "aborts-at-load": f"extension does not load ({LIBRARY} kills the process that loads it (SIGABRT while loading)",
 }
 
