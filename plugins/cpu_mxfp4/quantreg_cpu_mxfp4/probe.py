@@ -7,14 +7,15 @@ the method declares (``host: cpu:avx2, cpu:fma``), decided by quantreg from host
 this runs; here "does the kernel load?" and "which ISA path will it take?".
 
 "Available" means loadable: :func:`load_library` has a child process load the library first (a
-constructor that blocks or crashes cannot reach this process: :mod:`quantreg.native`), then loads
-it here once per process (cached); the child checks its ABI version and entry points, so a
-library of another ABI version, a truncated file or a file that is not a library is passed over
-here -- in ``explain``, ``plan`` and the seam's chain, with the reason -- instead of being built
-and failing at the first forward (issue 46, class 2). The method's constructor asks the same
-question (:func:`quantreg_cpu_mxfp4.kernel.status`), so a build that succeeds has a kernel that runs. Loading needs no torch: where torch ships its own
-``libgomp.so.1`` (pip wheels, ``torch/lib``), that file is loaded first, so the library's OpenMP
-dependency resolves to the runtime torch will use later and a process never holds two.
+constructor that blocks or crashes cannot reach this process: :mod:`quantreg.native`), then loads it
+here once per process (cached); the child checks its ABI version and entry points, so a library of
+another ABI version, a truncated file or a file that is not a library is passed over here -- in
+``explain``, ``plan`` and the seam's chain, with the reason -- instead of being built and failing at
+the first forward (issue 46, class 2). The method's constructor asks the same question
+(:func:`quantreg_cpu_mxfp4.kernel.status`), so a build that succeeds has a kernel that runs. Loading
+needs no torch: where torch ships its own ``libgomp.so.1`` (pip wheels, ``torch/lib``), that file is
+loaded first, so the library's OpenMP dependency resolves to the runtime torch will use later and a
+process never holds two.
 """
 
 from __future__ import annotations
