@@ -75,3 +75,39 @@ def test_a_method_wrong_mid_timing_is_refused_with_the_count_and_not_timed_again
 def test_when_every_method_is_refused_the_loop_ends() -> None:
     rounds, _, calls, _, refused = run(["b"], [64], deadline=time.monotonic() + 60, fail_at=("b", 64, 0))
     assert set(refused) == {"b"} and calls == [("b", 64)] and rounds == 0
+
+
+class _SignalInFinalizer:
+    """An object whose finalizer is where a real SIGINT lands: Python raises KeyboardInterrupt inside
+    ``__del__``, prints "Exception ignored" and carries on (what a collector run among torch's and
+    vLLM's objects does to a Ctrl-C that arrives at the wrong bytecode)."""
+
+    def __del__(self) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs at one of these bytecodes, inside the finalizer
+            pass
+
+
+def test_a_ctrl_c_swallowed_by_a_finalizer_still_stops_the_rounds() -> None:
+    """The flake of issue 53 (tune ran every round after SIGINT and exited 0), by its mechanism: a real
+    SIGINT whose KeyboardInterrupt is raised in a finalizer. The latch stops the loop at the next forward."""
+    import pytest
+
+    forwards: list[int] = []
+
+    def timed(name: str, t: int) -> tuple[float, str | None]:
+        forwards.append(t)
+        if len(forwards) == 3:
+            _SignalInFinalizer()  # dropped at once: its __del__ runs here and swallows the KeyboardInterrupt
+        return 1.0, None
+
+    with pytest.raises(KeyboardInterrupt):
+        timing_rounds("key", ["a"], [1], {"a": object()}, {"a": Result("a", ok=True)}, timed, lambda n, w: None,
+                      time.monotonic() + 60, lambda *a, **k: None)
+    assert len(forwards) == 3  # stopped right after the forward in which the Ctrl-C was swallowed
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back

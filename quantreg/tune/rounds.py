@@ -13,8 +13,11 @@ to run one timed forward.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .rank import MIN_PAIRED_ROUNDS, Result, median, sanity
@@ -34,9 +37,51 @@ TimedForward = Callable[[str, int], tuple[float, "str | None"]]
 """``(method, tokens) -> (elapsed ms of the forward alone, why its output is wrong or None)``."""
 
 
+@contextlib.contextmanager
+def ctrl_c_latched() -> Iterator[Callable[[], None]]:
+    """Ctrl-C raises ``KeyboardInterrupt`` as always, and is also latched; the check it yields raises
+    it again. Why: Python raises a signal's exception at whatever bytecode runs next, and where that
+    is a finalizer (``__del__``, a weakref callback run by the collector among torch's and vLLM's
+    objects), Python prints "Exception ignored" and goes on -- tune then ran every round after a
+    Ctrl-C and exited 0 (a flake on a loaded host: the slower the rounds, the more finalizers run
+    while the signal is pending). The loop below calls the check after every timed forward, so a
+    swallowed Ctrl-C stops tune at the next one. Outside the main thread, or where someone else's
+    SIGINT handler is installed, nothing changes."""
+    def unchanged() -> None:
+        return None
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield unchanged
+        return
+    hit: list[int] = []
+
+    def latch(signum: int, frame: Any) -> None:
+        hit.append(signum)
+        raise KeyboardInterrupt
+
+    def check() -> None:
+        if hit:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, latch)
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def timing_rounds(label: str, names: Sequence[str], tokens: Sequence[int], live: Mapping[str, Any],
                   results: Mapping[str, Result], timed: TimedForward, refuse: Callable[[str, str], None],
                   deadline: float, progress: Progress) -> int:
+    """:func:`_timing_rounds` with Ctrl-C latched (:func:`ctrl_c_latched`)."""
+    with ctrl_c_latched() as interrupted:
+        return _timing_rounds(label, names, tokens, live, results, timed, refuse, deadline, progress, interrupted)
+
+
+def _timing_rounds(label: str, names: Sequence[str], tokens: Sequence[int], live: Mapping[str, Any],
+                   results: Mapping[str, Result], timed: TimedForward, refuse: Callable[[str, str], None],
+                   deadline: float, progress: Progress, interrupted: Callable[[], None]) -> int:
     """Time every method of ``names`` still in ``live`` at every count of ``tokens`` until ``deadline``.
 
     ``timed`` runs one forward; ``refuse(name, why)`` takes a method out (it must drop it from
@@ -54,6 +99,7 @@ def timing_rounds(label: str, names: Sequence[str], tokens: Sequence[int], live:
                 progress(f"{label}: {'warm-up' if not round_no else f'round {round_no}'}: {name} at "
                          f"{_tok(t)}, about {left:.0f}s left", min(1.0, round_no / MAX_ROUNDS), detail=True)
                 elapsed, error = timed(name, t)
+                interrupted()  # a Ctrl-C a finalizer swallowed during that forward stops tune here
                 if error is not None:
                     refuse(name, f"forward at {_tok(t)} (timing): {error}")
                 elif round_no:
