@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .files import ReadRefused, read_regular
-from .records import text as record_text
+from .problems import printable
 
 _HEADER_BYTES = 64 << 10
 """Read of a METADATA file's start: its Name and Version headers come first."""
@@ -169,4 +169,5 @@ def build_failure(record: Path) -> str | None:
         said = read_regular(record, _HEADER_BYTES, head=True).decode("utf-8", "replace").strip()
     except ReadRefused:
         return None
-    return record_text(said, 500)  # another run wrote it: one escaped, bounded line (quantreg.records)
+    shown = printable(said)  # another run wrote it: one escaped, bounded line (as quantreg.records.text)
+    return shown if len(shown) <= 500 else shown[:497] + "..."
