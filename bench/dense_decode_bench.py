@@ -13,20 +13,24 @@ call's wall time (one prefill step of the short prompt included).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file (the docstring) or with -m
+
+from bench.cli_args import Parser, whole
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("model")
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--prompt", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tokens", type=whole(1, 131072), default=32)
+    parser.add_argument("--prompt", type=whole(1, 131072), default=8)
+    parser.add_argument("--rounds", type=whole(1, 1000), default=2)
     parser.add_argument("--json")
     args = parser.parse_args()
     from quantreg.testing.vllm_run import run_vllm

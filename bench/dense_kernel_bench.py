@@ -24,7 +24,6 @@ and after are in the JSON (a quiet re-run is the one to quote).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -38,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cli_args import Parser, whole, whole_list
 from bench.dense_int8_bench import error_vs_float64, median_ms
 
 SHAPES = {"attention qkv_proj": (2880, 5120), "attention o_proj": (4096, 2880), "lm_head": (2880, 201088)}
@@ -118,16 +118,14 @@ def build(name: str, w: Any, copies: int) -> tuple[Callable[[Any], Callable[[], 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--tokens", default="1,512")
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=whole(3, 1000), default=3)
+    parser.add_argument("--reps", type=whole(1, 100_000), default=7)
+    parser.add_argument("--tokens", type=whole_list(1, 65536), default=[1, 512])
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--lm-head-prefill", action="store_true", help="also the lm_head at many tokens (slow)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    if args.rounds < 3:
-        parser.error("--rounds must be at least 3")
     import torch
     from quantreg_cpu_int8_dense import kernel
 
@@ -143,7 +141,7 @@ def main() -> None:
           f"read bandwidth {bandwidth / 1e9:.1f} GB/s; {up_before}", flush=True)
     torch.manual_seed(0)
     rows = []
-    tokens = [int(t) for t in args.tokens.split(",")]
+    tokens: list[int] = args.tokens
     for shape in args.shapes.split(","):
         k, n = SHAPES[shape]
         w = (torch.randn(n, k) * 0.02).to(torch.bfloat16)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.cli_args import model_config, whole, whole_list
 from bench.common import command_line, run_and_report, skipped_lines, table_head
 from bench.wholemodel_bench import model_parser  # one home for the whole-model benches' options
 
@@ -248,8 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work: Path = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     model = args.model or ensure_checkpoint(work, args.shape, args.layers, args.seed)
-    config = json.loads((model / "config.json").read_text())
-    levels = [int(c) for c in args.clients.split(",")]
+    config = model_config(model, ("vocab_size",))
+    levels: list[int] = args.clients
     max_len = args.long_tokens + args.max_out + 64
     servers: list[Any] = [VllmServer(model, work, args.threads, max_len, max(levels), args.vllm_eager, args.vllm_table)]
     skipped: dict[str, str] = {}
@@ -310,18 +311,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-llama", action="store_true", help="measure vLLM + quantreg only")
     p.add_argument("--vllm-eager", action="store_true", help="vLLM with --enforce-eager (default: its compiled mode)")
     p.add_argument("--vllm-table", type=Path, help="QUANTREG_CONFIG for the vLLM server (e.g. tune's table)")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--clients", default="1,4,16", help="concurrent client counts, comma-separated")
-    p.add_argument("--requests", type=int, default=0,
+    p.add_argument("--threads", type=whole(1, 1024), default=2)
+    p.add_argument("--clients", type=whole_list(1, 1024), default=[1, 4, 16],
+                   help="concurrent client counts, comma-separated")
+    p.add_argument("--requests", type=whole(0, 1_000_000), default=0,
                    help="requests per level (default: --requests-per-client x clients)")
-    p.add_argument("--requests-per-client", type=int, default=4,
+    p.add_argument("--requests-per-client", type=whole(1, 100_000), default=4,
                    help="each client's requests per level when --requests is not given (24 layers: 2 keeps a run "
                         "near an hour on 2 cores)")
-    p.add_argument("--long-tokens", type=int, default=512)
-    p.add_argument("--min-out", type=int, default=64)
-    p.add_argument("--max-out", type=int, default=256)
+    p.add_argument("--long-tokens", type=whole(1, 131072), default=512)
+    p.add_argument("--min-out", type=whole(1, 131072), default=64)
+    p.add_argument("--max-out", type=whole(1, 131072), default=256)
     p.add_argument("--json", type=Path, help="where to write the result")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.max_out < args.min_out:
+        p.error(f"argument --max-out: {args.max_out} is below --min-out {args.min_out}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

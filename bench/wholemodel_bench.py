@@ -60,6 +60,7 @@ from typing import IO, Any
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cli_args import Parser, fail, model_config, whole, whole_list
 from bench.common import (
     DISAGREE_FACTOR,
     ROOT,
@@ -208,9 +209,9 @@ def variant_env(items: list[str], labels: list[str]) -> dict[str, dict[str, str]
         label, sep, assignment = item.partition("=")
         key, sep2, value = assignment.partition("=")
         if not (sep and sep2 and label and key.isidentifier()):
-            raise SystemExit(f"--vllm-env expects LABEL=KEY=VALUE, got {item!r}")
+            fail(f"argument --vllm-env expects LABEL=KEY=VALUE, got {item!r}")
         if label not in labels:
-            raise SystemExit(f"--vllm-env {item!r}: no vLLM variant labelled {label!r} (variants: {', '.join(labels)})")
+            fail(f"argument --vllm-env {item!r}: no vLLM variant labelled {label!r} (variants: {', '.join(labels)})")
         out.setdefault(label, {})[key] = value
     return out
 
@@ -220,7 +221,7 @@ def vllm_modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in VLLM_MODES]
     if bad or not modes:
-        raise SystemExit(f"--vllm-modes expects a comma-separated subset of {', '.join(VLLM_MODES)}, got {text!r}")
+        fail(f"argument --vllm-modes expects a comma-separated subset of {', '.join(VLLM_MODES)}, got {text!r}")
     return [m for m in VLLM_MODES if m in modes]
 
 
@@ -241,9 +242,9 @@ def llama_builds(items: list[str]) -> list[tuple[str, Path]]:
     for item in items:
         name, sep, path = item.partition("=")
         if not (sep and name and path):
-            raise SystemExit(f"--llama-build expects NAME=ENV_DIR, got {item!r}")
+            fail(f"argument --llama-build expects NAME=ENV_DIR, got {item!r}")
         if llama_python(Path(path)) is None:
-            raise SystemExit(f"--llama-build {name}: {path} is not a finished bench/llama_setup.sh environment "
+            fail(f"argument --llama-build {name}: {path} is not a finished bench/llama_setup.sh environment "
                              "(QUANTREG_LLAMA_ISA=avx2 QUANTREG_LLAMA_ENV=DIR bench/llama_setup.sh makes one)")
         out.append((name, Path(path)))
     return out
@@ -329,7 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work: Path = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     model = args.model or ensure_checkpoint(work, args.shape, args.layers, args.seed)
-    config = json.loads((model / "config.json").read_text())
+    config = model_config(model, ("num_experts_per_tok", "num_local_experts", "vocab_size"))
     top_k, experts, vocab = (int(config["num_experts_per_tok"]), int(config["num_local_experts"]),
                              int(config["vocab_size"]))
     max_len = args.prefill_tokens + args.decode_tokens + 64
@@ -337,9 +338,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for item in args.vllm_table:
         label, sep, path = item.partition("=")
         if not sep or not label or not path:
-            raise SystemExit(f"--vllm-table expects LABEL=TABLE.yaml, got {item!r}")
+            fail(f"argument --vllm-table expects LABEL=TABLE.yaml, got {item!r}")
         if not Path(path).is_file():
-            raise SystemExit(f"--vllm-table {label}: {path} is not a file")
+            fail(f"argument --vllm-table {label}: {path} is not a file")
         variants.append((label, Path(path)))
     envs = variant_env(args.vllm_env, [label for label, _ in variants])
     builds = llama_builds(args.llama_build)
@@ -507,27 +508,16 @@ def table(result: dict[str, Any]) -> str:
 def model_parser(doc: str | None) -> argparse.ArgumentParser:
     """The options every whole-model bench takes (this one, bench/serving_bench.py): which checkpoint
     (given, or written at ``--shape`` with ``--layers`` and ``--seed``), the work directory and llama env."""
-    p = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    p = Parser(description=doc.splitlines()[0] if doc else None)
     p.add_argument("--model", type=Path, help="an existing checkpoint directory (default: write one)")
     p.add_argument("--shape", default="20b", choices=("tiny", "20b"))
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=whole(1, 256), default=4)
+    p.add_argument("--seed", type=whole(0, 2**32 - 1), default=0)
     p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK,
                    help=f"where checkpoints and GGUFs live (default {DEFAULT_WORK}; $QUANTREG_BENCH_DIR)")
     p.add_argument("--llama-env", type=Path, default=DEFAULT_LLAMA_ENV,
                    help=f"bench/llama_setup.sh's environment (default {DEFAULT_LLAMA_ENV}; $QUANTREG_LLAMA_ENV)")
     return p
-
-
-def sequence_counts(text: str) -> list[int]:
-    """``--split-sequences``: comma-separated counts above 1 (one sequence is always split)."""
-    try:
-        counts = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 2:
-        raise argparse.ArgumentTypeError(f"expected comma-separated sequence counts >= 2, got {text!r}")
-    return counts
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -543,13 +533,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "bench/llama_setup.sh makes the AVX2 one)")
     p.add_argument("--vllm-modes", default="default,eager",
                    help="vLLM's modes to measure each variant in: default (compiled, as `vllm serve`), eager")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--split-sequences", type=sequence_counts, default=[], metavar="N,N,...",
+    p.add_argument("--threads", type=whole(1, 1024), default=2)
+    p.add_argument("--split-sequences", type=whole_list(2, 1024), default=[], metavar="N,N,...",
                    help="also split eager variants' decode step with N sequences decoding together (a server's "
                         "step under N clients)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--rounds", type=whole(1, 1000), default=3)
+    p.add_argument("--decode-tokens", type=whole(1, 131072), default=128)
+    p.add_argument("--prefill-tokens", type=whole(1, 131072), default=512)
     p.add_argument("--one-at-a-time", action="store_true", help="engines one after another, not alive together")
     p.add_argument("--alternate", action="store_true",
                    help="engines one at a time, restarted every round in rotated order (drift falls on all alike)")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from . import jsonread, settings
+from . import jsonread, records, settings
 from .files import ReadRefused, WriteRefused, append_regular, read_regular
 from .host import host_facts
 from .problems import printable, quantreg_logger
@@ -334,6 +334,17 @@ def _key_text(raw: Any) -> str:
     return str(raw)
 
 
+DECISION_FIELDS = (
+    records.Field("pid", (int,)), records.Field("method", (str,), limit=200),
+    records.Field("key", (dict, str)), records.Field("role", (str,), required=False),
+    records.Field("rule", (str, type(None)), required=False, limit=1000),
+    records.Field("fingerprint", (str,), required=False, limit=200), records.Field("layers", (int,), required=False),
+    records.Field("strict", (bool,), required=False),
+    records.Field("time", (str, int, float), required=False, limit=80),
+)
+"""A decision line's fields as :func:`line_for` writes them, checked before any is shown (:mod:`quantreg.records`)."""
+
+
 def summarise(path: str | os.PathLike[str]) -> Summary:
     """Read a trail: per key, each process's choice; flag keys whose processes disagree.
 
@@ -369,12 +380,15 @@ def summarise(path: str | os.PathLike[str]) -> Summary:
                     layer = (str(item.get("prefix")), str(item.get("method")), str(item.get("against")))
                     summary.verified.setdefault(layer, VerifiedLayer(*layer)).add(item)
                 continue
+            records.check(item, DECISION_FIELDS, f"{where}:{number}")  # types first: no str() of a list
             choice = Choice(int(item["pid"]), str(item.get("role", "?")), str(item["method"]),
                             item.get("rule"), str(item.get("fingerprint", "")), int(item.get("layers", 0)),
                             bool(item.get("strict", False)), read_time(item.get("time")), _decided(item))
             key = _key_text(item["key"])
         except (ValueError, KeyError, TypeError) as exc:
-            if last and not complete:
+            if isinstance(exc, records.RecordFault) and (complete or not last):
+                summary.problems.append(str(exc))
+            elif last and not complete:
                 summary.problems.append(f"{where}:{number}: last line is cut short (a writer was stopped "
                                         "mid-line or is still writing); ignored")
             else:

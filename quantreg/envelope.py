@@ -103,7 +103,8 @@ def refusal(registry: Registry, decision: Decision | None = None) -> str | None:
     """``vLLM would refuse to start: ...`` when strict mode is in force and something is wrong, else ``None``.
 
     ``decision``: a chain that fell back (nothing available) counts too, as it does at start-up, on every
-    side of a split (the seam refuses a split whose second side has no runnable method).
+    side of a split (the seam refuses a split whose second side has no runnable method); so does a
+    tuned rule whose pins do not match this process (strict start-up refuses it at the first layer).
     """
     mode = registry.mode()
     if not mode.strict:
@@ -114,6 +115,10 @@ def refusal(registry: Registry, decision: Decision | None = None) -> str | None:
             which = f" for tokens{side.tokens}" if decision.split else ""
             faults.append(f"{decision.key} -> {side.decision.method}{which} [{side.decision.source}] (fallback: "
                           f"{side.decision.fallback}) (at the first layer with this key)")
+        stale = [text for side in decision.sides for text in side.decision.stale]
+        if stale:  # strict start-up refuses a stale tuned pin (quantreg.vllm.route): so does every tool
+            faults.append(f"tuned rule for {decision.key} was measured elsewhere: "
+                          + "; ".join(dict.fromkeys(printable(t) for t in stale)))
     if not faults:
         return None
     more = f" (and {len(faults) - 1} more)" if len(faults) > 1 else ""

@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .files import ReadRefused, read_regular
+from .problems import printable
 
 _HEADER_BYTES = 64 << 10
 """Read of a METADATA file's start: its Name and Version headers come first."""
@@ -165,6 +166,8 @@ def build_failure(record: Path) -> str | None:
     Never raises.
     """
     try:  # through quantreg.files like every read: a FIFO or a device named BUILD_FAILED.txt never blocks
-        return read_regular(record, _HEADER_BYTES, head=True).decode("utf-8", "replace").strip()
+        said = read_regular(record, _HEADER_BYTES, head=True).decode("utf-8", "replace").strip()
     except ReadRefused:
         return None
+    shown = printable(said)  # another run wrote it: one escaped, bounded line (as quantreg.records.text)
+    return shown if len(shown) <= 500 else shown[:497] + "..."

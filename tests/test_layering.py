@@ -59,7 +59,7 @@ CORE_FLOORS: tuple[tuple[str, ...], ...] = (
      "quantreg.models", "quantreg.models.gpt_oss", "quantreg.models.moe_config", "quantreg.problems",
      "quantreg.settings", "quantreg.table", "quantreg.tiny", "quantreg.version_spec"),
     ("quantreg.formats.mxfp4_compiled", "quantreg.hookcall", "quantreg.host", "quantreg.installed",
-     "quantreg.models.checkpoint",
+     "quantreg.models.checkpoint", "quantreg.native", "quantreg.records",
      "quantreg.table.located", "quantreg.tiny.tokenizer", "quantreg.writing"),
     ("quantreg.formats.mxfp4", "quantreg.methods", "quantreg.models.checkpoint_files", "quantreg.table.identity",
      "quantreg.table.yamlfile", "quantreg.vllm_limits"),
@@ -239,7 +239,7 @@ def test_the_module_map_in_design_md_lists_every_module_and_nothing_else() -> No
 #: project, not of one module, are named by the property and listed here. (tests/e2e/ holds the
 #: real-vLLM scenarios, named by scenario.)
 WHOLE_PROJECT_TESTS = ("bad_tables", "core_names", "doc_links", "escaping", "exports", "fingerprint_content",
-                       "hook_docs", "layering", "messages", "no_torch", "one_pass", "plugin_imports",
+                       "bench_arguments", "hook_docs", "layering", "messages", "no_torch", "one_pass", "plugin_imports",
                        "registered_fields", "skip_policy", "validate_limits")
 
 

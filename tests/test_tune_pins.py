@@ -190,3 +190,25 @@ def test_a_rebuilt_kernel_is_detected(tmp_path: Path, pins: dict[str, Any]) -> N
         ln for ln in stale if "kernels.cpu_mxfp4" in ln], proc.stdout  # only the kernel (bandwidth moves under load)
     [line] = [ln for ln in stale if "kernels.cpu_mxfp4" in ln]
     assert f"kernels.cpu_mxfp4: tuned with {pins['kernels']['cpu_mxfp4'][:16]}, running " in line, proc.stdout
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_strict_explain_refuses_a_stale_pin_as_strict_start_up_does(strict: bool, tmp_path: Path,
+                                                                    pins: dict[str, Any]) -> None:
+    """Issue 53, class 5: strict start-up refuses a tuned rule measured elsewhere (quantreg.vllm.route); strict
+    ``explain`` on the same table says so and exits non-zero, with one line, instead of printing STALE and 0."""
+    changed = json.loads(json.dumps(pins))
+    changed["quantreg"] = "0.0.9"
+    path = table(tmp_path, changed)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
+    env["QUANTREG_STRICT"] = "1" if strict else "0"
+    proc = subprocess.run([str(QUANTREG), "explain", *KEY, "--config", str(path)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert "STALE    tuned evidence does not match this process: quantreg: tuned with" in proc.stdout, proc.stdout
+    if not strict:
+        assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
+        return
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("vLLM would refuse to start (") and (
+        f"tuned rule for {KEY} was measured elsewhere: quantreg: tuned with 0.0.9" in line), line

@@ -131,6 +131,13 @@ def _flag_list_problem(value: Any, what: str) -> str | None:
     if isinstance(value, list) and all(isinstance(f, str) and f and len(f) <= 64 and not any(c.isspace() for c in f)
                                        for f in value):
         return None
+    if isinstance(value, list):  # name the item that is not a flag name, not just "got list"
+        for i, f in enumerate(value):
+            if not (isinstance(f, str) and f and len(f) <= 64 and not any(c.isspace() for c in f)):
+                why = ("a flag name has no spaces and at most 64 characters" if isinstance(f, str)
+                       else "expected a string")
+                return (f"item {i + 1} ({shown(f)}) is not one of the {what}: {why}; write them as a list "
+                        "such as [avx2, fma]")
     if isinstance(value, str):  # read letter by letter it would be [a, v, x, 2]
         return (f"expected a list of {what} such as [avx2, fma], got {shown(value)} (write it as a list: "
                 f"[{printable(value[:40])}])")

@@ -188,7 +188,7 @@ def parse_verify(raw: Any, where: str, line: int, fail: Fail,
                 and len(set(v)) == len(v):
             values["decoders"] = tuple(sorted(v))
         else:
-            got = shown(v) if not isinstance(v, list) else (
+            got = shown(v) if not isinstance(v, list) else "an empty list" if not v else (
                 f"list {', '.join(shown(x) for x in v[:4])}{', ...' if len(v) > 4 else ''}")
             fail(*at("decoders"), f"expected a count from 1 to {MAX_LAYERS:,} (the first N MoE layers) or a non-empty "
                                 f"list of distinct layer indices from 0 to {MAX_LAYERS - 1:,}, got {got}"[:300])

@@ -405,6 +405,10 @@ class _Converter:
             raise YamlError(line, path, f"cannot read value: {_short(str(exc), 120, quote=False)}") from None
         except Exception as exc:  # ValueError, KeyError, OverflowError... from PyYAML's constructors
             tag = str(node.tag).rsplit(":", 1)[-1]
+            digits = sum(c.isdigit() for c in str(node.value))
+            if tag == "int" and digits > 100:  # Python's own text for it quotes its 4300-digit limit
+                raise YamlError(line, path, f"integer too large ({digits:,} digits); tables hold small "
+                                            "numbers") from None
             if tag == "bool":
                 raise YamlError(line, path,
                                 f"cannot read {_short(node.value)} as bool: expected true or false") from None

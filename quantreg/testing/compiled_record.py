@@ -10,7 +10,9 @@ again is the way to be sure). A record that does not match the build is reported
 
 Where: the cache directory of the table cache (``$QUANTREG_CACHE_DIR`` / ``~/.cache/quantreg``),
 subdirectory ``compiled``; with caching off nothing is written and doctor says "not checked". Never
-raises: a missing, unreadable or corrupt record is "not checked".
+raises: a missing record is "not checked"; one that cannot be read or does not conform (a field
+missing or of the wrong type, cut short, too large) is an ``unreadable record`` naming the file and
+why (:mod:`quantreg.records`), never a verdict, and its text is escaped.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import records
 from ..files import ReadRefused, read_regular
 from ..methods import Method
+from ..records import Field
 from ..table.cache import directory
 from ..writing import make_directory, replace_file
 
@@ -68,27 +72,39 @@ def record(method: Method, status: str, detail: str) -> None:
         return
 
 
+FIELDS = (Field("build", (str,), pattern="[0-9a-f]{16}"), Field("status", (str,), choices=(PASS, FAIL)),
+          Field("detail", (str,)), Field("checked", (str,), pattern=r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"))
+"""What :func:`record` writes, checked field by field when read back (:mod:`quantreg.records`)."""
+UNREADABLE = "unreadable record"
+
+
 def recorded(method: Method) -> dict[str, Any]:
-    """``{"status": PASS|FAIL|"not checked", "detail": ...}`` for the method's current build."""
+    """``{"status": PASS|FAIL|"not checked"|"unreadable record", "detail": ...}`` for the method's
+    current build. A record that does not conform (another writer, a damaged or hostile file) is
+    ``unreadable record`` with where and why, never read as a verdict; every text is escaped."""
     path = _path(method)
     unchecked = {"status": "not checked", "detail": f"run `quantreg check-method {method.name}` on this build"}
     if path is None:
         return unchecked
     try:
-        data = json.loads(read_regular(path, MAX_RECORD, noun="a compiled-check record"))
-    except (ReadRefused, ValueError):
+        data = records.read(path, FIELDS, max_bytes=MAX_RECORD, noun="a compiled-check record")
+    except records.RecordFault as fault:
+        return {"status": UNREADABLE, "detail": str(fault)}
+    if data is None or data["build"] != build_id(method):
         return unchecked
-    if not isinstance(data, dict) or data.get("build") != build_id(method) or data.get("status") not in (PASS, FAIL):
-        return unchecked
-    return {"status": data["status"], "detail": str(data.get("detail", "")), "checked": str(data.get("checked", ""))}
+    return {"status": data["status"], "detail": data["detail"], "checked": data["checked"]}
 
 
 def doctor_line(method: Method, seen: dict[str, Any]) -> str:
-    """One ``doctor`` line: is the method safe under vLLM's default (compiled) mode?"""
-    status = seen["status"]
+    """One ``doctor`` line: is the method safe under vLLM's default (compiled) mode? Every field
+    shown is escaped again (a caller may hand any mapping)."""
+    status, name = seen.get("status"), records.text(method.name)
+    detail, checked = records.text(seen.get("detail", ""), 2000), records.text(seen.get("checked", ""))
     if status == PASS:
-        return f"compiled:  {method.name}: yes (check-method's compiled check passed on this build, {seen['checked']})"
+        return f"compiled:  {name}: yes (check-method's compiled check passed on this build, {checked})"
     if status == FAIL:
-        return (f"compiled:  {method.name}: no: {seen['detail']} (quantreg's seam still runs it behind its own op; "
-                f"checked {seen['checked']})")
-    return f"compiled:  {method.name}: not checked: {seen['detail']}"
+        return (f"compiled:  {name}: no: {detail} (quantreg's seam still runs it behind its own op; "
+                f"checked {checked})")
+    if status == UNREADABLE:
+        return f"compiled:  {name}: not known: {detail} (run `quantreg check-method {name}` to write it again)"
+    return f"compiled:  {name}: not checked: {detail}"

@@ -6,14 +6,16 @@ quantreg calls it when a rule's chain reaches the method: on a CPU without AMX t
 the method declares (``host: cpu:avx2, cpu:fma``), decided by quantreg from host facts before
 this runs; here "does the kernel load?" and "which ISA path will it take?".
 
-"Available" means loadable: :func:`load_library` loads the library once per process (cached) and
-checks its ABI version and entry points, so a library of another ABI version, a truncated file or
-a file that is not a library is passed over here -- in ``explain``, ``plan`` and the seam's
-chain, with the reason -- instead of being built and failing at the first forward (issue 46,
-class 2). The method's constructor asks the same question (:func:`quantreg_cpu_mxfp4.kernel.status`),
-so a build that succeeds has a kernel that runs. Loading needs no torch: where torch ships its own
-``libgomp.so.1`` (pip wheels, ``torch/lib``), that file is loaded first, so the library's OpenMP
-dependency resolves to the runtime torch will use later and a process never holds two.
+"Available" means loadable: :func:`load_library` has a child process load the library first (a
+constructor that blocks or crashes cannot reach this process: :mod:`quantreg.native`), then loads it
+here once per process (cached); the child checks its ABI version and entry points, so a library of
+another ABI version, a truncated file or a file that is not a library is passed over here -- in
+``explain``, ``plan`` and the seam's chain, with the reason -- instead of being built and failing at
+the first forward (issue 46, class 2). The method's constructor asks the same question
+(:func:`quantreg_cpu_mxfp4.kernel.status`), so a build that succeeds has a kernel that runs. Loading
+needs no torch: where torch ships its own ``libgomp.so.1`` (pip wheels, ``torch/lib``), that file is
+loaded first, so the library's OpenMP dependency resolves to the runtime torch will use later and a
+process never holds two.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from quantreg import native
 from quantreg.host import hardware_cpu_flags
 from quantreg.installed import build_failure as recorded_build_failure
 
@@ -71,33 +74,29 @@ def _torch_openmp() -> Path | None:
 def load_library(path: Path = LIBRARY) -> tuple[ctypes.CDLL | None, str]:
     """``(the loaded library, "")`` or ``(None, why it is not usable)``; loaded once per path and process.
 
-    Usable means: the file exists, the dynamic loader accepts it, it exports :data:`ENTRY_POINTS`,
-    and ``qr_abi_version()`` is :data:`ABI_VERSION`. The reasons start ``"extension not built"``
-    (no file: no compiler at install, or the build failed, as ``BUILD_FAILED.txt`` says) or
-    ``"extension does not load"`` (anything else: a file that is not a library, another ABI
-    version, missing symbols). Never raises.
+    Usable means: the file exists, a child process loaded it cleanly within ``QUANTREG_PROBE_TIMEOUT``
+    (:func:`quantreg.native.load`: a constructor that blocks, aborts or crashes reaches the child, not
+    this process), it exports :data:`ENTRY_POINTS`, and ``qr_abi_version()`` is :data:`ABI_VERSION`;
+    only then is it loaded here. The reasons start ``"extension not built"`` (no file: no compiler at
+    install, or the build failed, as ``BUILD_FAILED.txt`` says) or ``"extension does not load"``
+    (anything else). Never raises.
     """
     try:
         if not path.is_file():
             failure = build_failure() if path == LIBRARY else None
             why = f"the build failed: {failure}" if failure is not None else f"no {path.name} in the package"
             return None, f"extension not built ({why})"
-        if "torch" not in sys.modules:  # see the module docstring: one OpenMP runtime per process
-            openmp = _torch_openmp()
-            if openmp is not None:
-                ctypes.CDLL(str(openmp))
-        lib = ctypes.CDLL(str(path))
-        missing = [name for name in ENTRY_POINTS if not hasattr(lib, name)]
-        if missing:
-            return None, f"extension does not load ({path.name} does not export {', '.join(missing)})"
-        lib.qr_abi_version.argtypes = []
-        lib.qr_abi_version.restype = ctypes.c_int32
-        version = int(lib.qr_abi_version())
-    except Exception as exc:  # OSError: not an ELF file, too short, wrong architecture, missing dependency
+        openmp = _torch_openmp()
+        if "torch" not in sys.modules and openmp is not None:  # see the module docstring: one OpenMP runtime
+            ctypes.CDLL(str(openmp))
+        lib, why = native.load(path, symbols=ENTRY_POINTS, abi=("qr_abi_version", ABI_VERSION),
+                               preload=[openmp] if openmp is not None else [])
+    except Exception as exc:  # pragma: no cover - native.load never raises; torch's own libgomp did not load
         return None, f"extension does not load ({type(exc).__name__}: {' '.join(str(exc).split())})"
-    if version != ABI_VERSION:
-        return None, (f"extension does not load ({path.name} has ABI version {version}, this package expects "
-                      f"{ABI_VERSION}: a library from another release of quantreg-cpu-mxfp4; reinstall it)")
+    if lib is None:
+        return None, f"extension does not load ({why})"
+    lib.qr_abi_version.argtypes = []
+    lib.qr_abi_version.restype = ctypes.c_int32
     return lib, ""
 
 

@@ -13,6 +13,11 @@ directory with its library replaced, first on ``PYTHONPATH`` of the processes it
 CLI, the kit, real vLLM), so the entry point ``quantreg_cpu_mxfp4.plugin`` and the method's
 target import the copy. The wrong-ABI library is a real shared object built here with the C
 compiler (the same three entry points, ``qr_abi_version()`` returning 1).
+
+Issue 53, class 3: two more libraries of the right ABI whose ELF constructor blocks forever or
+calls ``abort()``. Loaded in-process they would hang ``explain`` (``ctypes`` holds the GIL, so the
+probe-timeout thread never runs) or kill it; the probe has a child process load them first
+(:mod:`quantreg.native`), so ``explain`` answers within the probe timeout plus start-up.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,10 +44,27 @@ int32_t qr_abi_version(void) { return 1; }
 int32_t qr_cpu_supports(const char* isa) { (void)isa; return 1; }
 int32_t qr_moe_forward(const void* args, char* err, int64_t errlen) { (void)args; (void)err; (void)errlen; return 1; }
 """
+#: a library of this ABI whose ELF constructor misbehaves at load (issue 53, class 3): %s is the constructor's body
+MISBEHAVING = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void qr_test_ctor(void) { %s }
+int32_t qr_abi_version(void) { return %d; }
+int32_t qr_cpu_supports(const char* isa) { (void)isa; return 1; }
+int32_t qr_moe_forward(const void* args, char* err, int64_t errlen) { (void)args; (void)err; (void)errlen; return 1; }
+"""
+PROBE_TIMEOUT = 4.0
+"""QUANTREG_PROBE_TIMEOUT of every run here: the blocking library's child is killed at four fifths of it."""
+CONSTRUCTORS = {"blocks-at-load": "for (;;) pause();", "aborts-at-load": "abort();"}
 #: case -> what the reason must say
 CASES = {
     "wrong-abi": f"extension does not load ({LIBRARY} has ABI version 1, this package expects {ABI_VERSION}",
-    "not-a-library": "extension does not load (OSError: ",
+    "not-a-library": f"extension does not load ({LIBRARY} does not load (",
+    "blocks-at-load": f"extension does not load ({LIBRARY} did not finish loading within "
+                      f"{PROBE_TIMEOUT * 0.8:.1f}s (QUANTREG_PROBE_TIMEOUT {PROBE_TIMEOUT:g}s): "
+                      "a constructor that blocks",
+    "aborts-at-load": f"extension does not load ({LIBRARY} kills the process that loads it (SIGABRT while loading)",
 }
 
 
@@ -61,9 +84,9 @@ def broken_copy(root: Path, case: str) -> Path:
     shutil.copytree(_installed_package(), target, ignore=shutil.ignore_patterns("__pycache__"))
     library = target / LIBRARY
     library.unlink()
-    if case == "wrong-abi":
+    if case in ("wrong-abi", *CONSTRUCTORS):
         source = root / case / "stub.c"
-        source.write_text(WRONG_ABI)
+        source.write_text(WRONG_ABI if case == "wrong-abi" else MISBEHAVING % (CONSTRUCTORS[case], ABI_VERSION))
         compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
         if compiler is None:
             pytest.skip("no C compiler to build a library of another ABI version")
@@ -83,7 +106,7 @@ def copies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def env_for(copy: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUANTREG_")}
     env["PYTHONPATH"] = os.pathsep.join([str(copy), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return {**env, **extra}
+    return {**env, "QUANTREG_PROBE_TIMEOUT": str(PROBE_TIMEOUT), **extra}
 
 
 def chain_table(directory: Path, methods: str) -> Path:
@@ -138,8 +161,12 @@ def test_explain_and_plan_pass_the_method_over_with_the_reason(case: str, copies
     pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (mxfp4_reference) is the next method")
     table = chain_table(tmp_path, "cpu_mxfp4, mxfp4_reference")
     env = env_for(copies[case], QUANTREG_CONFIG=str(table))
+    started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "quantreg", "explain", *KEY, "--json"], capture_output=True,
                           text=True, env=env, timeout=300)
+    took = time.monotonic() - started
+    # a library that blocks at load: explain answers within the probe timeout plus start-up (a few seconds)
+    assert done.returncode == 0 and took < PROBE_TIMEOUT + 8, (took, done.stderr[-2000:])
     data = json.loads(done.stdout)
     text = json.dumps(data)
     assert data["method"] == "mxfp4_reference", text[:3000]
