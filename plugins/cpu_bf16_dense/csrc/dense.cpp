@@ -6,9 +6,9 @@
 // under every torch.
 //
 // qrb_pack: W bf16 [N, K] row-major -> the 16-row pair interleave (bf16_dense.h), once at load.
-// qrb_unpack: rows [row0, row0 + rows) of the packed weight back to fp32 [rows, K] (exact): the
-//   prefill path's weight panels, multiplied by an fp32 SGEMM in kernel.py.
-// qrb_linear, per call (the GEMV, any token count; kernel.py sends it the decode counts):
+// qrb_unpack: rows [row0, row0 + rows) of the packed weight back to fp32 [rows, K] (exact; for
+//   tests and tools).
+// qrb_linear, per call (any token count: a GEMV at 1-8 tokens, a blocked GEMM beyond):
 //   1. the activations are laid out for the path: fp32 (AVX2 tile; bf16 widened exactly) or bf16
 //      (AVX-512 BF16 tile), zero padded to Kp;
 //   2. per (16-row group, tile of tokens): the tile's fp32 dots, + bias[n] in fp32, then written in
@@ -34,6 +34,7 @@ namespace {
 
 enum Dtype : int32_t { F32 = 0, BF16 = 1 };
 enum Isa : int32_t { ISA_AVX2 = 0, ISA_AVX512 = 1 };
+constexpr int64_t kTokenBlock = 64;
 
 bool has_avx2() {
   __builtin_cpu_init();
@@ -104,29 +105,34 @@ const char* linear(const Args& a) {
       for (int64_t i = 0; i < a.k; ++i) xf[t * a.kp + i] = load(a.x, a.x_dtype, t * a.k + i);
   }
 
+  // Token blocks of kTokenBlock: a block's activations (<= 64 x Kp fp32, 737 KB at K = 2880) stay in
+  // L2 while every 16-row group streams past them; the weight is read from memory once per block.
   const int64_t groups = (a.n + kRows - 1) / kRows;
   const int gthreads = static_cast<int>(std::min<int64_t>(threads, groups));
+  for (int64_t b0 = 0; b0 < a.m; b0 += kTokenBlock) {
+    const int64_t b1 = std::min<int64_t>(a.m, b0 + kTokenBlock);
 #pragma omp parallel for num_threads(gthreads) schedule(static) if (gthreads > 1)
-  for (int64_t g = 0; g < groups; ++g) {
-    float dots[kTileAvx512 * kRows];
-    const uint16_t* w = a.packed + g * kRows * a.kp;
-    const int64_t row0 = g * kRows, rows = std::min<int64_t>(kRows, a.n - row0);
-    for (int64_t t0 = 0; t0 < a.m; t0 += tile_m) {
-      const int mt = static_cast<int>(std::min<int64_t>(tile_m, a.m - t0));
-      if (bf16_tile)
-        tile_avx512(w, a.kp, xb.data() + t0 * a.kp, a.kp, mt, acc, dots);
-      else
-        tile_avx2(w, a.kp, xf.data() + t0 * a.kp, a.kp, mt, acc, dots);
-      for (int j = 0; j < mt; ++j) {
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t n = row0 + r;
-          float y = dots[j * kRows + r];
-          if (a.bias != nullptr) y += load(a.bias, a.bias_dtype, n);
-          const int64_t at = (t0 + j) * a.n + n;
-          if (a.out_dtype == BF16)
-            static_cast<uint16_t*>(a.out)[at] = float_to_bf16(y);
-          else
-            static_cast<float*>(a.out)[at] = y;
+    for (int64_t g = 0; g < groups; ++g) {
+      float dots[kTileAvx512 * kRows];
+      const uint16_t* w = a.packed + g * kRows * a.kp;
+      const int64_t row0 = g * kRows, rows = std::min<int64_t>(kRows, a.n - row0);
+      for (int64_t t0 = b0; t0 < b1; t0 += tile_m) {
+        const int mt = static_cast<int>(std::min<int64_t>(tile_m, b1 - t0));
+        if (bf16_tile)
+          tile_avx512(w, a.kp, xb.data() + t0 * a.kp, a.kp, mt, acc, dots);
+        else
+          tile_avx2(w, a.kp, xf.data() + t0 * a.kp, a.kp, mt, acc, dots);
+        for (int j = 0; j < mt; ++j) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t n = row0 + r;
+            float y = dots[j * kRows + r];
+            if (a.bias != nullptr) y += load(a.bias, a.bias_dtype, n);
+            const int64_t at = (t0 + j) * a.n + n;
+            if (a.out_dtype == BF16)
+              static_cast<uint16_t*>(a.out)[at] = float_to_bf16(y);
+            else
+              static_cast<float*>(a.out)[at] = y;
+          }
         }
       }
     }

@@ -12,19 +12,17 @@ The forward is the registered torch custom op ``quantreg_cpu_bf16_dense::linear`
 implementation giving the output's shape and dtype), so vLLM's compiled mode traces a layer's call
 as one opaque op.
 
-Two regimes, by token count:
+One kernel for every token count (``csrc/dense.cpp``): tokens in blocks of 64 whose activations
+stay in L2 while each 16-row weight group streams past them once per block, tiles of up to 8
+tokens (AVX-512) or 4 (AVX2) per pass over a group, output rows split statically over
+``torch.get_num_threads()`` OpenMP workers. At 1-8 tokens that is a GEMV reading the weight once;
+at 512 it is a blocked GEMM (measured against torch's fp32 SGEMM in bench/bf16_dense_bench.py).
 
-* decode (``m < PANEL_MIN_TOKENS``): the library's GEMV. Each 16-row group streams once per call
-  (tiles of up to 8 tokens on AVX-512, 4 on AVX2 reuse it from L2), output rows split statically
-  over ``torch.get_num_threads()`` OpenMP workers. ISA paths (:func:`isa`, read per call):
-  ``QUANTREG_CPU_BF16_DENSE_ISA=avx2`` forces AVX2+FMA (shift to fp32, FMA); unset or ``avx512``
-  takes AVX-512 BF16 (``vdpbf16ps``) where the CPU has F/BW/VL/BF16. Both add in the same order
-  (``bf16_dense.h``), so they give the same bits except where vdpbf16ps flushes a denormal
-  (``gemv_avx512.cpp``).
-* prefill (``m >= PANEL_MIN_TOKENS``): panels of :data:`PANEL_ROWS` weight rows are widened to fp32
-  (exact) by the library and multiplied by torch's fp32 SGEMM (``torch.mm``); then ``+ bias`` in
-  fp32 and one rounding. fp32-SGEMM speed by construction, for a widening pass over the weight
-  (bench/bf16_dense_bench.py measures both).
+ISA paths (:func:`isa`, read per call): ``QUANTREG_CPU_BF16_DENSE_ISA=avx2`` forces AVX2+FMA (shift
+to fp32, FMA); unset or ``avx512`` takes AVX-512 BF16 (``vdpbf16ps``) where the CPU has
+F/BW/VL/BF16 (an fp32 activation takes the AVX2 tile: vdpbf16ps multiplies bf16 by bf16). Both add
+in the same order (``bf16_dense.h``), so they give the same bits except where vdpbf16ps flushes a
+denormal to zero (``gemv_avx512.cpp``).
 """
 
 from __future__ import annotations
@@ -45,10 +43,6 @@ log = logging.getLogger("vllm.quantreg.cpu_bf16_dense")
 ROWS = 16
 """Rows per group of the interleave (``csrc/bf16_dense.h`` kRows)."""
 COL_ALIGN = 8
-PANEL_MIN_TOKENS = 16
-"""From this many tokens a call takes the prefill regime (fp32 SGEMM on widened weight panels)."""
-PANEL_ROWS = 512
-"""Weight rows widened to fp32 per SGEMM call: 512 x K x 4 bytes (5.9 MB at K = 2880)."""
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -157,7 +151,7 @@ class PackedWeight:
     @property
     def nbytes(self) -> int:
         """Bytes held: what a token's GEMV reads (the bf16 weight with its padding)."""
-        return self.packed.numel() * self.packed.element_size()
+        return int(self.packed.numel() * self.packed.element_size())
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> PackedWeight:
@@ -190,20 +184,6 @@ def _panel(packed: torch.Tensor, n: int, k: int, row0: int, rows: int, buf: torc
     return buf[:rows]
 
 
-def _prefill(x2: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, k: int,
-             out: torch.Tensor) -> None:
-    """fp32 SGEMM on widened weight panels; ``+ bias`` in fp32, one rounding into ``out``."""
-    x32 = x2.float()
-    buf = torch.empty(min(PANEL_ROWS, n), k)
-    b32 = None if bias is None else bias.float()
-    for row0 in range(0, n, PANEL_ROWS):
-        rows = min(PANEL_ROWS, n - row0)
-        y = torch.mm(x32, _panel(packed, n, k, row0, rows, buf).t())
-        if b32 is not None:
-            y += b32[row0:row0 + rows]
-        out[:, row0:row0 + rows] = y
-
-
 def _forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, k: int) -> torch.Tensor:
     """The op's CPU implementation: checks what the C side cannot, hands over pointers."""
     if x.device.type != "cpu" or x.shape[-1] != k:
@@ -220,9 +200,6 @@ def _forward(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n
     x2 = x2.contiguous()
     m = int(x2.shape[0])
     out = torch.empty((m, n), dtype=x2.dtype)
-    if m >= PANEL_MIN_TOKENS:
-        _prefill(x2, packed, bias, n, k, out)
-        return out.to(out_dtype).reshape(*shape[:-1], n)
     if bias is not None:
         bias = (bias if bias.dtype in _DTYPES else bias.float()).contiguous()
     args = _Args(x=x2.data_ptr(), x_dtype=_DTYPES[x2.dtype], m=m, k=k, packed=packed.data_ptr(), n=n, kp=kp,

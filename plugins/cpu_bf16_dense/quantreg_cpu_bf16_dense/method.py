@@ -5,7 +5,7 @@ Built by quantreg's dense seam as ``CpuBf16DenseMethod(vllms_method)`` for a lin
 lm_head whose own method is vLLM's unquantized one. Why beside vLLM's own bf16 layer: on a host
 without AVX-512 BF16 vLLM-CPU cannot build its oneDNN bf16 linear and falls back to torch's bf16
 GEMM, which runs at a fraction of the memory bus at one token and far below fp32 SGEMM at 512
-(issue 55); this kernel is a GEMV at the bus for decode and fp32 SGEMM for prefill, with fp32
+(issue 55); this kernel is a GEMV at the bus for decode and a blocked GEMM for prefill, with fp32
 products and accumulation and one bf16 rounding of the output -- no quantisation.
 
 * ``__init__``: loads the library and checks it runs here (:func:`.kernel.require`), so a library

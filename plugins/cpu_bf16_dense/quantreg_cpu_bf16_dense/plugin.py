@@ -35,6 +35,6 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         options=(),
         layers=("attention", "dense", "lm_head"),
         description="the checkpoint's bf16 dense weights repacked once for this plugin's GEMV (AVX2+FMA or "
-                    "AVX-512 BF16), fp32 products and accumulation, output rounded to bf16 once; fp32 SGEMM "
-                    "on weight panels for prefill",
+                    "AVX-512 BF16), fp32 products and accumulation, output rounded to bf16 once; blocked "
+                    "for prefill",
     ))
