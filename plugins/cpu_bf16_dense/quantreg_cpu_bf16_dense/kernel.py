@@ -12,10 +12,11 @@ The forward is the registered torch custom op ``quantreg_cpu_bf16_dense::linear`
 implementation giving the output's shape and dtype), so vLLM's compiled mode traces a layer's call
 as one opaque op.
 
-One kernel for every token count (``csrc/dense.cpp``): tokens in blocks of 64 whose activations
-stay in L2 while each 16-row weight group streams past them once per block, tiles of up to 8
-tokens (AVX-512) or 4 (AVX2) per pass over a group, output rows split statically over
-``torch.get_num_threads()`` OpenMP workers. At 1-8 tokens that is a GEMV reading the weight once;
+One kernel for every token count (``csrc/dense.cpp``): output rows split statically over
+``torch.get_num_threads()`` OpenMP workers in one parallel region (no barrier inside: a shared host
+descheduling one thread stalls no other), each taking chunks of 64 rows; per chunk, blocks of 32
+tokens whose activations stay in L2 beside it, and tiles of up to 8 tokens (AVX-512) or 4 (AVX2)
+per pass over a 16-row group. At 1-8 tokens that is a GEMV reading the weight once;
 at 512 it is a blocked GEMM (measured against torch's fp32 SGEMM in bench/bf16_dense_bench.py).
 
 ISA paths (:func:`isa`, read per call): ``QUANTREG_CPU_BF16_DENSE_ISA=avx2`` forces AVX2+FMA (shift
