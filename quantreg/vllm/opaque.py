@@ -199,9 +199,11 @@ def make_linear_opaque(method: Any, layer: Any, prefix: str) -> Any:
 
 
 def _out_features(layer: Any) -> int | None:
-    """The layer's output width as vLLM built it: ``output_size_per_partition`` (linear layers), else
-    the rows of a vocab shard (lm_head: ``num_embeddings_per_partition``)."""
-    for name in ("output_size_per_partition", "num_embeddings_per_partition"):
+    """The layer's output width as vLLM built it: ``output_size_per_partition`` (linear layers split
+    over TP ranks), the rows of a vocab shard (lm_head: ``num_embeddings_per_partition``), else
+    ``output_size`` (``ReplicatedLinear`` and its subclass ``GateLinear``, GPT-OSS's router: not
+    split, and without the per-partition attribute in vLLM 0.32)."""
+    for name in ("output_size_per_partition", "num_embeddings_per_partition", "output_size"):
         value = getattr(layer, name, None)
         if isinstance(value, int) and value > 0:
             return value

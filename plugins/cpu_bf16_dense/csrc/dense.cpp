@@ -13,8 +13,8 @@
 //      (AVX-512 BF16 tile), zero padded to Kp;
 //   2. per (16-row group, tile of tokens): the tile's fp32 dots, + bias[n] in fp32, then written in
 //      the output dtype (fp32, or bf16 rounded to nearest even -- the one rounding of the result).
-// Threads: one OpenMP region of `threads` workers over the 16-row groups (static split: each thread
-// streams one contiguous part of the weight). Loaded after torch, the libgomp.so.1 this library
+// Threads: one OpenMP region of `threads` workers taking chunks of 64 output rows as they come.
+// Loaded after torch, the libgomp.so.1 this library
 // needs is the one torch loaded (one pool).
 #include <omp.h>
 
@@ -106,15 +106,16 @@ const char* linear(const Args& a) {
       for (int64_t i = 0; i < a.k; ++i) xf[t * a.kp + i] = load(a.x, a.x_dtype, t * a.k + i);
   }
 
-  // One parallel region, no barrier inside: each thread takes a contiguous run of chunks of
-  // kChunkGroups 16-row groups (static split: one sequential stream of the weight per thread) and,
-  // per chunk, every block of kTokenBlock tokens -- the chunk (4 x 16 rows x Kp bf16, 368 KB at
+  // One parallel region, no barrier inside: the threads take chunks of kChunkGroups 16-row groups
+  // (64 rows: 368 KB of weight at K = 2880, one sequential stream) as they come -- dynamic, so on a
+  // shared host a thread that is descheduled leaves its share to the one that runs, instead of the
+  // call waiting for it -- and, per chunk, every block of kTokenBlock tokens -- the chunk (4 x 16 rows x Kp bf16, 368 KB at
   // K = 2880) and the block's activations (<= 32 x Kp fp32, 368 KB) stay in L2, the weight is read
   // from memory once per call. At 1-8 tokens this is a plain GEMV over the chunks.
   const int64_t groups = (a.n + kRows - 1) / kRows;
   const int64_t chunks = (groups + kChunkGroups - 1) / kChunkGroups;
   const int cthreads = static_cast<int>(std::min<int64_t>(threads, chunks));
-#pragma omp parallel for num_threads(cthreads) schedule(static) if (cthreads > 1)
+#pragma omp parallel for num_threads(cthreads) schedule(dynamic, 1) if (cthreads > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     float dots[kTileAvx512 * kRows];
     const int64_t g1 = std::min<int64_t>(groups, (c + 1) * kChunkGroups);

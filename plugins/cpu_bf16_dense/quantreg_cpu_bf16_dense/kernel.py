@@ -12,9 +12,9 @@ The forward is the registered torch custom op ``quantreg_cpu_bf16_dense::linear`
 implementation giving the output's shape and dtype), so vLLM's compiled mode traces a layer's call
 as one opaque op.
 
-One kernel for every token count (``csrc/dense.cpp``): output rows split statically over
-``torch.get_num_threads()`` OpenMP workers in one parallel region (no barrier inside: a shared host
-descheduling one thread stalls no other), each taking chunks of 64 rows; per chunk, blocks of 32
+One kernel for every token count (``csrc/dense.cpp``): output rows in chunks of 64 taken
+by ``torch.get_num_threads()`` OpenMP workers as they come, in one parallel region (no barrier
+inside, dynamic: on a shared host a descheduled thread leaves its share to the one that runs); per chunk, blocks of 32
 tokens whose activations stay in L2 beside it, and tiles of up to 8 tokens (AVX-512) or 4 (AVX2)
 per pass over a 16-row group. At 1-8 tokens that is a GEMV reading the weight once;
 at 512 it is a blocked GEMM (measured against torch's fp32 SGEMM in bench/bf16_dense_bench.py).
