@@ -42,7 +42,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = {"qkv_proj": (2880, 5120), "o_proj": (4096, 2880), "router": (2880, 32), "lm_head": (2880, 201088)}
-TOKENS = (1, 512)
 SPREAD_FLAG = 1.5
 LLC_BYTES = 256 << 20
 """Bytes of weight copies cycled through at 1 token (well past any last-level cache here)."""
@@ -126,6 +125,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15, help="calls per method per round at 1 token")
     parser.add_argument("--reps-prefill", type=int, default=3, help="calls per method per round at 512 tokens")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of {', '.join(SHAPES)}")
+    parser.add_argument("--threads", type=int, default=0, help="torch (and kernel) threads; 0: torch's default")
+    parser.add_argument("--tokens", default="1,512", help="comma-separated token counts (default 1,512)")
     parser.add_argument("--lm-head-prefill", action="store_true", help="the lm_head at 512 tokens too (slow)")
     parser.add_argument("--json", default="bench/results/bf16_dense.json")
     parser.add_argument("--shared-host", default="yes", choices=("yes", "no"),
@@ -138,11 +139,14 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown shape(s) {', '.join(unknown)}; expected some of {', '.join(SHAPES)}")
 
+    tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
     import torch
     from quantreg_cpu_bf16_dense import kernel
 
     from quantreg.host import host_facts
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     ok, why = kernel.status()
     if not ok:
         sys.exit(f"bf16_dense_bench: the kernel cannot run here: {why}")
@@ -155,7 +159,7 @@ def main() -> None:
     bandwidths: list[float] = []
     for shape in shapes:
         k, n = SHAPES[shape]
-        for m in TOKENS:
+        for m in tokens:
             if m > 1 and shape == "lm_head" and not args.lm_head_prefill:
                 continue
             calls, errors = _calls(m, k, n, isas)
@@ -203,7 +207,8 @@ def main() -> None:
            "shared_host_note": "the machine was shared with other agents' work during the run: speeds are "
                                "indicative, compare methods within a round" if args.shared_host == "yes" else "",
            "uptime_before": up_before, "uptime_after": _uptime(), "load_average_before": load_before,
-           "load_average_after": os.getloadavg(), "rounds": args.rounds, "spread_flag_above": SPREAD_FLAG,
+           "load_average_after": os.getloadavg(), "rounds": args.rounds, "tokens": list(tokens),
+           "spread_flag_above": SPREAD_FLAG,
            "note": "bf16 floor = N x K x 2 bytes / the read bandwidth measured in the same rounds; "
                    "x_bf16_floor 1.0 = the weight read at the bus",
            "kernel_speedups": ratios, "rows": rows}
