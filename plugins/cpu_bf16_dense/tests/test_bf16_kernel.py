@@ -128,6 +128,19 @@ def test_denormals_stay_within_the_bound(monkeypatch: pytest.MonkeyPatch, isa: s
     _within(out, ref, limit)
 
 
+def test_the_one_documented_difference_of_vdpbf16ps_is_denormal_flushing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A product that underflows (2^-70 x 2^-60 = 2^-130, below fp32's smallest normal): the AVX2
+    FMA keeps it exactly, vdpbf16ps flushes it to zero (FTZ, Intel SDM) -- measured, not assumed."""
+    w = torch.zeros(16, 8, dtype=torch.bfloat16)
+    x = torch.zeros(1, 8, dtype=torch.bfloat16)
+    w[0, 0], x[0, 0] = 2.0 ** -70, 2.0 ** -60
+    pw = kernel.PackedWeight.from_weight(w)
+    monkeypatch.setenv(ISA_ENV, "avx2")
+    assert kernel.linear(x, pw, None)[0, 0].item() == 2.0 ** -130
+    _set_isa(monkeypatch, "avx512")
+    assert kernel.linear(x, pw, None)[0, 0].item() == 0.0
+
+
 def test_repack_is_exact_and_inputs_of_other_dtypes() -> None:
     x, w, b = _data(4, 100, 37, 3)
     pw = kernel.PackedWeight.from_weight(w)
