@@ -66,10 +66,10 @@ build() {  # build ENV: make its venv; prints nothing on success
         fresh_venv "$venv" && pip_in "$venv" install -q "${STACK[@]}" || return 1
       fi
       pip_in "$venv" uninstall -q -y torchvision torchaudio torchcodec quantreg quantreg-hpu-mxfp4 \
-        quantreg-cpu-mxfp4 quantreg-cpu-int8-dense || true
+        quantreg-cpu-mxfp4 quantreg-cpu-int8-dense quantreg-cpu-bf16-dense || true
       pip_in "$venv" install -q -e ".[test]" &&
         pip_in "$venv" install -q --no-deps -e ./plugins/hpu_mxfp4 -e ./plugins/cpu_mxfp4 \
-          -e ./plugins/cpu_int8_dense || return 1 ;;
+          -e ./plugins/cpu_int8_dense -e ./plugins/cpu_bf16_dense || return 1 ;;
     core)
       fresh_venv "$venv" && pip_in "$venv" install -q ".[test]" || return 1 ;;
     core-hpu)
@@ -81,7 +81,7 @@ build() {  # build ENV: make its venv; prints nothing on success
 
 tests_of() {  # the test paths that apply in ENV
   case "$1" in
-    wheel|editable) echo tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests plugins/cpu_int8_dense/tests ;;
+    wheel|editable) echo tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests plugins/cpu_int8_dense/tests plugins/cpu_bf16_dense/tests ;;
     core) echo tests ;;
     core-hpu) echo tests plugins/hpu_mxfp4/tests ;;
   esac

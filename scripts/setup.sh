@@ -14,7 +14,7 @@ quiet() {
   local log
   log=$(mktemp)
   if ! "$@" >"$log" 2>&1; then cat "$log"; rm -f "$log"; return 1; fi
-  grep -E "^quantreg-cpu-(mxfp4|int8-dense): " "$log" || true  # the plugins' own lines: compiled in N s, or why not
+  grep -E "^quantreg-cpu-(mxfp4|int8-dense|bf16-dense): " "$log" || true  # the plugins' own lines: compiled in N s, or why not
   rm -f "$log"
 }
 if [ ! -x "$VENV/bin/python" ]; then
@@ -49,13 +49,19 @@ quiet $PIP wheel -v --no-deps --wheel-dir "$DIST" "$DIST"/quantreg_cpu_mxfp4-[0-
 phase "building quantreg-cpu-int8-dense (compiles its kernel: a few seconds)"
 quiet "$VENV/bin/python" -m build --sdist --outdir "$DIST" ./plugins/cpu_int8_dense
 quiet $PIP wheel -v --no-deps --wheel-dir "$DIST" "$DIST"/quantreg_cpu_int8_dense-[0-9]*.tar.gz
+# quantreg-cpu-bf16-dense: the same path (its bf16 kernel is a C library; without a compiler the
+# wheel holds no library and cpu_bf16_dense_kernel's probe says why).
+phase "building quantreg-cpu-bf16-dense (compiles its kernel: a few seconds)"
+quiet "$VENV/bin/python" -m build --sdist --outdir "$DIST" ./plugins/cpu_bf16_dense
+quiet $PIP wheel -v --no-deps --wheel-dir "$DIST" "$DIST"/quantreg_cpu_bf16_dense-[0-9]*.tar.gz
 # Wheel names use underscores: quantreg-[0-9]* is the core only, never quantreg_<plugin>-*.
 CORE_WHEEL=$(realpath "$(ls "$DIST"/quantreg-[0-9]*.whl)")
 PLUGIN_WHEEL=$(realpath "$(ls "$DIST"/quantreg_hpu_mxfp4-[0-9]*.whl)")
 CPU_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_mxfp4-[0-9]*.whl)")
 DENSE_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_int8_dense-[0-9]*.whl)")
-phase "installing the four wheels"
-$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL"
-$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL"
+BF16_WHEEL=$(realpath "$(ls "$DIST"/quantreg_cpu_bf16_dense-[0-9]*.whl)")
+phase "installing the five wheels"
+$PIP install -q --force-reinstall --no-deps "$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL" "$BF16_WHEEL"
+$PIP install -q "quantreg[test] @ file://$CORE_WHEEL" "$PLUGIN_WHEEL" "$CPU_WHEEL" "$DENSE_WHEEL" "$BF16_WHEEL"
 $PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 phase "$VENV ready ($("$VENV/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' 2>/dev/null | tail -1))"

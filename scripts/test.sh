@@ -15,5 +15,5 @@ phase() {  # also appended to $QUANTREG_PHASE_LOG when set (.ci/run's summary)
 phase setup ./scripts/setup.sh
 VENV=${QUANTREG_VENV:-.venv}
 phase lint "$VENV/bin/ruff" check .
-phase mypy "$VENV/bin/mypy" --strict quantreg plugins/hpu_mxfp4/quantreg_hpu_mxfp4 plugins/cpu_mxfp4/quantreg_cpu_mxfp4 plugins/cpu_int8_dense/quantreg_cpu_int8_dense
-phase pytest "$VENV/bin/pytest" -q -p no:cacheprovider --durations=30 -n "${QUANTREG_TEST_WORKERS:-2}" --dist loadfile tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests plugins/cpu_int8_dense/tests "$@"
+phase mypy "$VENV/bin/mypy" --strict quantreg plugins/hpu_mxfp4/quantreg_hpu_mxfp4 plugins/cpu_mxfp4/quantreg_cpu_mxfp4 plugins/cpu_int8_dense/quantreg_cpu_int8_dense plugins/cpu_bf16_dense/quantreg_cpu_bf16_dense
+phase pytest "$VENV/bin/pytest" -q -p no:cacheprovider --durations=30 -n "${QUANTREG_TEST_WORKERS:-2}" --dist loadfile tests plugins/hpu_mxfp4/tests plugins/cpu_mxfp4/tests plugins/cpu_int8_dense/tests plugins/cpu_bf16_dense/tests "$@"

@@ -149,6 +149,36 @@ def test_linear_methods_compile_with_the_layers_width() -> None:
         assert torch.allclose(fn(x), x @ layer.weight.t() + bias)
 
 
+def test_a_replicated_linear_router_compiles_with_its_output_size() -> None:
+    """vLLM 0.32's ``ReplicatedLinear`` (GPT-OSS's router, ``GateLinear``) has ``output_size`` and no
+    ``output_size_per_partition``: the fake takes its width from there (a dense rule on the router
+    in vLLM's default mode failed without it, "the output width ... is unknown")."""
+    from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
+
+    from quantreg.testing.dense import vllm_one_rank
+
+    with vllm_one_rank():
+        layer = GateLinear(6, 4, bias=False, params_dtype=torch.float32, prefix="model.layers.0.mlp.router",
+                           return_bias=False)
+    layer.weight.data.copy_(torch.randn(4, 6))
+    assert not hasattr(layer, "output_size_per_partition") and layer.output_size == 4
+
+    class Dense:  # the method stands in for a plugin's; the layer is vLLM's own router class
+        def apply(self, layer: Any, x: Any, bias: Any = None) -> Any:
+            return x @ layer.weight.t()
+
+    method = Dense()
+    opaque.make_linear_opaque(method, layer, "model.layers.0.mlp.router")
+    torch._dynamo.reset()
+
+    def forward(x: Any) -> Any:
+        return method.apply(layer, x, None)
+
+    fn = torch.compile(forward, fullgraph=True, dynamic=True, backend="aot_eager")
+    x = torch.randn(3, 6)
+    assert torch.allclose(fn(x), x @ layer.weight.t())
+
+
 def test_handles_are_unique_and_name_the_layer() -> None:
     a, b = Layer(2), Layer(2)
     ma, mb = SideEffects(), SideEffects()
