@@ -58,7 +58,8 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         target=f"{PACKAGE}.kernel_method:CpuInt8KernelDenseMethod",
         devices=("cpu",),
         requires=("torch", "vllm"),
-X
+        # the kernel's baseline path (F16C: its fp16 block scales); AVX-512 VNNI is taken at run time where present
+        host=("cpu:avx2", "cpu:fma", "cpu:f16c"),
         probe=f"{PACKAGE}.probe:kernel_available",
         options=(),
         layers=("attention", "dense", "lm_head"),

@@ -3,13 +3,16 @@
 The AVX2 path is forced with ``QUANTREG_CPU_INT8_DENSE_ISA=avx2`` (it runs on every x86-64 host); the
 AVX-512 VNNI path runs where the CPU has it, else the test says so and skips.
 
-Error bound, and why: the kernel's integer dot products are exact, so what differs from
-``x @ W.T`` in float64 is the two int8 roundings -- the weight per output row (error up to
-``max|w_row| / 254`` per element) and the activations per token (``max|x| / 254``) -- plus the
-output's rounding to its dtype. For random Gaussian data at K = 64..4096 that is measured at
-0.3-1.3 % of ``max|ref|``; the tests hold it to :data:`BOUND` = 2 %, the kit's dense tolerance.
-Beyond the bound, the kernel must equal the same computation done in float64 on the quantised
-integers (``exact``) to fp32 rounding: that is what "does not saturate" means, and an AVX2 path that
+Error bound, and why: the kernel's block dot products are exact in int32, so what differs from
+``x @ W.T`` in float64 is the two int8 roundings per 32-block along K (issue 54, llama.cpp's Q8_0
+scheme) -- the weight's (error up to ``max|w_block| / 254`` per element, plus the fp16 rounding of its
+scale, 2^-11) and the activations' (``max|x_block| / 254``) -- plus the output's rounding to its
+dtype. For random Gaussian data at K = 36..4096 that is measured at 0.3-1.1 % of ``max|ref|``
+(``max`` of a few thousand outputs: the per-token kernel measured 0.3-1.3 %); the tests hold it to
+:data:`BOUND` = 1.5 %. (The rms error, where block scaling pays most on heavy-tailed activations, is
+the kit's heavy-tailed check: ``test_heavy_tailed_kit.py``.) Beyond the bound, the kernel must equal
+the same computation done in float64 on the quantised integers (``exact``) to fp32 accumulation
+(:data:`ULP_FP32`): that is what "does not saturate" means, and an AVX2 path that
 clipped int16 pair sums (as oneDNN's int8 GEMM does without VNNI) fails it by 10 % and more
 (:func:`test_the_avx2_path_does_not_saturate_at_the_worst_case`).
 """
@@ -21,7 +24,11 @@ import pytest
 torch = pytest.importorskip("torch")
 kernel = pytest.importorskip("quantreg_cpu_int8_dense.kernel")
 
-BOUND = 0.02
+BOUND = 0.015
+ULP_FP32 = 1e-5
+"""fp32 outputs against the same computation in float64: the kernel accumulates Kp / 32 block terms in
+fp32 (one rounding per FMA, up to 128 blocks at K = 4096: ~128 x 2^-24 = 7.6e-6 of the largest partial
+sum in the worst case), where the per-token kernel had one product."""
 ISA_ENV = "QUANTREG_CPU_INT8_DENSE_ISA"
 SHAPES = [(1, 64, 16), (3, 100, 37), (1, 2880, 5120), (13, 2880, 17), (9, 36, 300), (8, 4096, 48), (33, 96, 130)]
 
@@ -50,7 +57,9 @@ def _exact(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Te
     rounds them (fp32 ``x * (127 / amax)``, half to even), exact integer block dots, the same scales."""
     xb = _blocks(x.float().reshape(-1, x.shape[-1]))
     amax = xb.abs().amax(dim=2)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # a tensor / tensor division: torch computes ``127.0 / amax`` as ``127 * reciprocal(amax)``, which
+    # differs from the kernel's ``127.0f / amax`` in the last bit and moves half-way codes by a step
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     xq = torch.round(xb * inv[:, :, None]).clamp(-127, 127).double()
     dots = torch.einsum("mbk,nbk->mnb", xq, _blocks(q.double()))
     out = (dots * (scale.double()[None, :, :] * (amax / 127.0).double()[:, None, :])).sum(dim=2)
