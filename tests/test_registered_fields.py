@@ -52,7 +52,8 @@ def register_methods(register):
     register(Method(name="every_field", target="qrt_every_field:Impl", devices=["cpu", "hpu"],
                     requires=["json"], vllm_version=">=0.1", probe="qrt_every_field:probe",
                     description="sets every field", options=["chunk"], expert_layout="bf16",
-                    host=["cpu:avx2", "cpu:fma"], layers=("experts", "lm_head"), plugin="claimed-by-the-value"))
+                    host=["cpu:avx2", "cpu:fma"], layers=("experts", "lm_head"), plugin="claimed-by-the-value",
+                    numerics="weights int8 per 32-block"))
 
 
 @quantreg.hookimpl
