@@ -71,7 +71,8 @@ def old_library(rev: str) -> ctypes.CDLL:
     texts = {name: subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:plugins/cpu_int8_dense/{name}"],
                                   check=True, capture_output=True).stdout for name in CSRC}
     digest = hashlib.sha256(b"".join(texts[n] for n in CSRC)).hexdigest()[:12]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "quantreg-bench" / f"int8-pertoken-{digest}"
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "quantreg-bench"
+    cache = base / f"int8-pertoken-{digest}"
     lib = cache / "lib.so"
     if not lib.exists():
         (cache / "csrc").mkdir(parents=True, exist_ok=True)

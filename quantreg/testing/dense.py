@@ -8,9 +8,9 @@ in a one-rank vLLM parallel state), the method is built the way the dense seam b
 ``process_weights_after_loading`` run, and forwards at the shape's token counts compared with
 ``x @ W.T (+ b)`` in float64 (``max|out-ref|/max|ref|`` within the tolerance), plus a 3-D input
 (``[batch, seq, K]``) and the output dtype; then ``heavy-tailed``: on inputs with massive-activation
-channels the rms error is at most 1.10x a Q8_0 emulation's (:mod:`.heavy_tail`); then ``compiled``: the first kind's ``apply`` under
-``torch.compile(fullgraph=True)`` with a dynamic token count equals eager (vLLM's default mode,
-:mod:`.compiled`). Shapes: ``small`` (K=64, N=96; lm_head 512 x 64) and
+channels the rms error is at most 1.10x a Q8_0 emulation's (:mod:`.heavy_tail`); then ``compiled``:
+the first kind's ``apply`` under ``torch.compile(fullgraph=True)`` with a dynamic token count equals
+eager (vLLM's default mode, :mod:`.compiled`). Shapes: ``small`` (K=64, N=96; lm_head 512 x 64) and
 ``20b`` (GPT-OSS-20B's qkv 2880->5120, o_proj 4096->2880, lm_head 2880->201088).
 """
 

@@ -121,7 +121,7 @@ def dense_rows(apply: Any, weight: torch.Tensor, bias: torch.Tensor | None,
     per (case, token count) of (case, tokens, method rms error, Q8_0 emulation's rms error)."""
     import torch
 
-    n, k = weight.shape
+    k = int(weight.shape[1])
     w64 = weight.double()
     wq = q8_0(weight)
     b64 = 0.0 if bias is None else bias.double()
@@ -177,7 +177,8 @@ def moe_heavy_tailed(ctx: Any) -> None:
     experts = random_gpt_oss_mxfp4_experts(num, hidden, inter, bias=True, seed=54)
     sets = rule_option_sets(ctx.registry, ctx.method.name) + [("the caller", o) for o in ctx.extra_option_sets]
     seen: list[dict[str, Any]] = []
-    details, failures = [], []
+    details: list[str] = []
+    failures: list[str] = []
     for _, options in sets:
         if options in seen:
             continue
