@@ -6,8 +6,8 @@
 // library, so it builds with a bare C++ compiler (no torch at build time) and one built wheel loads
 // under every torch (plugin #2, quantreg-cpu-mxfp4, does the same for the same reason).
 //
-// qr8_pack: W int8 [N, K] row-major and its fp16 scales [N, Kp / 32] -> the 16-row interleave
-// (offset by 128) and the grouped scales (int8_dense.h), once.
+// qr8_pack: W int8 [N, K] row-major and its fp16 scales [N, Kp / 32] -> the 16-row interleave and
+// the grouped scales (int8_dense.h), once.
 // qr8_linear, per call:
 //   1. each token's x (fp32 or bf16), per 32-block -> q = round(x * 127 / amax), s = amax / 127,
 //      and the block's sum of q;
@@ -70,7 +70,7 @@ inline float load(const void* p, int32_t dtype, int64_t i) {
   return dtype == BF16 ? bf16_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
-// One token: x[0..k) -> q (kp int8, zero padded) and, per 32-block, its scale and sum of q.
+// One token: x[0..k) -> q (kp int8, zero padded) and, per 32-block, its scale and 128 x its sum of q.
 void quantise_row(const void* x, int32_t dtype, int64_t k, int64_t kp, int8_t* q, float* scale, int32_t* sum) {
   bool finite = true;
   for (int64_t i = 0; i < k; ++i) finite = finite && std::isfinite(load(x, dtype, i));
@@ -97,7 +97,7 @@ void quantise_row(const void* x, int32_t dtype, int64_t k, int64_t kp, int8_t* q
     }
     for (int64_t i = std::max(lo, hi); i < lo + kBlock; ++i) q[i] = 0;
     scale[b] = amax / 127.0f;
-    sum[b] = s;
+    sum[b] = 128 * s;  // the VNNI path's offset share, ready to subtract
   }
 }
 
@@ -105,7 +105,7 @@ struct Args {
   const void* x;
   int32_t x_dtype;
   int64_t m, k;
-  const uint8_t* packed;
+  const int8_t* packed;
   const uint16_t* wscale;
   int64_t n, kp;
   const void* bias;
@@ -210,19 +210,19 @@ __attribute__((visibility("default"))) int32_t qr8_cpu_supports(const char* isa)
 }
 
 // W int8 [n, k] row-major and scale (fp16 bits) [n, kp / 32] -> packed [roundup(n, 16) * kp] (the
-// 16-row interleave, w + 128 as uint8, padding 128) and pscale [roundup(n, 16) / 16][kp / 32][16]
+// 16-row interleave, zero padded) and pscale [roundup(n, 16) / 16][kp / 32][16]
 // (padding 0). kp = roundup(k, 32). Refuses a -128 (the AVX2 path's |w| must fit 7 bits).
 __attribute__((visibility("default"))) int32_t qr8_pack(const int8_t* w, const uint16_t* scale, int64_t n, int64_t k,
-                                                         int64_t kp, uint8_t* packed, uint16_t* pscale, char* err,
+                                                         int64_t kp, int8_t* packed, uint16_t* pscale, char* err,
                                                          int64_t errlen) {
   using namespace quantreg_cpu_int8_dense;
   if (n <= 0 || k <= 0 || kp < k || kp % kColAlign != 0) return report("bad n / k / padded k", err, errlen);
   const int64_t np = (n + kRows - 1) / kRows * kRows, blocks = kp / kBlock;
-  std::memset(packed, 128, static_cast<size_t>(np * kp));
+  std::memset(packed, 0, static_cast<size_t>(np * kp));
   std::memset(pscale, 0, static_cast<size_t>(np * blocks) * sizeof(uint16_t));
   for (int64_t r = 0; r < n; ++r) {
     const int8_t* src = w + r * k;
-    uint8_t* group = packed + (r / kRows) * kRows * kp;
+    int8_t* group = packed + (r / kRows) * kRows * kp;
     const int64_t lane = (r % kRows) * 4;
     for (int64_t c = 0; c < k; ++c) {
       if (src[c] == -128) {
@@ -231,7 +231,7 @@ __attribute__((visibility("default"))) int32_t qr8_pack(const int8_t* w, const u
                       static_cast<long long>(r), static_cast<long long>(c));
         return report(text, err, errlen);
       }
-      group[(c / 4) * kStepBytes + lane + c % 4] = static_cast<uint8_t>(static_cast<int32_t>(src[c]) + 128);
+      group[(c / 4) * kStepBytes + lane + c % 4] = src[c];
     }
     uint16_t* gs = pscale + (r / kRows) * blocks * kRows + r % kRows;
     for (int64_t b = 0; b < blocks; ++b) gs[b * kRows] = scale[r * blocks + b];

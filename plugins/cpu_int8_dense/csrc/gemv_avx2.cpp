@@ -7,8 +7,7 @@
 // and is clipped: the 0.11-0.14 relative error measured for vLLM's oneDNN int8 GEMM on AVX2
 // (issue 46).
 //
-// Here the "sign trick" (as llama.cpp's AVX2 q8_0 dot product): the stored w + 128 is turned back
-// into w (xor 0x80), then vpmaddubsw(|w|, sign(q, w)), where sign(q, w) is q negated where w < 0 and
+// Here the "sign trick" (as llama.cpp's AVX2 q8_0 dot product): vpmaddubsw(|w|, sign(q, w)), where sign(q, w) is q negated where w < 0 and
 // zeroed where w == 0 (vpsignb), so each product is |w| * q * sign(w) = w * q. No pair saturates:
 // the weights are in [-127, 127] (qr8_pack refuses -128, so |w| <= 127 fits the unsigned operand)
 // and the activations are in [-127, 127] (the quantiser clamps), so |product| <= 127 * 127 = 16,129
@@ -29,21 +28,20 @@ namespace {
 template <int M>
 QR8_AVX2 void tile(const Tile& t, float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const int64_t blocks = t.kp / kBlock;
   __m256 facc[M][2];
 #pragma GCC unroll 4
   for (int m = 0; m < M; ++m) facc[m][0] = facc[m][1] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = t.w + b * kStepsPerBlock * kStepBytes;
+    const int8_t* block = t.w + b * kStepsPerBlock * kStepBytes;
     __m256i acc[M][2];
 #pragma GCC unroll 4
     for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_si256();
     for (int i = 0; i < kStepsPerBlock; ++i) {
-      const uint8_t* line = block + i * kStepBytes;
+      const int8_t* line = block + i * kStepBytes;
       QR8_PREFETCH(line, kAhead);
-      const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(line)), flip);
-      const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32)), flip);
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32));
       const __m256i a0 = _mm256_sign_epi8(w0, w0);  // |w| (w != -128)
       const __m256i a1 = _mm256_sign_epi8(w1, w1);
 #pragma GCC unroll 4
