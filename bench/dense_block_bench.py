@@ -163,6 +163,9 @@ def main() -> None:
     parser.add_argument("--tokens", default="1,512")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--old-rev", default=OLD_REV)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 on a loaded host keeps a descheduled second "
+                             "thread from stalling every call")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.rounds < 3:
@@ -172,6 +175,8 @@ def main() -> None:
 
     from quantreg.host import host_facts
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     up_before, load_before = _uptime(), os.getloadavg()
     bandwidth = read_bandwidth()
     facts = host_facts()
