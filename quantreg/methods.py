@@ -115,6 +115,11 @@ class Method:
     ``attention`` / ``dense`` / ``lm_head`` layers subclasses vLLM's ``QuantizeMethodBase`` and is
     built as ``cls(vllm_method, **options)`` with the method vLLM chose for the layer. A chain
     passes over a method for a key of another kind (docs/dense.md)."""
+    numerics: str = ""
+    """What the method rounds, and per what block (one line, free text), e.g. "weights int8 per
+    (row, 32-block along K), activations int8 per (token, 32-block)". Printed by ``quantreg explain``
+    and ``quantreg check-method`` beside the method, so an operator sees the price of a fast method
+    next to its name (issue 54); empty: not declared."""
 
     @property
     def keeps_vllm(self) -> bool:
@@ -235,6 +240,8 @@ def check_method(method: Any) -> str | None:
                 f"got {_shown(probe)}")
     if not isinstance(method.description, str):
         return f"method '{name}': description must be a string, got {type(method.description).__name__}"
+    if not isinstance(method.numerics, str):
+        return f"method '{name}': numerics must be a string, got {type(method.numerics).__name__}"
     if method.expert_layout is not None and method.expert_layout not in EXPERT_LAYOUTS:
         return (f"method '{name}': expert_layout must be one of {', '.join(EXPERT_LAYOUTS)} or None, "
                 f"got {_shown(method.expert_layout)}")

@@ -390,6 +390,8 @@ BAD_METHODS = {
                          "method 'm': probe must be a callable or 'package.module:function', got 'no colon'"),
     "description": ("quantreg.Method(name='m', target='qrt_x:Y', description=None)",
                     "method 'm': description must be a string, got NoneType"),
+    "numerics": ("quantreg.Method(name='m', target='qrt_x:Y', numerics=32)",
+                 "method 'm': numerics must be a string, got int"),
 }
 
 

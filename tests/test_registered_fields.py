@@ -53,7 +53,8 @@ def register_methods(register):
                     requires=["json"], vllm_version=">=0.1", probe="qrt_every_field:probe",
                     description="sets every field", options=["chunk"], option_values={"chunk": (1, 2)},
                     expert_layout="bf16",
-                    host=["cpu:avx2", "cpu:fma"], layers=("experts", "lm_head"), plugin="claimed-by-the-value"))
+                    host=["cpu:avx2", "cpu:fma"], layers=("experts", "lm_head"), plugin="claimed-by-the-value",
+                    numerics="weights int8 per 32-block"))
 
 
 @quantreg.hookimpl

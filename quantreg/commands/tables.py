@@ -78,7 +78,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for fault in ans.problems:
         print(f"warning: {fault}", file=sys.stderr)
     decision = ans.decision
-    lines = [decision.render(), *(f"{f.level:<8} {f}" for f in ans.findings)]
+    numerics = _numerics(registry, decision)
+    lines = [decision.render(), *(f"numerics {name}: {text}" for name, text in numerics.items()),
+             *(f"{f.level:<8} {f}" for f in ans.findings)]
     deprecations = [str(p) for h in registry.headers for p in h.deprecations]
     lines += [f"deprecated {printable(d)}" for d in deprecations]  # old spellings the tables still use
     # a chosen method that declares it cannot take the rule's options: name what serves instead (issue 53)
@@ -90,7 +92,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     for warning in named:
         print(f"warning: {warning}", file=sys.stderr)
     return respond(args, registry, {**decision.to_json(), **ans.to_json(), "key_warnings": named,
-                                    "deprecations": deprecations}, lines, decision)
+                                    "deprecations": deprecations, "numerics": numerics}, lines, decision)
+
+
+def _numerics(registry: Registry, decision: Any) -> dict[str, str]:
+    """What each chosen method rounds, per what block (its registration's ``numerics``), by method name:
+    the price of a fast method printed beside its name (issue 54). Methods that declare none are left out."""
+    chosen = [side.decision.method for side in decision.split] if decision.split else [decision.method]
+    out: dict[str, str] = {}
+    for name in chosen:
+        method = registry.methods.get(name)
+        if method is not None and method.numerics and name not in out:
+            out[name] = method.numerics
+    return out
 
 
 def _key_warnings(registry: Registry, key: Key) -> list[str]:

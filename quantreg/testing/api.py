@@ -84,6 +84,7 @@ def run_checks(
         report.results += [CheckResult(c.id, c.title, Status.SKIPPED, rest, c.needs_device)
                            for c in others if c.id in selected]
         return report
+    report.numerics = found.numerics
     if EXPERTS not in found.layers:  # a dense method (issue 30): real linear layers and lm_heads
         from .dense import run_dense_suite
 

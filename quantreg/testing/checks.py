@@ -21,6 +21,10 @@ A method is judged by what vLLM and quantreg will do with it, not by its own tes
 * **forward-bias / forward-no-bias** -- after ``process_weights_after_loading``, outputs for 1, 7
   and 64 tokens and top-k 1..4 have the input's shape and dtype, are finite, and are within the
   declared tolerance of the float64 reference (:mod:`quantreg.models.gpt_oss_moe`);
+* **heavy-tailed** -- on inputs with massive-activation channels (a few channels at 10x and 100x
+  the rest on some tokens) the output's rms error against float64 is at most 1.10x that of a Q8_0
+  emulation (exact MXFP4 weights, activations int8 per 32 with fp16 scales, as llama.cpp's
+  ``vec_dot_mxfp4_q8_0``), for every option set its rules pass (:mod:`.heavy_tail`);
 * **expert-parallel** -- ranks 0 and 1 of 2 each give the partial sum of their own experts;
 * **deterministic** -- identical inputs give bit-identical outputs, on the same layer (with
   other calls in between) and on a second layer loaded with the same weights;
@@ -43,7 +47,7 @@ without a device -- is derived from it. This module imports neither torch nor vL
 
 from __future__ import annotations
 
-from . import compiled, consistency, declared, forward
+from . import compiled, consistency, declared, forward, heavy_tail
 from .context import CheckSpec, Context, Need
 from .report import Status
 
@@ -66,6 +70,8 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("forward-bias", "matches the float64 reference, with biases", Need.DEVICE, forward.forward_bias),
     CheckSpec("forward-no-bias", "matches the float64 reference, without biases", Need.DEVICE,
               forward.forward_no_bias),
+    CheckSpec("heavy-tailed", "as fine as llama.cpp's Q8_0 on heavy-tailed activations", Need.DEVICE,
+              heavy_tail.moe_heavy_tailed),
     CheckSpec("expert-parallel", "EP ranks 0 and 1 of 2 give their partial sums", Need.DEVICE,
               consistency.expert_parallel),
     CheckSpec("deterministic", "identical inputs give bit-identical outputs", Need.DEVICE,

@@ -7,9 +7,10 @@ in a one-rank vLLM parallel state), the method is built the way the dense seam b
 (``cls(vllms_method, **options)``), the layer's bf16 weight (and bias) loaded with seeded values,
 ``process_weights_after_loading`` run, and forwards at the shape's token counts compared with
 ``x @ W.T (+ b)`` in float64 (``max|out-ref|/max|ref|`` within the tolerance), plus a 3-D input
-(``[batch, seq, K]``) and the output dtype; then ``compiled``: the first kind's ``apply`` under
-``torch.compile(fullgraph=True)`` with a dynamic token count equals eager (vLLM's default mode,
-:mod:`.compiled`). Shapes: ``small`` (K=64, N=96; lm_head 512 x 64) and
+(``[batch, seq, K]``) and the output dtype; then ``heavy-tailed``: on inputs with massive-activation
+channels the rms error is at most 1.10x a Q8_0 emulation's (:mod:`.heavy_tail`); then ``compiled``:
+the first kind's ``apply`` under ``torch.compile(fullgraph=True)`` with a dynamic token count equals
+eager (vLLM's default mode, :mod:`.compiled`). Shapes: ``small`` (K=64, N=96; lm_head 512 x 64) and
 ``20b`` (GPT-OSS-20B's qkv 2880->5120, o_proj 4096->2880, lm_head 2880->201088).
 """
 
@@ -149,6 +150,19 @@ def _compiled_kind(method: Method, kind: str, k: int, n: int, tolerance: float) 
     return f"{kind} {k}->{n}: apply under torch.compile(fullgraph=True, dynamic) equals eager at 1 and 7 tokens"
 
 
+def _heavy_tailed(method: Method, kind: str) -> tuple[bool, str]:
+    """One ``kind`` layer at :data:`.heavy_tail.DENSE_SIZE` against float64 and a Q8_0 emulation on
+    heavy-tailed inputs (:mod:`.heavy_tail`): ``(passed, detail)``, the detail naming every failing case."""
+    import torch
+
+    from . import heavy_tail
+
+    k, n = heavy_tail.DENSE_SIZE
+    layer, built, weight, bias = _built(method, kind, k, n, {}, torch.Generator().manual_seed(54))
+    rows = heavy_tail.dense_rows(lambda x: built.apply(layer, x, bias), weight, bias, seed=54)
+    return heavy_tail.verdict(method.name, f"{kind} {k}->{n}", rows)
+
+
 def run_dense_suite(method: Method, report: Report, device: str, tolerance: float | None,
                     shape: MoeShape) -> None:
     """Fill ``report`` with the dense checks of ``method`` (see the module docstring)."""
@@ -177,6 +191,12 @@ def run_dense_suite(method: Method, report: Report, device: str, tolerance: floa
                 else:
                     report.results.append(CheckResult(check, title, Status.PASS, detail, True))
         kind = method.layers[0]
+        title = "as fine as llama.cpp's Q8_0 on heavy-tailed activations"
+        try:
+            passed, detail = _heavy_tailed(method, kind)
+        except Exception as exc:
+            passed, detail = False, f"{type(exc).__name__}: {exc}"
+        report.results.append(CheckResult("heavy-tailed", title, Status.PASS if passed else Status.FAIL, detail, True))
         k, n = sizes[kind][0]
         title = "runs inside torch.compile(fullgraph=True) as in eager"
         try:

@@ -52,6 +52,8 @@ class Report:
     quant_format: str = ""
     shape: str = ""
     """The layer shape the weights and numerical checks built (``E=.., H=.., I=..``)."""
+    numerics: str = ""
+    """What the method declares it rounds, per what block (``Method.numerics``; empty: not declared)."""
     results: list[CheckResult] = field(default_factory=list)
 
     @property
@@ -83,6 +85,8 @@ class Report:
         if self.quant_format:
             tol = f", tolerance {self.tolerance:g} (max |out - ref| / max |ref|)" if self.tolerance is not None else ""
             head.append(f"format {self.quant_format}{tol}" + (f", layer {self.shape}" if self.shape else ""))
+        if self.numerics:
+            head.append(f"numerics {self.numerics}")
         name_w = max([len(r.check) for r in self.results] + [5])
         lines = [*head, ""]
         indent = " " * (2 + 7 + 2 + name_w + 2)
@@ -107,7 +111,7 @@ class Report:
         return {
             "method": self.method, "device": self.device, "target": self.target, "plugin": self.plugin,
             "available": self.available, "availability": self.availability, "quant_format": self.quant_format,
-            "tolerance": self.tolerance, "shape": self.shape, "ok": self.ok,
+            "tolerance": self.tolerance, "shape": self.shape, "numerics": self.numerics, "ok": self.ok,
             "counts": {s.value: n for s, n in self.counts().items()},
             "results": [r.to_json() for r in self.results],
         }

@@ -1,10 +1,11 @@
 """The compiled int8 dense kernel: Python API over the plain C library ``libquantreg_cpu_int8_dense.so``.
 
 ``y = x W^T (+ b)`` for a dense layer whose bf16 weight ``W [N, K]`` was quantised once at load to
-int8 per output channel (``scale = max|w| / 127``, values in [-127, 127]) and repacked into the
-kernel's 16-row interleave (``csrc/int8_dense.h``); per call each token's activations are quantised
-to int8 (``s = max|x| / 127``) and multiplied in int8 with exact int32 accumulation, then
-``float(dot) * scale_n * s_token + b_n`` in the output dtype.
+int8 per (output row, 32-block along K) with fp16 scales -- llama.cpp's Q8_0 layout
+(:func:`.quantize.quantize_blocks`) -- and repacked into the kernel's 16-row interleave
+(``csrc/int8_dense.h``); per call each token's activations are quantised to int8 per 32-block too
+(``s = max|x| / 127`` per block, fp32), each block's dot product is exact in int32 and accumulated in
+fp32 as ``float(dot) * wscale * s``, then ``+ b_n`` in the output dtype.
 
 Why a C library loaded by :mod:`ctypes` and not a torch C++ extension: it builds with a bare C++
 compiler at ``pip install`` (no torch at build time, no second torch in an isolated build) and one
@@ -20,9 +21,11 @@ does NOT saturate: ``vpmaddubsw(|w|, sign(q, w))`` with both operands within [-1
 int16 pair sum within 2 x 127 x 127 = 32,258 (``csrc/gemv_avx2.cpp`` has the proof) -- unlike
 oneDNN's int8 GEMM without VNNI, which feeds ``q + 128`` (up to 255) and clips (issue 46).
 
-Numerics: integer dot products are exact on both paths, so the two paths agree to the last bit of
-fp32 (the tests hold them equal); the error against float64 is that of the two int8 roundings
-(weights per channel, activations per token), ~1e-2 of the output's largest value on random data.
+Numerics (:data:`NUMERICS`): the block dot products are exact in int32 on both paths and the fp32
+accumulation runs the same lane operations in the same order, so the two paths agree to the last bit
+(the tests hold them equal); the error against float64 is that of the two int8 roundings per 32-block
+(weights and activations, as Q8_0), 0.3-1.1 % of the output's largest value on Gaussian data and, unlike
+a per-token activation scale, not inflated by a few massive activation channels (issue 54).
 
 Token counts: every token count runs the same kernel, tiled by up to 8 (AVX-512) or 4 (AVX2) tokens
 per pass over a 16-row group whose 16 x K bytes stay in L1/L2 between tiles, so the weight is read
@@ -46,16 +49,19 @@ import torch
 
 from quantreg import native
 
+from .plugin import KERNEL_NUMERICS
 from .probe import ABI_VERSION, ISA_ENV, LIBRARY, build_failure
-from .quantize import quantize_per_channel
+from .quantize import BLOCK, quantize_blocks
 
 log = logging.getLogger("vllm.quantreg.cpu_int8_dense")
 
 ROWS = 16
 """Rows per group of the interleave (``csrc/int8_dense.h`` kRows)."""
-COL_ALIGN = 16
+COL_ALIGN = BLOCK
 MAX_K = 65536
-"""Largest K: the VNNI path's int32 sum of (q + 128) * w stays below 2^31 (65,536 x 255 x 127 < 2^31)."""
+"""Largest K taken (int32 sums are per 32-block, so any K would do; the bound keeps the activation buffer sane)."""
+NUMERICS = KERNEL_NUMERICS
+"""What the kernel rounds, per what block (the method's registration says the same: ``plugin.KERNEL_NUMERICS``)."""
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -64,7 +70,7 @@ class _Args(ctypes.Structure):
 
     _fields_ = [
         ("x", ctypes.c_void_p), ("x_dtype", ctypes.c_int32), ("m", ctypes.c_int64), ("k", ctypes.c_int64),
-        ("packed", ctypes.c_void_p), ("rowsum", ctypes.c_void_p), ("wscale", ctypes.c_void_p),
+        ("packed", ctypes.c_void_p), ("wscale", ctypes.c_void_p),
         ("n", ctypes.c_int64), ("kp", ctypes.c_int64),
         ("bias", ctypes.c_void_p), ("bias_dtype", ctypes.c_int32),
         ("out", ctypes.c_void_p), ("out_dtype", ctypes.c_int32),
@@ -97,8 +103,8 @@ def _extension() -> tuple[ctypes.CDLL | None, str]:
         lib = loaded
         lib.qr8_cpu_supports.argtypes = [ctypes.c_char_p]
         lib.qr8_cpu_supports.restype = ctypes.c_int32
-        lib.qr8_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                 ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
+        lib.qr8_pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int64]
         lib.qr8_pack.restype = ctypes.c_int32
         lib.qr8_linear.argtypes = [ctypes.POINTER(_Args), ctypes.c_char_p, ctypes.c_int64]
         lib.qr8_linear.restype = ctypes.c_int32
@@ -161,58 +167,62 @@ def _roundup(value: int, to: int) -> int:
 class PackedWeight:
     """One dense weight in the kernel's layout, made once at load (:meth:`from_weight`).
 
-    ``packed`` int8 ``[Np * Kp]`` (the 16-row interleave, zero padded: Np, Kp multiples of 16),
-    ``rowsum`` int32 ``[Np]`` (the VNNI path's +128 correction), ``scale`` float32 ``[N]``.
+    ``packed`` int8 ``[Np * Kp]`` (the 16-row interleave, zero padded: Np a multiple of 16, Kp of 32), ``scale`` fp16 ``[Np / 16 * Kp / 32 * 16]`` (per 16-row group and
+    32-block, the 16 rows' scales together; padding 0).
     """
 
     packed: torch.Tensor
-    rowsum: torch.Tensor
     scale: torch.Tensor
     n: int
     k: int
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: what a token's GEMV reads (the int8 weight with its padding, scales, row sums)."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.rowsum, self.scale))
+        """Bytes held: what a token's GEMV reads (the int8 weight with its padding and its block scales)."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale))
 
     @classmethod
     def from_int8(cls, q: torch.Tensor, scale: torch.Tensor) -> PackedWeight:
-        """From int8 ``q [N, K]`` (values in [-127, 127]) and float32 ``scale [N]``."""
+        """From int8 ``q [N, K]`` (values in [-127, 127]) and fp16 ``scale [N, ceil(K / 32)]`` (one per 32-block)."""
         if q.dim() != 2 or q.dtype != torch.int8 or q.device.type != "cpu":
             raise ValueError(f"expected a 2-D int8 CPU weight, got {tuple(q.shape)} {q.dtype} on {q.device}")
         n, k = int(q.shape[0]), int(q.shape[1])
         if not 0 < k <= MAX_K or n <= 0:
             raise ValueError(f"weight [{n}, {k}]: the kernel takes 1 <= K <= {MAX_K} and N >= 1")
-        if tuple(scale.shape) != (n,):
-            raise ValueError(f"scale has shape {tuple(scale.shape)}, expected ({n},)")
-        lib = _library()
         np_, kp = _roundup(n, ROWS), _roundup(k, COL_ALIGN)
+        blocks = kp // BLOCK
+        if tuple(scale.shape) != (n, blocks):
+            raise ValueError(f"scale has shape {tuple(scale.shape)}, expected ({n}, {blocks}): one per 32-block")
+        lib = _library()
         packed = torch.empty(np_ * kp, dtype=torch.int8)
-        rowsum = torch.empty(np_, dtype=torch.int32)
+        pscale = torch.empty(np_ * blocks, dtype=torch.float16)
         q = q.contiguous()
+        scale = scale.to(torch.float16).contiguous()
         err = ctypes.create_string_buffer(256)
-        if lib.qr8_pack(q.data_ptr(), n, k, kp, packed.data_ptr(), rowsum.data_ptr(), err, len(err)) != 0:
+        if lib.qr8_pack(q.data_ptr(), scale.data_ptr(), n, k, kp, packed.data_ptr(), pscale.data_ptr(), err,
+                        len(err)) != 0:
             raise ValueError(f"quantreg_cpu_int8_dense: {err.value.decode(errors='replace')}")
-        return cls(packed, rowsum, scale.to(torch.float32).contiguous(), n, k)
+        return cls(packed, pscale, n, k)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor) -> PackedWeight:
-        """Quantise a floating-point ``[N, K]`` weight per output channel and repack it."""
+        """Quantise a floating-point ``[N, K]`` weight per (row, 32-block) and repack it."""
         if weight.dim() != 2 or not weight.is_floating_point():
             raise ValueError(f"expected a 2-D floating-point weight, got {tuple(weight.shape)} {weight.dtype}")
-        q, scale = quantize_per_channel(weight.detach())
+        q, scale = quantize_blocks(weight.detach())
         return cls.from_int8(q, scale)
 
 
-def _forward(x: torch.Tensor, packed: torch.Tensor, rowsum: torch.Tensor, scale: torch.Tensor,
-             bias: torch.Tensor | None, n: int, k: int) -> torch.Tensor:
+def _forward(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, n: int,
+             k: int) -> torch.Tensor:
     """The op's CPU implementation: checks what the C side cannot, hands over pointers."""
     if x.device.type != "cpu" or x.shape[-1] != k:
         raise ValueError(f"x must be a CPU tensor [..., {k}], got {list(x.shape)} on {x.device}")
     kp = _roundup(k, COL_ALIGN)
     if packed.numel() != _roundup(n, ROWS) * kp or packed.dtype != torch.int8:
         raise ValueError(f"packed weight of {packed.numel()} {packed.dtype} does not hold [{n}, {k}]")
+    if scale.numel() != _roundup(n, ROWS) * kp // BLOCK or scale.dtype != torch.float16:
+        raise ValueError(f"block scales of {scale.numel()} {scale.dtype} do not fit [{n}, {k}]")
     lib = _library()
     shape = x.shape
     out_dtype = x.dtype
@@ -229,7 +239,7 @@ def _forward(x: torch.Tensor, packed: torch.Tensor, rowsum: torch.Tensor, scale:
             bias = bias.float()
         bias = bias.contiguous()
     args = _Args(x=x2.data_ptr(), x_dtype=_DTYPES[x2.dtype], m=m, k=k, packed=packed.data_ptr(),
-                 rowsum=rowsum.data_ptr(), wscale=scale.data_ptr(), n=n, kp=kp,
+                 wscale=scale.data_ptr(), n=n, kp=kp,
                  bias=None if bias is None else bias.data_ptr(), bias_dtype=0 if bias is None else _DTYPES[bias.dtype],
                  out=out.data_ptr(), out_dtype=_DTYPES[out.dtype], isa=1 if isa() == "avx512" else 0,
                  threads=torch.get_num_threads())
@@ -241,11 +251,11 @@ def _forward(x: torch.Tensor, packed: torch.Tensor, rowsum: torch.Tensor, scale:
 
 _linear_op = torch.library.custom_op(
     "quantreg_cpu_int8_dense::linear", _forward, mutates_args=(), device_types="cpu",
-    schema="(Tensor x, Tensor packed, Tensor rowsum, Tensor scale, Tensor? bias, int n, int k) -> Tensor")
+    schema="(Tensor x, Tensor packed, Tensor scale, Tensor? bias, int n, int k) -> Tensor")
 
 
-def _fake(x: torch.Tensor, packed: torch.Tensor, rowsum: torch.Tensor, scale: torch.Tensor,
-          bias: torch.Tensor | None, n: int, k: int) -> torch.Tensor:
+def _fake(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, n: int,
+          k: int) -> torch.Tensor:
     """The output's shape and dtype, for tracing (``torch.compile``, vLLM's compiled mode)."""
     return x.new_empty((*x.shape[:-1], n))
 
@@ -259,6 +269,6 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = No
     Through the registered op ``torch.ops.quantreg_cpu_int8_dense.linear`` (one opaque call for
     ``torch.compile``). Raises ``RuntimeError`` if the extension is not built.
     """
-    out: torch.Tensor = torch.ops.quantreg_cpu_int8_dense.linear(x, weight.packed, weight.rowsum, weight.scale, bias,
-                                                                 weight.n, weight.k)
+    out: torch.Tensor = torch.ops.quantreg_cpu_int8_dense.linear(x, weight.packed, weight.scale, bias, weight.n,
+                                                                 weight.k)
     return out

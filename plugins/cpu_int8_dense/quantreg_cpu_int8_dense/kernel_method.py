@@ -1,6 +1,7 @@
-"""``cpu_int8_dense_kernel``: a dense layer's bf16 weight quantised once at load to int8 per output
-channel and repacked for this distribution's own kernel (:mod:`.kernel`), fast and exact-in-int32
-on every x86-64 kind (AVX2, AVX-512 VNNI).
+"""``cpu_int8_dense_kernel``: a dense layer's bf16 weight quantised once at load to int8 per (output
+row, 32-block along K) -- llama.cpp's Q8_0 scheme, activations per 32-block too -- and repacked for
+this distribution's own kernel (:mod:`.kernel`), exact in int32 per block on every x86-64 kind
+(AVX2, AVX-512 VNNI).
 
 Built by quantreg's dense seam as ``CpuInt8KernelDenseMethod(vllms_method)`` for a linear layer or
 the lm_head whose own method is vLLM's unquantized one. Why beside ``cpu_int8_dense`` (vLLM's oneDNN
@@ -30,7 +31,7 @@ from .method import SUPPORTED
 
 
 class CpuInt8KernelDenseMethod(LinearMethodBase):  # type: ignore[misc]
-    """int8 per-channel weights in the kernel's layout, per-token int8 activations, int32 dots."""
+    """int8 weights and activations per 32-block along K (Q8_0's scheme), int32 block dots, fp32 sums."""
 
     def __init__(self, vllm_method: Any) -> None:
         if not isinstance(vllm_method, SUPPORTED):
@@ -50,9 +51,8 @@ class CpuInt8KernelDenseMethod(LinearMethodBase):  # type: ignore[misc]
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         self.weight = kernel.PackedWeight.from_weight(layer.weight)
-        # only the int8 copy stays; the bf16 weight is released
+        # only the int8 copy (and its block scales) stays; the bf16 weight is released
         layer.weight = None
-        layer.quantreg_int8_scale = self.weight.scale  # per-channel scales, for tools and verification
 
     def resident_bytes(self) -> int:
         """Bytes this method keeps outside the layer's parameters (the packed int8 weight, its scales

@@ -28,7 +28,7 @@ from quantreg.installed import build_failure as recorded_build_failure
 OPS = ("create_onednn_scaled_mm_handler", "onednn_scaled_mm", "dynamic_scaled_int8_quant")
 LIBRARY = Path(__file__).with_name("libquantreg_cpu_int8_dense.so")
 """The kernel (a plain C library; kernel.LIBRARY)."""
-ABI_VERSION = 1
+ABI_VERSION = 2
 ABI_MARKER = f"quantreg-cpu-int8-dense ABI {ABI_VERSION};".encode()
 """The bytes ``csrc/dense.cpp`` embeds (``qr8_abi_marker``): bump both with :data:`ABI_VERSION`."""
 ISA_ENV = "QUANTREG_CPU_INT8_DENSE_ISA"

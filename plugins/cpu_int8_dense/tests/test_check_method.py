@@ -1,5 +1,7 @@
-"""``quantreg check-method cpu_int8_dense``: the kit's dense suite passes at its small shape (real vLLM
-layers) on a host with VNNI. The 20b shape (qkv 2880->5120, o_proj 4096->2880, lm_head 2880->201088)
+"""``quantreg check-method cpu_int8_dense``: the kit's dense suite at its small shape (real vLLM layers)
+on a host with VNNI: every forward within the tolerance, and the heavy-tailed check FAILS (its
+activations are scaled per token: several times a Q8_0 emulation's rms error with massive channels;
+why no shipped table offers it, issue 54). The 20b shape (qkv 2880->5120, o_proj 4096->2880, lm_head 2880->201088)
 is the same command with ``--shape 20b``: too heavy for CI, run by hand (its output is in bench/results/).
 
 On a host without VNNI (AVX2-only) the method is declared unable to run (``host:
@@ -27,12 +29,16 @@ def vnni_here() -> bool:
 
 @pytest.mark.parametrize("kind", ["here", "avx2"])
 def test_check_method_small_shape_conforms_where_the_method_runs(kind: str, check_method: Callable[..., Any]) -> None:
-    done, lines = check_method("cpu_int8_dense", simulate("avx2") if kind == "avx2" else {})
-    if kind == "here" and vnni_here():
+    runs = kind == "here" and vnni_here()
+    done, lines = check_method("cpu_int8_dense", simulate("avx2") if kind == "avx2" else {}, 1 if runs else 0)
+    if runs:
         for layer in ("attention", "dense", "lm_head"):
             row = next(line for line in lines if f"forward_{layer}" in line)
             assert row.split()[0] == "PASS", row
-        assert "cpu_int8_dense on cpu: conforms -- 6 passed, 0 failed, 0 skipped" in lines
+        row = next(line for line in lines if "heavy-tailed" in line)
+        assert row.split()[0] == "FAIL" and "'cpu_int8_dense' on attention" in row, done.stdout
+        assert "numerics weights int8 per output row" in done.stdout, done.stdout
+        assert "cpu_int8_dense on cpu: FAILS -- 6 passed, 1 failed, 0 skipped" in lines
     else:  # the forwards are not attempted; the reason is the declaration's
         assert f"device cpu: NOT available ({NO_VNNI}" in lines[1], lines[:2]
         words = " ".join(done.stdout.split())  # the report wraps its details

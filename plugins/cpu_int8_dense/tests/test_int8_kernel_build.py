@@ -56,7 +56,7 @@ def test_build_without_compiler_prints_one_line_and_the_probe_says_not_built(tmp
 
 @pytest.mark.parametrize(("content", "said"), [
     (b"not a library at all", "is not a shared library (no ELF header)"),
-    (b"\x7fELF" + b"\0" * 64 + b"quantreg-cpu-int8-dense ABI 0;", "is not of ABI version 1"),
+    (b"\x7fELF" + b"\0" * 64 + b"quantreg-cpu-int8-dense ABI 0;", "is not of ABI version 2"),
 ])
 def test_a_wrong_library_is_unavailable_and_the_method_fails_when_built(tmp_path: Path, content: bytes,
                                                                          said: str) -> None:

@@ -37,6 +37,9 @@ def test_readme_explain_command_and_the_opt_in(tmp_path: Path) -> None:
     # the plugin's own kernel on every x86-64 kind (its AVX2 path does not saturate)
     assert done.stdout.splitlines()[:2] == ["key      (gpt_oss_mxfp4, gpt_oss, cpu, lm_head)",
                                             "method   cpu_int8_dense_kernel"]
+    # the price beside the name (issue 54): the method's declared numerics
+    assert ("numerics cpu_int8_dense_kernel: weights int8 per (output row, 32-block along K) with fp16 scales"
+            in done.stdout), done.stdout
     avx2 = _shell(explain[0], **simulate("avx2"))
     assert avx2.returncode == 0 and avx2.stdout.splitlines()[1] == "method   cpu_int8_dense_kernel", avx2.stdout
     # vLLM's oneDNN int8 alone: chosen with VNNI; without it (real, or simulated) passed over, and
@@ -61,5 +64,7 @@ def test_the_shipped_table_holds_the_readme_rule() -> None:
     shipped = table_path().read_text()
     assert "match: {model_type: gpt_oss, device: cpu, layer: [attention, lm_head]}" in shipped
     assert "match: {model_type: gpt_oss, device: cpu, layer: [attention, lm_head]}" in README.read_text()
-    chain = "method: [cpu_int8_dense_kernel, cpu_int8_dense]"
+    chain = "method: cpu_int8_dense_kernel\n"
     assert chain in shipped and chain in README.read_text()
+    # vLLM's oneDNN int8 GEMM (per-token activations) is in no shipped chain: it cannot meet Q8_0's error
+    assert "method: [cpu_int8_dense_kernel, cpu_int8_dense]" not in shipped

@@ -52,6 +52,11 @@ def register_methods(register: Callable[[quantreg.Method], None]) -> None:
         option_values=OPTION_VALUES,
         expert_layout="packed",  # PackedExperts shares vLLM's packed storage: `quantreg plan` counts those bytes
         description="MXFP4 experts kept packed, fused dequant + GEMV/GEMM kernel (AVX2+FMA or AVX-512), any x86-64 CPU",
+        numerics="MXFP4 expert weights used exactly; activations (before w13 and before w2) int8 per (token, "
+                 "32-block) with fp32 scales -- precision q8: once (llama.cpp's vec_dot_mxfp4_q8_0); q8x2 "
+                 "(default): plus the residual as a second int8 row (~1/254 of q8's error); int32 block dots, "
+                 "fp32 accumulation; experts with many routed tokens (from 128 under q8x2, 1024 under q8): "
+                 "exact weights times bf16 (AVX-512 BF16) or fp32 activations in torch's GEMM",
     ))
 
 
