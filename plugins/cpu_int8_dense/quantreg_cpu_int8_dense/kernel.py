@@ -167,8 +167,9 @@ def _roundup(value: int, to: int) -> int:
 class PackedWeight:
     """One dense weight in the kernel's layout, made once at load (:meth:`from_weight`).
 
-    ``packed`` int8 ``[Np * Kp]`` (the 16-row interleave, zero padded: Np a multiple of 16, Kp of 32), ``scale`` fp16 ``[Np / 16 * Kp / 32 * 16]`` (per 16-row group and
-    32-block, the 16 rows' scales together; padding 0).
+    ``packed`` int8 ``[Np * Kp]`` (the 16-row interleave, zero padded: Np a multiple of 16, Kp of 32),
+    ``scale`` fp16 ``[Np / 16 * Kp / 32 * 16]`` (per 16-row group and 32-block, the 16 rows' scales
+    together; padding 0).
     """
 
     packed: torch.Tensor
