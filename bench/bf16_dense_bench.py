@@ -41,6 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cli_args import Parser, whole, whole_list
+
 SHAPES = {"qkv_proj": (2880, 5120), "o_proj": (4096, 2880), "router": (2880, 32), "lm_head": (2880, 201088)}
 SPREAD_FLAG = 1.5
 LLC_BYTES = 256 << 20
@@ -120,26 +122,27 @@ def _calls(m: int, k: int, n: int, isas: list[str]) -> tuple[dict[str, Callable[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=15, help="calls per method per round at 1 token")
-    parser.add_argument("--reps-prefill", type=int, default=3, help="calls per method per round at 512 tokens")
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=whole(3, 1000), default=3, help="rounds (>= 3: the spread needs rounds)")
+    parser.add_argument("--reps", type=whole(1, 100_000), default=15, help="calls per method per round at 1 token")
+    parser.add_argument("--reps-prefill", type=whole(1, 100_000), default=3,
+                        help="calls per method per round at 512 tokens")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of {', '.join(SHAPES)}")
-    parser.add_argument("--threads", type=int, default=0, help="torch (and kernel) threads; 0: torch's default")
-    parser.add_argument("--tokens", default="1,512", help="comma-separated token counts (default 1,512)")
+    parser.add_argument("--threads", type=whole(0, 4096), default=0,
+                        help="torch (and kernel) threads; 0: torch's default")
+    parser.add_argument("--tokens", type=whole_list(1, 65536), default=[1, 512],
+                        help="comma-separated token counts (default 1,512)")
     parser.add_argument("--lm-head-prefill", action="store_true", help="the lm_head at 512 tokens too (slow)")
     parser.add_argument("--json", default="bench/results/bf16_dense.json")
     parser.add_argument("--shared-host", default="yes", choices=("yes", "no"),
                         help="whether other work shared the machine (recorded; speeds then indicative)")
     args = parser.parse_args()
-    if args.rounds < 3:
-        parser.error("--rounds must be >= 3 (the spread needs rounds)")
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         parser.error(f"unknown shape(s) {', '.join(unknown)}; expected some of {', '.join(SHAPES)}")
 
-    tokens = tuple(int(t) for t in args.tokens.split(",") if t.strip())
+    tokens = tuple(args.tokens)
     import torch
     from quantreg_cpu_bf16_dense import kernel
 

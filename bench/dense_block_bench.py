@@ -24,7 +24,6 @@ The machine is shared (other agents run builds and tests): ``uptime`` before and
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import functools
 import hashlib
@@ -39,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cli_args import Parser, whole, whole_list
 from bench.dense_int8_bench import median_ms
 from bench.dense_kernel_bench import LLC_BYTES, SPREAD_FLAG, Cycle, _uptime, read_bandwidth
 
@@ -157,19 +157,17 @@ def rms_errors(one: Callable[[Any], Any], w: Any) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--tokens", default="1,512")
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=whole(3, 1000), default=3)
+    parser.add_argument("--reps", type=whole(1, 100_000), default=7)
+    parser.add_argument("--tokens", type=whole_list(1, 65536), default=[1, 512])
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--old-rev", default=OLD_REV)
-    parser.add_argument("--threads", type=int, default=0,
+    parser.add_argument("--threads", type=whole(0, 4096), default=0,
                         help="torch threads (0: torch's default); 1 on a loaded host keeps a descheduled second "
                              "thread from stalling every call")
     parser.add_argument("--json")
     args = parser.parse_args()
-    if args.rounds < 3:
-        parser.error("--rounds must be at least 3")
     import torch
     from quantreg_cpu_int8_dense import kernel
 
@@ -189,7 +187,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         k, n = SHAPES[shape]
         w = (torch.randn(n, k) * 0.02).to(torch.bfloat16)
-        for m in [int(t) for t in args.tokens.split(",")]:
+        for m in args.tokens:
             if shape == "lm_head" and m > 1:
                 continue
             x = torch.randn(m, k).to(torch.bfloat16)

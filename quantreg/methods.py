@@ -82,7 +82,7 @@ class Method:
     ``find_spec`` (no import). ``vllm_version`` is a specifier such as ``">=0.30,<0.40"``.
     ``options`` names the options a rule may pass (``None``: the method accepts any).
     ``option_values`` says, for an option whose values are a fixed set, which values the method
-    accepts (``{"precision": ("q8x2", "q8")}``): ``quantreg validate`` refuses a rule giving
+    accepts (``{"layout": ("rows", "tiles")}``): ``quantreg validate`` refuses a rule giving
     another value (FILE:LINE and key), and the seam refuses to build the method with one
     (:meth:`refused_option`), so a refusal is the registration's, not each constructor's.
     ``expert_layout`` says how the method holds the expert weights, for ``quantreg plan``'s
@@ -254,7 +254,7 @@ def option_values_problem(value: Any, options: tuple[str, ...] | None) -> str | 
     if value is None:
         return None
     if not isinstance(value, Mapping):
-        return f"option_values must be a mapping such as {{'precision': ('q8x2', 'q8')}}, got {_shown(value)}"
+        return f"option_values must be a mapping such as {{'layout': ('rows', 'tiles')}}, got {_shown(value)}"
     for name, accepted in value.items():
         if not valid_name(name) or (options is not None and name not in options):
             return f"option_values names {_shown(name)}, which is not one of its options"

@@ -54,7 +54,8 @@ def parse_tokens(text: str | None) -> tuple[list[int] | None, str | None]:
     for part in text.split(","):
         part = part.strip()
         if part.isascii() and part.isdigit() and len(part) > len(str(MAX_TOKENS)) + 2:  # int() refuses 4300+ digits
-            return None, (f"--tokens: item {printable(part[:12])}... is too large ({len(part):,} digits); expected "
+            return None, (f"--tokens {printable(text[:24])}...: item {printable(part[:12])}... is too large "
+                          f"({len(part):,} digits); expected "
                           f"comma-separated whole numbers from 1 to {MAX_TOKENS}, e.g. 1,2,4,8,16,32,64")
         if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= MAX_TOKENS:
             return None, (f"--tokens {printable(text)}: {printable(part) or 'an empty item'} is not a token count; "

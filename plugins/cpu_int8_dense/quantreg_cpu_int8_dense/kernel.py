@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from quantreg import native
+import quantreg.native as native
 
 from .plugin import KERNEL_NUMERICS
 from .probe import ABI_VERSION, ISA_ENV, LIBRARY, build_failure

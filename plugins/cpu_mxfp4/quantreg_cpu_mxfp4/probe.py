@@ -27,7 +27,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from quantreg import native
+import quantreg.native as native
 from quantreg.host import hardware_cpu_flags
 from quantreg.installed import build_failure as recorded_build_failure
 
