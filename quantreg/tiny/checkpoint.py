@@ -161,10 +161,11 @@ def gpt_oss_tensor_groups(config: dict[str, Any], *, seed: int = 0,
         yield f"layer {i}", t
 
 
-def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0) -> dict[str, torch.Tensor]:
+def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0, planted: bool = False) -> dict[str, torch.Tensor]:
     """All checkpoint tensors for ``config`` in one dict (:func:`gpt_oss_tensor_groups` merged);
     for small configs only."""
-    return {name: value for _, group in gpt_oss_tensor_groups(config, seed=seed) for name, value in group.items()}
+    groups = gpt_oss_tensor_groups(config, seed=seed, planted=planted)
+    return {name: value for _, group in groups for name, value in group.items()}
 
 
 def dequantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

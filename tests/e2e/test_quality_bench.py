@@ -39,7 +39,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     proc = subprocess.run([sys.executable, "-m", "bench.quality_bench", "--shape", "tiny", "--layers", "2",
                            "--weights", "plain,planted", "--engines", "vllm-default", "--per-set", "1",
                            "--length", "200", "--work-dir", str(tmp), "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "| planted | vLLM + quantreg, registry's choice |" in proc.stdout  # the markdown table
     data: dict[str, object] = json.loads(out.read_text())
