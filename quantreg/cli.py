@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"number of layers (default: the shape's: 2 / 24; at most {MAX_TINY_LAYERS})")
     p.add_argument("--seed", type=_count_arg(0, MAX_COUNT, "a seed"), default=0,
                    help="random seed of the weights (default 0)")
+    p.add_argument("--planted", action="store_true",
+                   help="plant what real checkpoints carry on top of the same weights: massive activations, "
+                        "outlier dims, heavy-tailed rows, the SwiGLU clamp regime (docs/benchmarks.md)")
     p = add("tune", cmd_tune, "measure every method that can run here on a checkpoint's layer shapes (MoE, and "
             "dense kinds with --layers) and write a user table ordering the correct ones by speed (never starts a "
             "server)")

@@ -37,7 +37,7 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     from ..tiny.command import tiny_model_command  # imports torch (the checkpoint writer)
 
     return tiny_model_command(args.directory, bf16=args.bf16, as_json=args.json, force=args.force, shape=args.shape,
-                              layers=args.layers, seed=args.seed)
+                              layers=args.layers, seed=args.seed, planted=args.planted)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

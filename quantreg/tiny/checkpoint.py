@@ -95,9 +95,12 @@ def _normal(shape: tuple[int, ...], std: float, gen: torch.Generator, mean: floa
     return _rows(shape, torch.bfloat16, lambda sub: torch.randn(sub, generator=gen) * std + mean)
 
 
-def gpt_oss_tensor_groups(config: dict[str, Any], *, seed: int = 0) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+def gpt_oss_tensor_groups(config: dict[str, Any], *, seed: int = 0,
+                          planted: bool = False) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
     """The checkpoint's tensors one group at a time: ``("head", ...)`` (embedding, final norm,
-    lm_head), then ``("layer N", ...)`` for each layer; deterministic in ``seed``.
+    lm_head), then ``("layer N", ...)`` for each layer; deterministic in ``seed``. ``planted=True``
+    plants massive activations, outlier dims, heavy-tailed rows and the SwiGLU clamp regime on top
+    of the same draws (:mod:`quantreg.tiny.planted`).
 
     Why groups: a real-size checkpoint (13 GB at GPT-OSS-20B's 24 layers) is written one group per
     safetensors shard, so only one group is ever in memory. Magnitudes are chosen so a forward
@@ -118,11 +121,19 @@ def gpt_oss_tensor_groups(config: dict[str, Any], *, seed: int = 0) -> Iterator[
     kv_dim = int(config["num_key_value_heads"]) * head_dim
     inv_h = 1.0 / math.sqrt(hidden)
 
-    yield "head", {
+    def plant(label: str, group: dict[str, torch.Tensor]) -> None:
+        if planted:
+            from .planted import plant_group
+
+            plant_group(label, group, config, seed)
+
+    head = {
         "model.embed_tokens.weight": _normal((vocab, hidden), 1.0, gen),
         "model.norm.weight": _normal((hidden,), 0.05, gen, mean=1.0),
         "lm_head.weight": _normal((vocab, hidden), 3.0 * inv_h, gen),
     }
+    plant("head", head)
+    yield "head", head
     for i in range(n_layers):
         p = f"model.layers.{i}."
         t: dict[str, torch.Tensor] = {}
@@ -146,13 +157,15 @@ def gpt_oss_tensor_groups(config: dict[str, Any], *, seed: int = 0) -> Iterator[
         t[e + "down_proj_blocks"] = _mxfp4_blocks((n_exp, hidden, inter // BLOCK_SIZE, BLOCK_BYTES), gen)
         t[e + "down_proj_scales"] = _e8m0_scales((n_exp, hidden, inter // BLOCK_SIZE), inter, gen)
         t[e + "down_proj_bias"] = _normal((n_exp, hidden), 0.1, gen)
+        plant(f"layer {i}", t)
         yield f"layer {i}", t
 
 
-def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0) -> dict[str, torch.Tensor]:
+def tiny_gpt_oss_tensors(config: dict[str, Any], *, seed: int = 0, planted: bool = False) -> dict[str, torch.Tensor]:
     """All checkpoint tensors for ``config`` in one dict (:func:`gpt_oss_tensor_groups` merged);
     for small configs only."""
-    return {name: value for _, group in gpt_oss_tensor_groups(config, seed=seed) for name, value in group.items()}
+    groups = gpt_oss_tensor_groups(config, seed=seed, planted=planted)
+    return {name: value for _, group in groups for name, value in group.items()}
 
 
 def dequantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -176,7 +189,7 @@ def dequantize_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tens
 
 def write_tiny_gpt_oss(
     directory: str | Path, *, seed: int = 0, mxfp4: bool = True, sharded: bool = False,
-    progress: Callable[[str], None] | None = None, **sizes: Unpack[TinySizes]
+    progress: Callable[[str], None] | None = None, planted: bool = False, **sizes: Unpack[TinySizes]
 ) -> Path:
     """Write ``config.json``, ``generation_config.json`` and the weights into ``directory``.
 
@@ -194,6 +207,8 @@ def write_tiny_gpt_oss(
     the layout of the published checkpoints, so peak memory is about twice one shard (a shard's
     tensors and its serialised bytes, ~4.7 GB for the 20B head shard), not the file size;
     otherwise one ``model.safetensors``. ``progress`` gets one line per group written.
+    ``planted=True``: :mod:`quantreg.tiny.planted`'s structure on top of the same seed's weights,
+    its spec written as ``planted.json``.
     Returns the directory as a :class:`~pathlib.Path` (created if missing).
     """
     from safetensors.torch import save
@@ -213,7 +228,11 @@ def write_tiny_gpt_oss(
         "transformers_version": "4.55.0.dev0",
     }
     replace_file(out / "generation_config.json", json.dumps(generation, indent=2, sort_keys=True) + "\n")
-    groups = gpt_oss_tensor_groups(config, seed=seed)
+    if planted:
+        from .planted import PLANTED_FILE, planted_spec
+
+        replace_file(out / PLANTED_FILE, json.dumps(planted_spec(config), indent=2, sort_keys=True) + "\n")
+    groups = gpt_oss_tensor_groups(config, seed=seed, planted=planted)
     if not sharded:
         tensors = {name: value for _, group in groups for name, value in group.items()}
         if not mxfp4:

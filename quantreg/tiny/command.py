@@ -25,12 +25,14 @@ CHECKPOINT_MODULE = "quantreg.tiny.checkpoint"
 
 
 def write_tiny_model(directory: str | Path, *, bf16: bool = False, seed: int = 0, shape: str = "tiny",
-                     layers: int | None = None, progress: Callable[[str], None] | None = None) -> Path:
+                     layers: int | None = None, progress: Callable[[str], None] | None = None,
+                     planted: bool = False) -> Path:
     """Checkpoint (config, generation config, safetensors) plus tokenizer files in ``directory``.
 
     ``shape`` names a preset of :data:`quantreg.models.gpt_oss.SHAPES` (``tiny``: a few MB; ``20b``:
     GPT-OSS-20B's real sizes, written one shard per layer so memory stays at one layer);
-    ``layers`` overrides its layer count.
+    ``layers`` overrides its layer count; ``planted`` plants :mod:`quantreg.tiny.planted`'s structure
+    (massive activations, outlier dims, heavy-tailed rows, the SwiGLU clamp regime).
     """
     import importlib
 
@@ -44,7 +46,7 @@ def write_tiny_model(directory: str | Path, *, bf16: bool = False, seed: int = 0
     # GPT-OSS's vocabulary size (every shape), so chat requests (rendered by vLLM with
     # openai-harmony ids) fit.
     out: Path = checkpoint.write_tiny_gpt_oss(directory, mxfp4=not bf16, seed=seed, sharded=shape != "tiny",
-                                              progress=progress, **sizes)
+                                              progress=progress, planted=planted, **sizes)
     write_tokenizer(out)
     return out
 
@@ -75,7 +77,7 @@ def serve_hint(directory: Path, bf16: bool) -> str:
 
 def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool = False, shape: str = "tiny",
                      layers: int | None = None, seed: int = 0,
-                     progress: Callable[[str], None] | None = None) -> Path:
+                     progress: Callable[[str], None] | None = None, planted: bool = False) -> Path:
     """Write the model into a fresh temporary directory beside ``directory``, then rename it into place.
 
     Why: a symlinked ``config.json`` inside ``directory`` used to be written through, and an
@@ -87,12 +89,13 @@ def write_atomically(directory: str | Path, *, bf16: bool = False, force: bool =
     """
     return replace_directory(
         directory,
-        lambda fresh: write_tiny_model(fresh, bf16=bf16, shape=shape, layers=layers, seed=seed, progress=progress),
+        lambda fresh: write_tiny_model(fresh, bf16=bf16, shape=shape, layers=layers, seed=seed, progress=progress,
+                                       planted=planted),
         force=force, replace_symlink=True)
 
 
 def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = False, force: bool = False,
-                       shape: str = "tiny", layers: int | None = None, seed: int = 0) -> int:
+                       shape: str = "tiny", layers: int | None = None, seed: int = 0, planted: bool = False) -> int:
     """``quantreg tiny-model``: write the model (atomically, never over what exists unless ``--force``).
 
     A real-size shape takes minutes: one progress line per shard goes to stderr (none under
@@ -115,7 +118,7 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
         if problem is not None:  # before torch is imported
             raise WriteRefused(problem)
         out = write_atomically(directory, bf16=bf16, force=force, shape=shape, layers=layers, seed=seed,
-                               progress=None if as_json else progress).resolve()
+                               progress=None if as_json else progress, planted=planted).resolve()
     except WriteRefused as exc:
         if as_json:
             print(json.dumps({"directory": printable(directory),
@@ -127,7 +130,7 @@ def tiny_model_command(directory: str, *, bf16: bool = False, as_json: bool = Fa
     if as_json:
         config = json.loads(read_regular(out / "config.json", 1 << 20))  # the file it just wrote
         data: dict[str, Any] = {"directory": str(out), "quantization": "bf16" if bf16 else "mxfp4", "files": files,
-                                "shape": shape, "layers": config["num_hidden_layers"],
+                                "shape": shape, "layers": config["num_hidden_layers"], "planted": planted,
                                 "bytes": sum(p.stat().st_size for p in out.iterdir()), **envelope([])}
         print(json.dumps(data, indent=2))
     else:
