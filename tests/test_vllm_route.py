@@ -314,3 +314,107 @@ def test_the_trail_names_the_method_that_serves(methods: Any, tmp_path: Path, mo
         "event": "build_failed", "method": "returns_42", "rule": f"{table}:3", "serving": "good",
         "serving_rule": f"{table}:3"}
     assert event["error"].startswith("TypeError: method 'returns_42' (plugin 'route_test'): constructing ")
+
+
+#: A ``tokens:`` split (issue 53 class 2): the decode side (``tokens<=8``) decided by a rule whose first
+#: method fails; where its walk goes. The other range's rule (``tokens>8``) is never walked: it does not
+#: serve these token counts. ``line`` is the rule that serves the side.
+SPLIT_ROUTES = {
+    "chain": ('  - match: {{quant_format: fmt, tokens: "<=8"}}\n'
+              "    method: [{bad}, gaudi_only, good]\n"
+              "    options: {{precision: q4}}\n"
+              "  - match: {{quant_format: fmt}}\n"
+              "    method: [returns_42]\n", "good", 3),
+    "next_rule": ('  - match: {{quant_format: fmt, tokens: "<=8"}}\n'
+                  "    method: [{bad}, gaudi_only]\n"
+                  "    options: {{precision: q4}}\n"
+                  "  - match: {{quant_format: fmt}}\n"
+                  "    method: [gaudi_only, good]\n", "good", 6),
+    "nothing_left": ('  - match: {{quant_format: fmt, tokens: "<=8"}}\n'
+                     "    method: [{bad}, gaudi_only]\n"
+                     "    options: {{precision: q4}}\n"
+                     '  - match: {{quant_format: fmt, tokens: ">8"}}\n'
+                     "    method: [good]\n", "vllm", None),
+}
+SPLIT_FAILURES = ("raises", "quantreg_error", "returns_none")
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("route_kind", sorted(SPLIT_ROUTES))
+@pytest.mark.parametrize("kind", SPLIT_FAILURES)
+def test_a_split_side_that_cannot_be_built_continues_down_its_walk_or_refuses(
+        methods: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str, route_kind: str,
+        strict: bool) -> None:
+    """A split side's constructor raises ``Exception`` / ``QuantregError`` or returns ``None``: lenient, one
+    WARNING and the side's next method known to run serves it (vLLM's own only when none is left), wrapped
+    as the seam wraps it; strict, one ``quantreg (strict):`` line. Before, the side was dropped (or, for
+    ``QuantregError``, the whole layer went to vLLM's own method, which GPT-OSS MXFP4 cannot run here)."""
+    rules, serving, line = SPLIT_ROUTES[route_kind]
+    registry, table = _registry(tmp_path, rules.format(bad=kind))
+    key = Key("fmt", "model", "cpu")
+    decision = registry.resolve(key)
+    assert decision.is_split, decision
+    decode, _ = decision.split
+    assert (str(decode.tokens), decode.decision.method) == ("<=8", kind)
+    fault = FAILURE_KINDS[kind][1]
+    message = (f"method '{kind}' (plugin 'route_test') for {key} [{table}:3] could not be built for x (the "
+               f"tokens<=8 side of a tokens: split): {fault}")
+    route = Route()
+
+    def side(one: Any, tokens: str) -> tuple[Any, Any]:
+        return route.split_side(one, tokens, registry, "first", "x", None, methods.Base, strict,
+                                lambda: "vLLM's own", lambda method, serving: ("verified", method, serving.method))
+
+    with caplog.at_level(logging.INFO, logger="vllm.quantreg"):
+        if strict:
+            with pytest.raises(QuantregError) as raised:
+                side(decode.decision, str(decode.tokens))
+            assert str(raised.value) == f"quantreg (strict): {message}"
+            assert not caplog.records
+            return
+        served, built = side(decode.decision, str(decode.tokens))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert served.method == serving
+    if serving == "vllm":
+        assert built == "vLLM's own"
+        assert warnings == [f"quantreg: {message}; using vLLM's own method (no other method of the matching rules "
+                            "is known to run here)"]
+    else:
+        wrapped, method, name = built
+        assert (wrapped, name) == ("verified", "good") and isinstance(method, methods.Good)
+        assert served.source == f"{table}:{line}" and method.context.rule == served.source
+        assert warnings == [f"quantreg: {message}; using 'good' [{table}:{line}], the next method known to run here"]
+
+
+def test_a_split_sides_vllm_keeps_vllms_own_without_a_build(methods: Any, tmp_path: Path) -> None:
+    """A side decided ``vllm`` is vLLM's own method, asked once, nothing built and nothing said."""
+    registry, _ = _registry(tmp_path, '  - match: {quant_format: fmt, tokens: "<=8"}\n    method: [good]\n'
+                                      "  - match: {quant_format: fmt}\n    method: [vllm]\n")
+    _, prefill = registry.resolve(Key("fmt", "model", "cpu")).split
+    asked: list[str] = []
+    served, built = Route().split_side(prefill.decision, str(prefill.tokens), registry, None, "x", None,
+                                       methods.Base, False, lambda: asked.append("vllm") or "vLLM's own",
+                                       lambda method, serving: pytest.fail("nothing is built"))
+    assert (served.method, built, asked) == ("vllm", "vLLM's own", ["vllm"])
+
+
+def test_the_split_names_the_method_that_serves_each_side(methods: Any, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Through ``build_split`` as the MoE seam calls it: the failed decode side is served by the next method of
+    its walk, the split keeps both ranges, and its sides name what serves (not what failed)."""
+    pytest.importorskip("vllm")
+    from quantreg.vllm.token_split import TokenSplitMethod, build_split
+
+    registry, _ = _registry(tmp_path, '  - match: {quant_format: fmt, tokens: "<=8"}\n'
+                                      "    method: [quantreg_error, good]\n"
+                                      "  - match: {quant_format: fmt}\n    method: [vllm]\n")
+    decision = registry.resolve(Key("fmt", "model", "cpu"))
+    route = Route()
+    with caplog.at_level(logging.WARNING, logger="vllm.quantreg"):
+        split = build_split(decision, lambda one, tokens: route.split_side(
+            one, tokens, registry, None, "x", None, methods.Base, False, lambda: "vLLM's own",
+            lambda method, serving: method), "x", False)
+    assert isinstance(split, TokenSplitMethod)
+    assert split.quantreg_split == (("<=8", "good"), (">8", "vllm"))
+    (line,) = [r.getMessage() for r in caplog.records if r.name.startswith("vllm.quantreg")]
+    assert "method 'quantreg_error'" in line and line.endswith("the next method known to run here")

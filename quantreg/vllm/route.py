@@ -248,6 +248,32 @@ class Route:
                 return serving, None
         return replace(decision, method=VLLM_METHOD, options={}), None  # every choice was tried already
 
+    def split_side(self, one: Decision, tokens: str, registry: Registry, first: Any, prefix: str, layer: Any,
+                   base: type[Any] | None, strict: bool, vllms: Callable[[], Any],
+                   wrap: Callable[[Any, Decision], Any]) -> tuple[Decision, Any]:
+        """One side of a ``tokens:`` split (``one``, for forwards of ``tokens``) built down :meth:`method_or_none`.
+
+        Returns the decision that serves the side and its method: ``vllms()`` where the side keeps
+        vLLM's own method or its walk ends there, else ``wrap(method, serving)`` (the seam's
+        ``verify:``). Why the walk and not a plain :meth:`build`: a side whose constructor failed
+        was dropped, and plugin code's ``QuantregError`` took the whole layer to vLLM's own method,
+        which may not run here (GPT-OSS MXFP4 on a CPU without AMX) while the side's rules offered
+        one that does. A side decision is its range's own decision (``Registry._decide_rule`` over
+        the rules covering the range): its ``rule`` is the range's winner and its method that
+        rule's chain's, so the walk is the rest of that chain, then the covering rules that lost;
+        the rules of other ranges are never walked (they do not serve these token counts). Should a
+        side's method not be in its rule's chain, the walk starts at the losing rules' chains.
+        Strict: one ``quantreg (strict):`` line, as for any method.
+        """
+        if one.keeps_vllm:
+            return one, vllms()
+        serving, method = self.method_or_none(one, registry, first, prefix, layer, base, strict,
+                                              where=f" for {printable(prefix)} (the tokens{tokens} side of a "
+                                                    "tokens: split)")
+        if method is None:
+            return serving, vllms()
+        return serving, wrap(method, serving)
+
     # -- the boundary -----------------------------------------------------------------------
     @staticmethod
     def contained(prefix: str, work: Callable[[], T], fallback: Callable[[], T],

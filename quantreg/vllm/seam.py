@@ -142,12 +142,12 @@ class Seam:
         def vllms() -> Any:
             return original(layer, prefix, quant_config, moe_config)
 
-        def side(one: Decision) -> Any:
-            """One side of a split: vLLM's own method, or the side's method (with its rule's ``verify:``); raises."""
-            if one.keeps_vllm:
-                return vllms()
-            method = self.run.build(one, registry, moe_config, prefix, layer, fused_moe_method_base())
-            return _verified(method, one, prefix, layer, moe_config, mode, registry)
+        def side(one: Decision, tokens: str) -> tuple[Decision, Any]:
+            """One side of a split down its walk (:meth:`.route.Route.split_side`): the serving decision and
+            vLLM's own method or the serving method (with its rule's ``verify:``)."""
+            return self.run.split_side(
+                one, tokens, registry, moe_config, prefix, layer, fused_moe_method_base(), mode.strict, vllms,
+                lambda method, serving: _verified(method, serving, prefix, layer, moe_config, mode, registry))
 
         if decision.is_split:
             from .token_split import build_split

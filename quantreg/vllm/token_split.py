@@ -346,19 +346,23 @@ def _trail_on() -> bool:
     return bool(_trail_asked_for())
 
 
-def build_split(decision: Decision, build: Callable[[Decision], Any], prefix: str, strict: bool) -> Any:
+def build_split(decision: Decision, build: Callable[[Decision, str], tuple[Decision, Any]], prefix: str,
+                strict: bool) -> Any:
     """The method for a split decision: a :class:`TokenSplitMethod`, or one method when only one side builds.
 
-    ``build`` makes one side's method from its decision (the seam's own build, ``verify:`` included);
-    a side that cannot be built is dropped (lenient, one WARNING) or refuses the start (strict: its
-    ``QuantregError`` passes). Raises when no side builds (the seam then falls back as for any method).
+    ``build`` makes one side's method from its decision and token range, down the side's walk
+    (:meth:`.route.Route.split_side`: a method that cannot be built hands the side to the next one
+    known to run), and returns the decision that serves it with the method (``verify:`` included).
+    A side whose build still raises (its ``verify:`` wrapper, vLLM's own method) is dropped (lenient,
+    one WARNING) or refuses the start (strict: its ``QuantregError`` passes). Raises when no side
+    builds (the seam then falls back as for any method).
     """
     sides: list[Side] = []
     failed: list[tuple[Side, str]] = []
     for token_side in decision.split:
         side = Side(token_side.tokens, token_side.decision, None)
         try:
-            side.method = build(token_side.decision)
+            side.decision, side.method = build(token_side.decision, str(token_side.tokens))
         except QuantregError:
             raise
         except Exception as exc:
