@@ -64,6 +64,25 @@ def whole(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def decimal(low: float, high: float) -> Callable[[str], float]:
+    """``type=`` for one finite number in ``[low, high]`` (seconds, GiB): never ``nan``, ``inf`` or 5,000 digits."""
+    def parse(text: str) -> float:
+        item = text.strip()
+        if len(item) > 40:
+            raise argparse.ArgumentTypeError(f"{item[:12]!r}... is too long ({len(item):,} characters); "
+                                             f"expected a number from {low:g} to {high:g}")
+        try:
+            value = float(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a number; expected one from {low:g} "
+                                             f"to {high:g}") from None
+        if not low <= value <= high:  # nan fails both comparisons
+            raise argparse.ArgumentTypeError(f"{item} is out of range; expected a number from {low:g} to {high:g}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
 def whole_list(low: int, high: int) -> Callable[[str], list[int]]:
     """``type=`` for comma-separated whole numbers in ``[low, high]``, no empty item, at least one."""
     def parse(text: str) -> list[int]:

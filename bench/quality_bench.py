@@ -43,6 +43,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cli_args import Parser, decimal, whole
 from bench.common import ROOT, machine, python_env
 from bench.quality_metrics import engine_metrics, prompt_sets
 from bench.wholemodel_bench import DEFAULT_LLAMA_ENV, DEFAULT_WORK, ensure_gguf, llama_python, mem_available
@@ -221,21 +222,22 @@ def weight_set(name: str, args: argparse.Namespace, engines: list[str],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4)
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=whole(1, 64), default=4)
     parser.add_argument("--shape", choices=("20b", "tiny"), default="20b")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=whole(0, 2**31 - 1), default=0)
     parser.add_argument("--weights", default="plain,planted")
     parser.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                         help=f"comma-separated keys of: {', '.join(ENGINES)}")
-    parser.add_argument("--per-set", type=int, default=2)
-    parser.add_argument("--length", type=int, default=384)
-    parser.add_argument("--check-tokens", type=int, default=160)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--per-set", type=whole(1, 64), default=2)
+    parser.add_argument("--length", type=whole(2, 65536), default=384)
+    parser.add_argument("--check-tokens", type=whole(0, 65536), default=160)
+    parser.add_argument("--threads", type=whole(1, 4096), default=2)
     parser.add_argument("--vllm-mode", choices=("eager", "default"), default="eager")
-    parser.add_argument("--max-batched", type=int, default=0, help="vLLM max_num_batched_tokens (0: whole prompt)")
-    parser.add_argument("--min-free-gb", type=float, default=0.0)
-    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--max-batched", type=whole(0, 1 << 20), default=0,
+                        help="vLLM max_num_batched_tokens (0: whole prompt)")
+    parser.add_argument("--min-free-gb", type=decimal(0.0, 4096.0), default=0.0)
+    parser.add_argument("--timeout", type=decimal(1.0, 7 * 86400.0), default=3600.0)
     parser.add_argument("--keep-logits", action="store_true")
     parser.add_argument("--drop-gguf", action="store_true",
                         help="delete each weight set's GGUF files after its llama.cpp engines ran (disk)")

@@ -28,7 +28,6 @@ SwiGLU inputs at the clamp). ``--tokens N`` truncates every prompt to N tokens (
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -42,6 +41,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cli_args import Parser, whole
 from quantreg.formats.mxfp4 import dequantize_mxfp4
 
 ALPHA = 1.702
@@ -234,7 +234,7 @@ def forward(model: Path, prompts: list[list[int]], dtype: torch.dtype, out_dir: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("prompts", type=Path)
     parser.add_argument("out_dir", type=Path)
@@ -242,9 +242,9 @@ def main() -> None:
                         help="float64: the check of the fp32 path; bf16store: fp32 ops with every tensor vLLM "
                              "holds in bf16 rounded to bf16 (the scale of 'bf16 rounding' for the bound); "
                              "bfloat16: every op in torch's bf16")
-    parser.add_argument("--tokens", type=int, default=0, help="truncate every prompt to this many tokens")
-    parser.add_argument("--only", type=int, default=-1, help="only this prompt (index)")
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--tokens", type=whole(0, 65536), default=0, help="truncate every prompt to this many tokens")
+    parser.add_argument("--only", type=whole(-1, 1 << 20), default=-1, help="only this prompt (index)")
+    parser.add_argument("--threads", type=whole(0, 4096), default=0)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-REQUIRED = {"dense_decode_bench": ["MODEL"]}
+REQUIRED = {"dense_decode_bench": ["MODEL"], "quality_exact": ["MODEL", "PROMPTS", "OUT_DIR"]}
 """Positional arguments a script needs before its options are read."""
 HUGE = "9" * 5000
 

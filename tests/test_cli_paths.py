@@ -30,7 +30,7 @@ from quantreg import cli
 PATH_METAVARS = {"FILE", "FILE.jsonl", "DIR", "MODEL_DIR", "TABLE"}
 #: Metavars (or dests) of arguments that do not: a new argument must land in one of the two sets.
 OTHER_ARGS = {"json", "device", "quant_format", "model_type", "no_vllm", "bf16", "force", "budget", "synthetic",
-              "tokens", "name", "shape", "layer", "layers", "seed", "verbose", "allow_lossy"}
+              "tokens", "name", "shape", "layer", "layers", "seed", "verbose", "allow_lossy", "planted"}
 #: Commands that run vLLM or minutes of work when a path is accepted: drawn only with values they must refuse.
 HEAVY_WHEN_ACCEPTED = {"check-method", "demo"}
 ACCEPTED_BY_SOME = {"garbage-nonutf8", "missing-nonutf8", "directory"}

@@ -65,7 +65,7 @@ CORE_FLOORS: tuple[tuple[str, ...], ...] = (
      "quantreg.table.yamlfile", "quantreg.vllm_limits"),
     ("quantreg.models.gpt_oss_moe", "quantreg.pins", "quantreg.table.cache", "quantreg.table.methods",
      "quantreg.table.match", "quantreg.table.rules", "quantreg.table.tuned", "quantreg.table.verify",
-     "quantreg.tiny.checkpoint"),
+     "quantreg.tiny.checkpoint", "quantreg.tiny.planted"),
     ("quantreg.table.file",),
     ("quantreg.decision", "quantreg.index", "quantreg.mode", "quantreg.table.schema"),
     ("quantreg.audit", "quantreg.findings", "quantreg.keepers"),
