@@ -6,7 +6,7 @@ round times every live method at every token count, the method order rotated by 
 no method always runs right after another; the timed span is the forward alone and its output is
 checked outside it (every timed output, issue 32 item 5); a method whose forward raises or whose
 output is wrong is refused at once, with the token count, and not timed again; rounds go on while
-another one like the last would end before the deadline (:data:`MIN_ROUNDS` wanted, one at least).
+another one like the last would end before the deadline, :data:`MIN_ROUNDS` measured rounds at least.
 The MoE measurement (:mod:`.measure`) and the dense one (:mod:`.dense_measure`) each say only how
 to run one timed forward.
 """
@@ -25,11 +25,8 @@ from .rank import MIN_PAIRED_ROUNDS, Result, median, sanity
 MAX_ROUNDS = 25
 """Measured rounds at most: beyond this the interval no longer narrows enough to change a verdict."""
 MIN_ROUNDS = MIN_PAIRED_ROUNDS + 2
-"""Measured rounds the noise rule wants (fewer leave a wide interval to judge noise by; a tiny
-layer's round takes ~0.2 s, a 20B-shaped one seconds to a minute). The budget wins over it (issue
-53): on a host where they do not fit, tune stops at the deadline after at least one measured round
-and warns; :mod:`.rank` then separates methods only by a wide ratio (``FEW_ROUNDS_MARGIN``) and
-keeps the chain's order otherwise, so a short budget costs resolution, never the user's wall time."""
+"""Measured rounds even when the budget is spent: fewer leave too wide an interval to judge noise by
+(a tiny layer's round takes ~0.2 s, a 20B-shaped one a few seconds)."""
 Progress = Callable[..., None]
 """``progress(step text, fraction done 0..1, detail=False)``; ``detail`` steps (one method at one
 token count) are shown on a terminal only."""
@@ -111,12 +108,8 @@ def _timing_rounds(label: str, names: Sequence[str], tokens: Sequence[int], live
         if round_no:
             progress(f"{label}: timing round {round_no} took {round_s:.1f}s", min(1.0, round_no / MAX_ROUNDS))
         # stop when another round like this one (plus half of one for tearing the layers down)
-        # would end past the deadline; one measured round at least (samples to rank by)
-        if round_no >= 1 and time.monotonic() + 1.5 * round_s > deadline:
-            if round_no < MIN_ROUNDS:
-                progress(f"{label}: WARNING the budget allowed {round_no} timing round{'s' if round_no != 1 else ''} "
-                         f"of the {MIN_ROUNDS} the noise rule wants (a round takes {round_s:.1f}s here): only "
-                         "a 2x difference separates methods; a larger --budget measures more", 1.0)
+        # would end past the deadline; MIN_ROUNDS measured rounds at least
+        if round_no >= MIN_ROUNDS and time.monotonic() + 1.5 * round_s > deadline:
             break
     for name in names:
         result = results[name]
