@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("clean_env")
 KINDS = ("attention", "dense", "lm_head")
 TINY = {"attention": {"hidden": 128, "heads": 4, "kv_heads": 2, "head_dim": 64},
         "dense": {"hidden": 128, "experts": 4}, "lm_head": {"hidden": 128, "vocab": 201088}}
-BUDGET = "20"  # 4 kinds share it: each gets the 5 timing rounds the noise rule wants (tune honours its budget)
+BUDGET = "6"
 INT8 = ("cpu_int8_dense", "cpu_int8_dense_kernel")
 """The installed plugin's dense methods: vLLM's oneDNN int8 GEMM (VNNI hosts) and its own kernel (any AVX2)."""
 NO_VNNI = "cannot run here: needs cpu flag avx512_vnni or avx_vnni, this host has "

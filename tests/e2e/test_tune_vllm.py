@@ -30,17 +30,17 @@ pytest.importorskip("quantreg_hpu_mxfp4", reason="plugin #1 (plugins/hpu_mxfp4) 
 REFERENCE = "quantreg_hpu_mxfp4.method:Mxfp4ReferenceMoEMethod"
 KEY = "(gpt_oss_mxfp4, gpt_oss, cpu)"
 BUDGET = 45.0
-STARTUP_MARGIN_S = {"avx512": 200.0, "amx": 200.0, "avx2": 600.0}
+STARTUP_MARGIN_S = {"avx512": 400.0, "amx": 400.0, "avx2": 1200.0}
 """Seconds past ``--budget`` this configuration of tune (20B shapes, tokens 1,64,256, vLLM's and the two
-plugins' methods plus ``tune_slow``/``tune_wrong``) may take, per host kind: tune stops timing at its
-budget after one measured round (quantreg/tune/rounds.py), so what lies outside the budget is the
-interpreter and vLLM import, building every method, the float64 check of each at 20B shapes, the
-warm-up round, at most one measured round, and the pins and table at the end. Measured on the AVX-512
-(no AMX) host at load average 11 on its 2 cores (issue 53, without the tune plugin's two methods):
-imports 9 s, builds 11 s, the float64 reference and checks 63 s, warm-up and one round 28 s, pins and
-table 28 s: 139 s of wall for a 45 s budget, 94 s outside it; the margin is twice that. An AVX2-only
-host runs the bf16 GEMMs and the float64 reference at roughly a third of that rate (half the vector
-width, no VNNI), hence three times the margin there."""
+plugins' methods plus ``tune_slow``/``tune_wrong``) may take, per host kind. Outside the budget lie the
+interpreter and vLLM import, building every method, the float64 check of each at 20B shapes, the warm-up
+round, the :data:`MIN_ROUNDS` measured rounds tune always takes (quantreg/tune/rounds.py: fewer leave too
+wide an interval to judge noise by), and the pins and table at the end. Measured on the AVX-512 (no AMX)
+host at load average 11 on its 2 cores (issue 53): imports 9 s, builds 11 s, the float64 reference and
+checks 63 s, warm-up and one round 28 s, pins and table 28 s; at the floor of 5 rounds about 200 s outside
+the budget; the margin is twice that. An AVX2-only host runs the bf16 GEMMs and the float64 reference at
+roughly a third of that rate (half the vector width, no VNNI), hence three times the margin there (the
+fixed 600 s it had before timed out on such a host under load)."""
 SHAPE_20B = {"experts": 32, "hidden": 2880, "intermediate": 2880, "top_k": 4}
 
 
@@ -132,11 +132,9 @@ def test_progress_is_quiet_under_json_and_the_run_keeps_its_budget(tuned: dict[s
     lines = [ln for ln in tuned["stderr"].splitlines() if ln.startswith("quantreg tune: ")]
     assert all(": WARNING " in ln for ln in lines), lines
     assert "\r" not in tuned["stderr"]
-    # the budget bounds the timing rounds: past it, one measured round at most (and a WARNING below MIN_ROUNDS)
+    # the budget bounds timing rounds: past it only the MIN_ROUNDS measured rounds always taken
     data = tuned["data"]
-    assert data["rounds"] <= 1 or data["elapsed_s"] <= BUDGET * 1.5, (data["rounds"], data["elapsed_s"])
-    if data["rounds"] < MIN_ROUNDS:
-        assert any("WARNING the budget allowed" in ln for ln in lines), lines
+    assert data["rounds"] <= MIN_ROUNDS or data["elapsed_s"] <= BUDGET * 1.5, (data["rounds"], data["elapsed_s"])
 
 
 def test_the_written_table_validates_and_explain_shows_why(tuned: dict[str, Any], tune_site: Path) -> None:
