@@ -243,20 +243,20 @@ def main() -> None:
                              "holds in bf16 rounded to bf16 (the scale of 'bf16 rounding' for the bound); "
                              "bfloat16: every op in torch's bf16")
     parser.add_argument("--tokens", type=whole(0, 65536), default=0, help="truncate every prompt to this many tokens")
-    parser.add_argument("--only", type=whole(-1, 1 << 20), default=-1, help="only this prompt (index)")
+    parser.add_argument("--only", type=whole(0, 1 << 20), default=None, help="only this prompt (index)")
     parser.add_argument("--threads", type=whole(0, 4096), default=0)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts: list[list[int]] = [p["ids"] for p in json.loads(args.prompts.read_text())["prompts"]]
-    if args.only >= 0:
+    if args.only is not None:
         prompts = [prompts[args.only]]
     if args.tokens:
         prompts = [ids[: args.tokens] for ids in prompts]
     dtype = {"float64": torch.float64, "bfloat16": torch.bfloat16}.get(args.dtype, torch.float32)
     R.on = args.dtype == "bf16store"
     tag = {"float32": "exact", "bf16store": "bf16ref", "bfloat16": "bf16ops"}.get(args.dtype, "check")
-    if args.tokens or args.only >= 0:
+    if args.tokens or args.only is not None:
         tag = f"check-{args.dtype}"
     with torch.no_grad():  # not inference_mode: dequantize_mxfp4's threaded path writes into its output
         report = forward(args.model, prompts, dtype, args.out_dir, tag)
