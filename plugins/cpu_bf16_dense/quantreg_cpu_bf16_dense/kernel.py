@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+import quantreg.native as native
+
 from .probe import ABI_VERSION, ISA_ENV, LIBRARY, build_failure
 
 log = logging.getLogger("vllm.quantreg.cpu_bf16_dense")
@@ -59,6 +61,13 @@ class _Args(ctypes.Structure):
     ]
 
 
+def _openmp_loaded() -> list[Path]:
+    """torch's own ``libgomp.so.1`` (pip wheels), which this process already holds: the checking child
+    loads it first too, so the library resolves its OpenMP dependency there as it will here."""
+    candidate = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    return [candidate] if candidate.is_file() else []
+
+
 @cache
 def _extension() -> tuple[ctypes.CDLL | None, str]:
     """(the loaded C library or None, why not). Loaded after ``import torch`` (above), so its
@@ -68,11 +77,13 @@ def _extension() -> tuple[ctypes.CDLL | None, str]:
         failure = build_failure()
         return None, f"the build failed: {failure}" if failure is not None else f"no {path.name} in the package"
     try:
-        lib = ctypes.CDLL(str(path))
-        lib.qrb_abi_version.restype = ctypes.c_int32
-        version = int(lib.qrb_abi_version())
-        if version != ABI_VERSION:
-            raise OSError(f"{path.name} has ABI version {version}, this kernel.py expects {ABI_VERSION}")
+        # a child process loads it first (quantreg.native): a constructor that blocks, aborts or crashes
+        # fails this method's construction, where the seam contains it, instead of taking vLLM down
+        loaded, why = native.load(path, symbols=("qrb_cpu_supports", "qrb_pack", "qrb_unpack", "qrb_linear"),
+                                  abi=("qrb_abi_version", ABI_VERSION), preload=_openmp_loaded())
+        if loaded is None:
+            raise OSError(why)
+        lib = loaded
         lib.qrb_cpu_supports.argtypes = [ctypes.c_char_p]
         lib.qrb_cpu_supports.restype = ctypes.c_int32
         lib.qrb_pack.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
